@@ -1,0 +1,1 @@
+"""The ``fly-cpp`` command line."""

@@ -1,0 +1,68 @@
+"""``fly-cpp generate``: one prompt in, streamed text out, stats on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from fly_cpp.cli.options import pick, settings_options
+from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.errors import FlyError
+
+
+@click.command()
+@click.option("-p", "--prompt", help="the prompt text ('-' reads standard input)")
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), help="read the prompt from a file")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=128, show_default=True, help="tokens to generate")
+@click.option("--stop", multiple=True, help="stop when this text appears (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help='print one JSON object {"text", "tokens", "stats"} instead of streaming')
+@model_options
+@settings_options(SpecSettings)
+@settings_options(SamplingSettings)
+def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop: tuple[str, ...], as_json: bool,
+             **options: Any) -> None:
+    """Generate text from a prompt with a target model and a draft model.
+
+    With no -m/-d, the bundled tiny story model and its draft are used.
+    """
+    text = _read_prompt(prompt, prompt_file)
+    spec = SpecSettings(**pick(options, SpecSettings))
+    sampling = SamplingSettings(**pick(options, SamplingSettings))
+    with open_engine(options) as engine:
+        gen = engine.generate(text, spec=spec, sampling=sampling, max_tokens=max_tokens, stop=stop)
+        if as_json:
+            gen.run()
+            click.echo(json.dumps({"text": gen.text, "tokens": gen.tokens, "stats": gen.stats.as_dict(),
+                                   "finish_reason": gen.finish_reason}))
+        else:
+            out = sys.stdout
+            for step in gen:
+                out.write(step.text)
+                out.flush()
+            out.write("\n")
+            out.flush()
+            click.echo(gen.stats.summary(), err=True)
+        if gen.context_full:
+            click.echo(f"fly-cpp: note: the context is full (n_ctx={engine.n_ctx}); generation stopped", err=True)
+
+
+def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt with -p or -f, not both")
+    if prompt_file is not None:
+        try:
+            with open(prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise FlyError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise FlyError(f"prompt file {prompt_file} is not UTF-8 text") from None
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        return sys.stdin.read()
+    if prompt is None:
+        raise click.UsageError("no prompt: give one with -p TEXT, -f FILE, or on standard input")
+    return prompt

@@ -1,0 +1,88 @@
+"""Click options derived from the settings dataclasses, so each option is declared once."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import click
+
+from fly_cpp.config import MODES, SPLIT_MODES
+
+_CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES}
+_ALIASES = {"n_ctx": ["-c"], "n_threads": ["-t"], "n_gpu_layers": ["-ngl"], "seed": ["-s"]}
+
+
+class FloatList(click.ParamType):
+    name = "FLOATS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return tuple(float(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+
+
+class Threshold(click.ParamType):
+    """A float that also accepts 'inf'."""
+
+    name = "FLOAT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number (use 'inf' for no loose accepts)", param, ctx)
+
+
+def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
+    if f.name in _CHOICES:
+        return click.Choice(_CHOICES[f.name])
+    if f.name == "entropy_threshold":
+        return Threshold()
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple:
+        return FloatList()
+    if isinstance(hint, types.UnionType):
+        hint = next(a for a in args if a is not type(None))
+    return {int: int, float: float, str: str}.get(hint, str)
+
+
+def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None = None,
+                     skip: Iterable[str] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add one click option per field of ``cls``. Options default to None (= the dataclass
+    default), so callers can tell "unset" from "set to the default". Parameter names are
+    ``prefix + field name``."""
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.name not in set(skip) and (only is None or f.name in set(only))]
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for f in reversed(fields):
+            dashed = (prefix + f.name).replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            default = f.default
+            if default is not dataclasses.MISSING and default not in ((), None):
+                shown = "inf" if isinstance(default, float) and math.isinf(default) else default
+                help_text += f" [default: {shown}]"
+            if hints[f.name] in (bool, bool | None):
+                decls = [f"--{dashed}/--no-{dashed}", prefix + f.name]
+                fn = click.option(*decls, default=None, help=help_text)(fn)
+            else:
+                decls = [f"--{dashed}", *([] if prefix else _ALIASES.get(f.name, [])), prefix + f.name]
+                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text)(fn)
+        return fn
+
+    return decorate
+
+
+def pick(values: dict[str, Any], cls: type, prefix: str = "") -> dict[str, Any]:
+    """The set (non-None) values among ``values`` that belong to ``cls``'s fields."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k[len(prefix):]: v for k, v in values.items()
+            if k.startswith(prefix) and k[len(prefix):] in names and v is not None}

@@ -1,0 +1,297 @@
+"""The backend: the only module that imports ``llama_cpp`` (llama-cpp-python's low-level API).
+
+``Model`` owns loaded weights and the vocabulary; ``Context`` owns one llama.cpp context with
+its KV cache and a reusable batch. A context keeps ``tokens``, the exact token at every KV
+position (position p holds ``tokens[p]``); ``decode`` appends, ``truncate`` rolls back, and
+nothing else touches the cache, so that list is always the truth about the KV cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from fly_cpp.errors import FlyError
+
+GGUF_MAGIC = b"GGUF"
+_SPLIT = {"none": 0, "layer": 1, "row": 2}
+_VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLAMO2"}
+
+_log_tail: collections.deque[str] = collections.deque(maxlen=32)
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@ll.llama_log_callback
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", errors="replace")
+    _log_tail.append(message)
+    if os.environ.get("FLY_CPP_VERBOSE"):
+        sys.stderr.write(message)
+
+
+def _init_backend() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            ll.llama_log_set(_on_log, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _initialised = True
+
+
+def last_log_error() -> str:
+    """The most recent llama.cpp log line that looks like an error, for error messages."""
+    for line in reversed(_log_tail):
+        line = line.strip()
+        if line and ("error" in line.lower() or "failed" in line.lower()):
+            return line
+    return ""
+
+
+def check_gguf(path: str | os.PathLike[str]) -> Path:
+    """Refuse, with one clear line, a path that is missing or not a GGUF file."""
+    p = Path(path)
+    if not p.exists():
+        raise FlyError(f"model file not found: {p}")
+    if not p.is_file():
+        raise FlyError(f"model path is not a file: {p}")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise FlyError(f"not a GGUF file (bad magic {magic!r}): {p}")
+    return p
+
+
+def cpu_has_amx() -> bool:
+    """llama.cpp's AMX weight repacking crashed (segfault in the first decode) on every
+    quantized model we tried on AMX CPUs, so repacking defaults to off there."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return "amx_tile" in f.read()
+    except OSError:
+        return False
+
+
+def supports_gpu_offload() -> bool:
+    _init_backend()
+    return bool(ll.llama_supports_gpu_offload())
+
+
+class Model:
+    """Weights and vocabulary of one GGUF file."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_gpu_layers: int = 0,
+        split_mode: str = "layer",
+        main_gpu: int = 0,
+        tensor_split: Sequence[float] = (),
+        vocab_only: bool = False,
+        repack: bool | None = None,
+    ) -> None:
+        self.path = check_gguf(path)
+        _init_backend()
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.split_mode = _SPLIT[split_mode]
+        params.main_gpu = main_gpu
+        params.vocab_only = vocab_only
+        params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
+        if tensor_split:
+            n_dev = ll.llama_max_devices()
+            if len(tensor_split) > n_dev:
+                raise FlyError(f"tensor_split has {len(tensor_split)} entries, this build supports {n_dev} devices")
+            self._tensor_split = (ctypes.c_float * n_dev)(*tensor_split)
+            params.tensor_split = self._tensor_split
+        _log_tail.clear()
+        self.ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            reason = last_log_error()
+            raise FlyError(f"llama.cpp could not load {self.path}" + (f": {reason}" if reason else ""))
+        self.vocab = ll.llama_model_get_vocab(self.ptr)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self.vocab)
+        self.bos: int = ll.llama_vocab_bos(self.vocab)
+        self.eos: int = ll.llama_vocab_eos(self.vocab)
+        self.add_bos: bool = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        self.add_eos: bool = bool(ll.llama_vocab_get_add_eos(self.vocab))
+        self.vocab_type: str = _VOCAB_TYPES.get(ll.llama_vocab_type(self.vocab), "unknown")
+        self.n_ctx_train: int = ll.llama_model_n_ctx_train(self.ptr)
+        self._pieces: dict[int, bytes] = {}
+        self._eog = np.array([bool(ll.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def rolls_back(self) -> bool:
+        """Whether the KV cache of this model can drop a suffix (recurrent state cannot)."""
+        return not (ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
+
+    @property
+    def n_params(self) -> int:
+        return int(ll.llama_model_n_params(self.ptr))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(ll.llama_model_size(self.ptr))
+
+    def is_eog(self, token: int) -> bool:
+        return 0 <= token < self.n_vocab and bool(self._eog[token])
+
+    def token_text(self, token: int) -> bytes:
+        return ll.llama_vocab_get_text(self.vocab, token) or b""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        buf = (ll.llama_token * size)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
+        if n < 0:
+            size = -n
+            buf = (ll.llama_token * size)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
+        if n < 0:
+            raise FlyError(f"tokenisation failed for a text of {len(data)} bytes")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        out = buf.raw[: max(n, 0)]
+        self._pieces[token] = out
+        return out
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def meta(self, key: str) -> str | None:
+        size = 1 << 16
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n >= size:
+            buf = ctypes.create_string_buffer(n + 1)
+            ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            ll.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Context:
+    """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
+
+    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+        self.model = model
+        self.n_batch = n_batch
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_batch, 512)
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        _log_tail.clear()
+        self.ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            reason = last_log_error()
+            raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
+        self.n_ctx: int = ll.llama_n_ctx(self.ptr)
+        self._memory = ll.llama_get_memory(self.ptr)
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.tokens: list[int] = []  # tokens[p] is the token at KV position p
+
+    def decode(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:
+        """Append ``tokens`` to the KV cache. ``logits``: "none", "last" or "all" (rows of the
+        final chunk, at most n_batch). Returns a (rows, n_vocab) float32 view of llama.cpp's
+        buffer, valid until this context decodes again."""
+        if not tokens:
+            return None
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise FlyError(f"context full: {len(self.tokens) + len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
+        if logits == "all" and len(tokens) > self.n_batch:
+            raise ValueError("logits for every row need the tokens to fit one batch")
+        batch = self._batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            base = len(self.tokens)
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = base + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = last_chunk and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
+            batch.n_tokens = len(chunk)
+            rc = ll.llama_decode(self.ptr, batch)
+            if rc != 0:
+                self.truncate(base)  # a failed decode may leave part of the chunk behind
+                what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
+                raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
+            self.tokens.extend(chunk)
+        if logits == "none":
+            return None
+        rows = len(chunk) if logits == "all" else 1
+        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(rows, self.model.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Roll the KV cache back to its first ``n`` positions."""
+        if not ll.llama_memory_seq_rm(self._memory, 0, n, -1):
+            raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
+        del self.tokens[n:]
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0) -> None:
+    """Write a quantized copy of ``src`` with llama.cpp's quantizer (ftype e.g. "Q8_0")."""
+    check_gguf(src)
+    _init_backend()
+    code = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if code is None:
+        raise FlyError(f"unknown quantization type {ftype!r}")
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = code
+    params.nthread = n_threads
+    _log_tail.clear()
+    if ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        reason = last_log_error()
+        raise FlyError(f"quantizing {src} to {ftype} failed" + (f": {reason}" if reason else ""))

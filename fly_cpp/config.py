@@ -1,0 +1,135 @@
+"""Settings, as frozen dataclasses validated on creation.
+
+The CLI options and the server's request fields are derived from these fields (their
+``metadata["help"]`` is the one place an option is described), so a setting is declared once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from fly_cpp.errors import FlyError
+
+MODES = ("fly", "spd", "target")
+SPLIT_MODES = ("none", "layer", "row")
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise FlyError(message)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How one GGUF model is loaded and how its llama.cpp context is made."""
+
+    path: str
+    n_ctx: int = field(default=0, metadata=_help("context size; 0 = the model's training context, at most 4096"))
+    n_threads: int = field(default=0, metadata=_help("CPU threads; 0 = all cores"))
+    n_batch: int = field(default=512, metadata=_help("largest batch handed to llama_decode"))
+    n_gpu_layers: int = field(default=0, metadata=_help("layers to offload to the GPU; -1 = all"))
+    split_mode: str = field(default="layer", metadata=_help("multi-GPU split: none, layer or row"))
+    tensor_split: tuple[float, ...] = field(default=(), metadata=_help("share of the model per GPU, e.g. 3,1"))
+    main_gpu: int = field(default=0, metadata=_help("GPU used when split_mode is none"))
+    repack: bool | None = field(default=None, metadata=_help(
+        "let llama.cpp repack quantized weights for the CPU; unset = on, except on AMX CPUs where it crashes"))
+
+    def __post_init__(self) -> None:
+        _require(self.n_ctx >= 0, f"n_ctx must be >= 0, got {self.n_ctx}")
+        _require(self.n_threads >= 0, f"n_threads must be >= 0, got {self.n_threads}")
+        _require(self.n_batch >= 1, f"n_batch must be >= 1, got {self.n_batch}")
+        _require(self.split_mode in SPLIT_MODES, f"split_mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
+        _require(all(s >= 0 for s in self.tensor_split), "tensor_split entries must be >= 0")
+        _require(self.main_gpu >= 0, f"main_gpu must be >= 0, got {self.main_gpu}")
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """Which decoding mode runs and how drafts are made and judged.
+
+    ``window`` counts the positions of the deferred window *including the mismatch itself*,
+    as the authors' released code does: window 6 keeps a mismatch only when the target then
+    agrees with the next 5 drafted tokens. (vLLM's ``fly_window_size`` counts only the tokens
+    after the mismatch: vLLM's 5 is our 6.) ``window`` 1 keeps every mismatch the entropy gate
+    lets through; ``window`` 0 switches loose acceptance off (exact-match decoding).
+    """
+
+    mode: str = field(default="fly", metadata=_help("fly (loose acceptance), spd (exact match) or target (no drafting)"))
+    k: int = field(default=15, metadata=_help("tokens drafted per round"))
+    window: int = field(default=6, metadata=_help("deferred window, counting the mismatch itself; 0 = no loose accepts"))
+    entropy_threshold: float = field(default=0.3, metadata=_help("entropy gate in nats (top-3 entropy); 'inf' = never loose"))
+    ngram: bool = field(default=True, metadata=_help("speed up the drafter with n-gram lookup"))
+    ngram_max: int = field(default=4, metadata=_help("longest n-gram looked up"))
+    ngram_tokens: int = field(default=6, metadata=_help("tokens proposed per n-gram hit"))
+    p_min: float = field(default=0.0, metadata=_help("stop a draft when the draft's top probability falls below this"))
+
+    def __post_init__(self) -> None:
+        _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _require(self.k >= 1, f"k must be >= 1, got {self.k}")
+        _require(self.window >= 0, f"window must be >= 0, got {self.window}")
+        _require(not math.isnan(self.entropy_threshold) and self.entropy_threshold >= 0,
+                 f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
+        _require(self.ngram_max >= 1, f"ngram_max must be >= 1, got {self.ngram_max}")
+        _require(self.ngram_tokens >= 1, f"ngram_tokens must be >= 1, got {self.ngram_tokens}")
+        _require(0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}")
+
+    @property
+    def loose(self) -> bool:
+        """Whether mismatches can be kept at all in this configuration."""
+        return self.mode == "fly" and self.window >= 1 and math.isfinite(self.entropy_threshold)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """llama.cpp's sampling chain: penalties, top-k, top-p, min-p, temperature.
+
+    Temperature 0 is greedy decoding (the default). The entropy gate always reads the raw,
+    untempered target logits.
+    """
+
+    temperature: float = field(default=0.0, metadata=_help("0 = greedy"))
+    top_k: int = field(default=40, metadata=_help("keep the k most likely tokens; 0 = all"))
+    top_p: float = field(default=0.95, metadata=_help("nucleus sampling; 1 = off"))
+    min_p: float = field(default=0.05, metadata=_help("drop tokens below min_p times the top probability; 0 = off"))
+    repeat_penalty: float = field(default=1.0, metadata=_help("penalise recent tokens; 1 = off"))
+    repeat_last_n: int = field(default=64, metadata=_help("how many recent tokens the penalties look at"))
+    presence_penalty: float = field(default=0.0, metadata=_help("subtract once from every recent token; 0 = off"))
+    frequency_penalty: float = field(default=0.0, metadata=_help("subtract per occurrence of a recent token; 0 = off"))
+    seed: int | None = field(default=None, metadata=_help("random seed; unset = a fresh one per generation"))
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.temperature) and self.temperature >= 0,
+                 f"temperature must be >= 0, got {self.temperature}")
+        _require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _require(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        _require(self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        _require(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        _require(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.repeat_last_n > 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+
+def replace(settings: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that ignores ``None`` values (unset options keep their default)."""
+    return dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})

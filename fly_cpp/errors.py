@@ -1,0 +1,10 @@
+"""The one exception type users see.
+
+Every failure a user can cause (a bad path, an incompatible draft, a prompt that does not fit)
+is raised as :class:`FlyError` with a message that fits on one line and names the culprit. The
+CLI prints it as ``error: <message>``; the server turns it into an HTTP 400.
+"""
+
+
+class FlyError(ValueError):
+    """A user-facing error: one clear line, no traceback needed."""

@@ -1,0 +1,99 @@
+"""Sampling the target: llama.cpp's chain, seeded, and the two rules for sampled verification.
+
+Chain order follows llama.cpp's default sampler: penalties -> top-k -> top-p -> min-p ->
+temperature -> draw. Temperature 0 is greedy (argmax after penalties).
+
+Sampled verification:
+- ``spd`` is lossless: standard rejection sampling. Drafts are greedy, so the draft's
+  distribution is a point mass on d and the rule reads: keep d with probability p(d); on
+  rejection draw the correction from p with d removed (renormalised). Output is distributed
+  exactly as the target sampling alone.
+- ``fly`` follows the authors' rule: draw the target twice per position; a drafted token is
+  an exact match when either draw equals it; the correction and the bonus are the first draw.
+  The accept rule (``fly_cpp.accept.verify``) then applies window and gate unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fly_cpp.config import SamplingSettings
+
+
+class Sampler:
+    """Target-side token choice for one generation (holds that generation's RNG)."""
+
+    def __init__(self, settings: SamplingSettings, seed: int) -> None:
+        self.settings = settings
+        self.rng = np.random.default_rng(seed)
+
+    def penalise(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """(V,) logits -> (V,) penalised copy, llama.cpp's repeat/presence/frequency rules."""
+        s = self.settings
+        if not s.penalised or not history:
+            return row
+        recent = np.asarray(history[-s.repeat_last_n:], dtype=np.int64)
+        ids, counts = np.unique(recent[recent < row.shape[0]], return_counts=True)
+        out = np.array(row, dtype=np.float32, copy=True)
+        vals = out[ids]
+        vals = np.where(vals > 0, vals / s.repeat_penalty, vals * s.repeat_penalty)
+        vals -= counts * s.frequency_penalty + s.presence_penalty
+        out[ids] = vals
+        return out
+
+    def greedy(self, rows: np.ndarray, histories: Callable[[int], Sequence[int]]) -> np.ndarray:
+        """(n, V) -> (n,) argmax per row, after penalties (row i sees ``histories(i)``)."""
+        if not self.settings.penalised:
+            return np.argmax(rows, axis=-1)
+        return np.array([int(np.argmax(self.penalise(rows[i], histories(i)))) for i in range(rows.shape[0])])
+
+    def distribution(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(V,) logits -> (ids (n,) int64, probs (n,) float64) after the whole chain."""
+        s = self.settings
+        x = self.penalise(row, history).astype(np.float64)
+        if 0 < s.top_k < x.shape[0]:
+            ids = np.argpartition(-x, s.top_k - 1)[: s.top_k]
+        else:
+            ids = np.arange(x.shape[0])
+        vals = x[ids]
+        order = np.argsort(-vals, kind="stable")
+        ids, vals = ids[order], vals[order]
+        p = np.exp(vals - vals[0])
+        p /= p.sum()
+        keep = np.ones(ids.shape[0], dtype=bool)
+        if s.top_p < 1.0:
+            keep &= (np.cumsum(p) - p) < s.top_p
+        if s.min_p > 0.0:
+            keep &= p >= s.min_p * p[0]
+        keep[0] = True
+        ids, vals = ids[keep], vals[keep]
+        p = np.exp((vals - vals[0]) / s.temperature)
+        return ids, p / p.sum()
+
+    def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        cdf = np.cumsum(probs)
+        return int(ids[min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), ids.shape[0] - 1)])
+
+    def sample(self, row: np.ndarray, history: Sequence[int]) -> int:
+        return self.draw(*self.distribution(row, history))
+
+
+def rejection_verify(
+    drafted: Sequence[int], dist: Callable[[int], tuple[np.ndarray, np.ndarray]], sampler: Sampler
+) -> tuple[int, int]:
+    """Lossless verification of a greedy draft. ``dist(i)`` is the target's (ids, probs) at
+    row i. Returns (accepted n, next token: correction or bonus)."""
+    for i, d in enumerate(drafted):
+        ids, p = dist(i)
+        hit = np.flatnonzero(ids == d)
+        p_d = float(p[hit[0]]) if hit.size else 0.0
+        if sampler.rng.random() < p_d:
+            continue
+        if hit.size:
+            p = p.copy()
+            p[hit[0]] = 0.0
+            p /= p.sum()
+        return i, sampler.draw(ids, p)
+    return len(drafted), sampler.draw(*dist(len(drafted)))

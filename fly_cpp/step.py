@@ -1,0 +1,73 @@
+"""What a generation emits: one ``Step`` per token, and a ``Stats`` record per generation.
+
+The same Step flows unchanged from the loop to the CLI, the Python API and the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One emitted token.
+
+    token: the token id. text: the text this token releases (may be "" while an incomplete
+    UTF-8 character or a possible stop string is held back; the texts of all steps concatenate
+    to the generation's text). drafted: the token came from the draft and the target kept it.
+    loose: a drafted token the target disagreed with but FLy kept. round: the target forward
+    pass (1-based) that committed it.
+    """
+
+    token: int
+    text: str
+    drafted: bool
+    loose: bool
+    round: int
+
+
+@dataclass
+class Stats:
+    """Counters of one generation. ``seconds`` is the decoding time after the prompt."""
+
+    mode: str
+    n_prompt: int = 0
+    n_tokens: int = 0
+    n_rounds: int = 0
+    n_drafted: int = 0
+    n_exact: int = 0
+    n_loose: int = 0
+    n_gate_rejected: int = 0
+    prompt_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    seconds: float = 0.0
+    accepted_lengths: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens emitted per target forward pass (drafted tokens kept + correction/bonus)."""
+        return self.n_tokens / self.n_rounds if self.n_rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def host_seconds(self) -> float:
+        """Time in the loop outside draft and target forward passes (Python bookkeeping)."""
+        return max(self.seconds - self.draft_seconds - self.target_seconds, 0.0)
+
+    def as_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out.pop("accepted_lengths")
+        out.update(mean_accepted=self.mean_accepted, tokens_per_second=self.tokens_per_second,
+                   host_seconds=self.host_seconds)
+        return out
+
+    def summary(self) -> str:
+        line = f"{self.mode}: {self.n_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.1f} tok/s)"
+        if self.mode != "target":
+            line += (f", {self.n_rounds} rounds, mean accepted {self.mean_accepted:.2f}, "
+                     f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
+        return line
