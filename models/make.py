@@ -111,13 +111,29 @@ def cut_layers(src: PathLike, out: PathLike, n_layer: int) -> Path:
     total = reader.fields[key].contents()
     if not 1 <= n_layer <= total:
         raise FlyError(f"{src} has {total} layers; cannot keep {n_layer}")
-    writer = gguf.GGUFWriter(str(out), arch=arch)
-    _copy_fields(reader, writer, ("",), override={key: n_layer})
+    return _copy(reader, out, {key: n_layer}, keep=lambda name: not (
+        (block := _BLOCK.match(name)) and int(block.group(1)) >= n_layer))
+
+
+def with_metadata(src: PathLike, out: PathLike, **fields: str | int | float | bool) -> Path:
+    """Write a copy of ``src`` with string/number/bool metadata set, e.g.
+    ``with_metadata(a, b, **{"tokenizer.chat_template": "..."})``."""
+    return _copy(gguf.GGUFReader(str(src)), out, fields)
+
+
+_VALUE_TYPES = {str: gguf.GGUFValueType.STRING, bool: gguf.GGUFValueType.BOOL,
+                int: gguf.GGUFValueType.UINT32, float: gguf.GGUFValueType.FLOAT32}
+
+
+def _copy(reader: gguf.GGUFReader, out: PathLike, override: dict[str, Any], keep: Any = lambda name: True) -> Path:
+    writer = gguf.GGUFWriter(str(out), arch=reader.fields["general.architecture"].contents())
+    _copy_fields(reader, writer, ("",), override=override)
+    for key, value in override.items():
+        if key not in reader.fields:
+            writer.add_key_value(key, value, _VALUE_TYPES[type(value)])
     for t in reader.tensors:
-        block = _BLOCK.match(t.name)
-        if block and int(block.group(1)) >= n_layer:
-            continue
-        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+        if keep(t.name):
+            writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     _write(writer)
     return Path(out)
 
