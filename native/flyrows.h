@@ -1,0 +1,66 @@
+/* fly-cpp native hot path: per-row reductions and sampling over llama.cpp logits rows.
+ *
+ * Plain C ABI, loaded from Python with ctypes (fly_cpp/native.py). Every function reads
+ * float32 rows in place: `x` points at row 0, row r starts at x + r * stride (stride in
+ * floats, >= n), each row holds n contiguous logits. Nothing is copied, nothing is kept.
+ *
+ * The numpy functions in fly_cpp/rows.py and fly_cpp/sampling.py are the reference; these
+ * must agree with them (tests/test_native_parity.py). Rows must be NaN-free and hold at
+ * least one finite value; -inf entries are allowed.
+ */
+#ifndef FLYROWS_H
+#define FLYROWS_H
+
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FLY_API __declspec(dllexport)
+#else
+#define FLY_API __attribute__((visibility("default")))
+#endif
+
+/* Bumped whenever a signature or a meaning below changes; Python refuses other versions. */
+#define FLY_ABI_VERSION 2
+
+/* Largest `top` accepted by fly_top_entropy. */
+#define FLY_MAX_TOP 16
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+FLY_API int fly_abi_version(void);
+
+/* out[r] = index of the largest value of row r, the lowest index on ties (numpy's argmax). */
+FLY_API void fly_argmax(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t *out);
+
+/* out[r] = FLy's top-`top` entropy of row r: -sum exp(l_i) * l_i over the `top` largest
+ * log-softmax values l_i (not renormalised; a -inf l_i contributes 0). Returns 0, or -1 when
+ * `top` is outside 1..FLY_MAX_TOP. */
+FLY_API int fly_top_entropy(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t top, double *out);
+
+/* out[r] = softmax probability of the largest value of row r. */
+FLY_API void fly_top_probability(const float *x, int64_t rows, int64_t n, int64_t stride, double *out);
+
+/* The sampling chain of fly_cpp.sampling.Sampler (top-k -> top-p -> min-p -> temperature) on
+ * one row. Candidates are ordered by logit, descending, lowest id first on ties.
+ * top_k <= 0 or >= n keeps all; top_p >= 1 and min_p <= 0 switch those steps off;
+ * temperature must be > 0.
+ *
+ * fly_distribution writes the kept ids and their probabilities (in that order) when they fit
+ * in `cap`, and returns how many were kept (> cap: nothing written, call again with room).
+ * fly_draw returns the index picked by the uniform number u in [0, 1): the first i with
+ * cumsum(probs)[i] > u * cumsum(probs)[n-1], at most n-1.
+ * fly_sample is fly_distribution followed by fly_draw, returning the token id.
+ * Negative returns: -1 bad arguments, -2 out of memory. */
+FLY_API int64_t fly_distribution(const float *row, int64_t n, double temperature, int64_t top_k, double top_p,
+                                 double min_p, int64_t *ids, double *probs, int64_t cap);
+FLY_API int64_t fly_draw(const double *probs, int64_t n, double u);
+FLY_API int64_t fly_sample(const float *row, int64_t n, double temperature, int64_t top_k, double top_p,
+                           double min_p, double u);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
