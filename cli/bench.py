@@ -1,0 +1,102 @@
+"""``fly-cpp bench``: speed and fidelity of target, spd and fly (and llama.cpp) on a dataset."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.cli.options import pick, settings_options
+from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.errors import FlyError
+
+
+class IntList(click.ParamType):
+    name = "INTS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            out = tuple(int(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not out or min(out) < 1:
+            self.fail(f"{value!r}: every k must be >= 1", param, ctx)
+        return out
+
+
+@click.command()
+@click.option("--dataset", required=True,
+              help="spec_bench, mt_bench, gsm8k, humaneval, mbpp, or a JSONL file with a prompt field per line")
+@click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
+@click.option("--modes", default="target,spd,fly", show_default=True,
+              help="comma-separated modes: target, spd, fly, spd-plain, fly-plain, fly-nowindow, fly-nogate")
+@click.option("--k", "ks", type=IntList(), help="tokens drafted per round; a list (3,5,8) sweeps k [default: 15]")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="tokens generated per prompt")
+@click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,
+              help="directory for results.json, summary.md and the plots")
+@click.option("--llama-cpp-bin", type=click.Path(), envvar="FLY_CPP_LLAMA_BIN",
+              help="directory with llama.cpp's llama-speculative-simple (and llama-completion) to compare with "
+                   "[env FLY_CPP_LLAMA_BIN]")
+@click.option("--template/--no-template", default=True, show_default=True,
+              help="apply the model's chat template when it has one")
+@click.option("--warmup/--no-warmup", default=True, show_default=True, help="one short untimed run per mode first")
+@click.option("--fidelity/--no-fidelity", default=True, show_default=True,
+              help="score agreement with the target and the target's NLL of every output")
+@click.option("--plots/--no-plots", default=True, show_default=True, help="write PNG plots (needs matplotlib)")
+@click.option("--progress/--no-progress", default=None, help="progress bar on stderr [default: when a terminal]")
+@model_options
+@settings_options(SpecSettings, skip=("mode", "k"))
+@settings_options(SamplingSettings)
+def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | None, max_tokens: int, out: str,
+          llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
+          progress: bool | None, **options: Any) -> None:
+    """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
+    acceptance, host overhead, fidelity to the target's output, and task accuracy.
+
+    All modes run on the same prompts in one process, interleaved per prompt, after a warm-up.
+    With no -m/-d, the bundled tiny story model and its draft are used.
+    """
+    from fly_cpp.bench import datasets, report
+    from fly_cpp.bench.modes import parse_modes
+    from fly_cpp.bench.peer import Peer
+    from fly_cpp.bench.runner import BenchConfig
+    from fly_cpp.bench.suite import run_benchmark
+
+    data = datasets.load(dataset)
+    base = SpecSettings(**pick(options, SpecSettings))
+    mode_list = parse_modes(modes, list(ks or [base.k]), base, peer=llama_cpp_bin is not None)
+    sampling = SamplingSettings(**{"seed": 0, **pick(options, SamplingSettings)})
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise FlyError("plots need matplotlib (pip install 'fly-cpp[bench]'), or pass --no-plots") from None
+    config = BenchConfig(max_tokens=max_tokens, sampling=sampling, checker=data.checker, template=template,
+                         warmup=warmup, fidelity=fidelity)
+    n_prompts = len(datasets.select(data.prompts, limit))
+    with open_engine(options) as engine:
+        peer = None
+        if llama_cpp_bin is not None:
+            draft = engine.draft_settings.path if engine.draft_settings is not None else None
+            peer = Peer(llama_cpp_bin, engine.target_settings.path, draft, n_ctx=engine.n_ctx,
+                        n_threads=engine.target_settings.threads, repack=engine.target_settings.repack)
+        from tqdm import tqdm
+
+        show = sys.stderr.isatty() if progress is None else progress
+        with tqdm(total=n_prompts * len(mode_list), desc="bench", unit="run", file=sys.stderr,
+                  disable=not show, dynamic_ncols=True) as bar:
+            def step(label: str) -> None:
+                bar.set_postfix_str(label, refresh=False)
+                bar.update(1)
+
+            result = run_benchmark(engine, data, mode_list, config, limit=limit, peer=peer, progress=step)
+    out_dir = Path(out)
+    files = report.write(result, out_dir, with_plots=plots)
+    click.echo(report.markdown(result))
+    click.echo(f"wrote {', '.join(str(out_dir / f) for f in files)}", err=True)

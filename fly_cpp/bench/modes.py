@@ -1,0 +1,71 @@
+"""Benchmark modes: a mode is a label and the SpecSettings it runs with (or a peer binary).
+
+``VARIANTS`` maps a name to a function of the base settings (the command line's spec options
+and one k); new variants register themselves here, e.g. a cross-round FLy variant as
+``VARIANTS["fly+xr"] = lambda s: replace(s, mode="fly", cross_round=True)``. With several k
+values, every drafting mode runs once per k and is labelled ``name@kN``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fly_cpp.config import SpecSettings
+from fly_cpp.errors import FlyError
+
+REFERENCE = "target"  # the mode every other one is compared with
+
+VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
+    "target": lambda s: dataclasses.replace(s, mode="target"),
+    "spd": lambda s: dataclasses.replace(s, mode="spd"),
+    "fly": lambda s: dataclasses.replace(s, mode="fly"),
+    # without the n-gram lookup in the drafter: the same drafting as llama.cpp's peer
+    "spd-plain": lambda s: dataclasses.replace(s, mode="spd", ngram=False),
+    "fly-plain": lambda s: dataclasses.replace(s, mode="fly", ngram=False),
+    # FLy ablations: every gated mismatch kept (no window), and no entropy gate
+    "fly-nowindow": lambda s: dataclasses.replace(s, mode="fly", window=1),
+    "fly-nogate": lambda s: dataclasses.replace(s, mode="fly", entropy_threshold=0.0),
+}
+
+
+@dataclass(frozen=True)
+class Mode:
+    label: str
+    spec: SpecSettings | None  # None for a peer
+    peer: str | None = None  # "speculative" or "target" for llama.cpp's binaries
+    k: int | None = None
+
+    @property
+    def drafts(self) -> bool:
+        return self.peer == "speculative" or (self.spec is not None and self.spec.mode != "target")
+
+
+def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool = False) -> list[Mode]:
+    """Modes from "target,spd,fly" and k values; the reference mode is always run first."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise FlyError("--modes is empty")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise FlyError(f"unknown mode {unknown[0]!r} in --modes: use some of {', '.join(VARIANTS)}")
+    if len(set(names)) != len(names):
+        raise FlyError(f"a mode is listed twice in --modes: {text}")
+    if not ks:
+        ks = [base.k]
+    if any(k < 1 for k in ks):
+        raise FlyError(f"k must be >= 1, got {min(ks)}")
+    sweep = len(ks) > 1
+    modes = [Mode(REFERENCE, VARIANTS[REFERENCE](base))]
+    for name in names:
+        if name == REFERENCE:
+            continue
+        for k in ks:
+            spec = VARIANTS[name](dataclasses.replace(base, k=k))
+            modes.append(Mode(f"{name}@k{k}" if sweep else name, spec, k=k))
+    if peer:
+        modes.append(Mode("llama.cpp-target", None, peer="target"))
+        for k in ks:
+            modes.append(Mode(f"llama.cpp-spd@k{k}" if sweep else "llama.cpp-spd", None, peer="speculative", k=k))
+    return modes

@@ -1,0 +1,94 @@
+"""Turning a dataset prompt into the exact text and tokens every mode (and the peer) receives.
+
+The chat template of the target GGUF (``tokenizer.chat_template``) is applied when there is
+one, with a single user message and the generation prompt. The resulting text is what the
+peer binaries are given too: they tokenize with special tokens parsed and BOS added by the
+vocabulary's own rule, so we tokenize the same way, and drop a BOS the template wrote itself
+when the vocabulary adds one anyway (otherwise BOS would appear twice).
+
+Prompts too long for the context are cut (by tokens, keeping their start) before templating
+so that ``max_tokens`` plus one round of drafts still fit; the record says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fly_cpp.engine import Engine
+from fly_cpp.errors import FlyError
+
+
+@dataclass(frozen=True)
+class Rendered:
+    text: str  # what the peer binaries get (with -f)
+    tokens: list[int]  # what Engine.generate gets
+    truncated: bool
+    templated: bool
+
+
+def _render_template(template: str, content: str, bos: str, eos: str) -> str:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=[{"role": "user", "content": content}], add_generation_prompt=True,
+            bos_token=bos, eos_token=eos)
+    except jinja2.TemplateError as e:
+        raise FlyError(f"the model's chat template failed to render: {e}") from None
+
+
+class PromptRenderer:
+    """Renders dataset prompts for one engine; ``template=False`` uses the raw text."""
+
+    def __init__(self, engine: Engine, *, template: bool = True, reserve: int = 0) -> None:
+        self.engine = engine
+        model = engine.target_model
+        self.template = model.meta("tokenizer.chat_template") if template else None
+        self.bos = model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else ""
+        self.eos = model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else ""
+        self.add_bos = model.add_bos
+        self.budget = engine.n_ctx - reserve  # tokens the rendered prompt may take
+
+    def _wrap(self, content: str) -> str:
+        if not self.template:
+            return content
+        text = _render_template(self.template, content, self.bos, self.eos)
+        if self.add_bos and self.bos and text.startswith(self.bos):
+            text = text[len(self.bos):]
+        return text
+
+    def _tokens(self, text: str) -> list[int]:
+        return self.engine.tokenize(text, add_special=True, parse_special=self.template is not None)
+
+    def render(self, content: str) -> Rendered:
+        text = self._wrap(content)
+        tokens = self._tokens(text)
+        truncated = False
+        if len(tokens) > self.budget:
+            overhead = len(tokens) - len(self.engine.tokenize(content, add_special=False))
+            keep = self.budget - overhead - 1
+            if keep < 1:
+                raise FlyError(f"the context (n_ctx={self.engine.n_ctx}) is too small for any prompt "
+                               "with this --max-tokens and k")
+            body = self.engine.tokenize(content, add_special=False)
+            content = self.engine.detokenize(body[:keep])
+            text = self._wrap(content)
+            tokens = self._tokens(text)
+            while len(tokens) > self.budget and keep > 1:  # detokenize/tokenize may not round-trip
+                keep = max(1, keep - max(1, len(tokens) - self.budget))
+                content = self.engine.detokenize(body[:keep])
+                text = self._wrap(content)
+                tokens = self._tokens(text)
+            truncated = True
+        return Rendered(text, tokens, truncated, self.template is not None)
+
+
+def describe(r: Rendered) -> dict[str, Any]:
+    return {"n_prompt": len(r.tokens), "truncated": r.truncated, "templated": r.templated}

@@ -1,0 +1,143 @@
+"""From per-prompt records to one summary row per mode.
+
+Speedup is a ratio per prompt (a mode's tokens/s over the target's on the same prompt), then
+their median and geometric mean. Times per round split a round into draft, target and host
+(Python bookkeeping: everything in the loop outside the two models' forward passes).
+
+Ideal speedup: what the measured acceptance would give with no host time at all, from the
+measured forward-pass times: ideal tokens/s = tokens / (draft + target seconds), over the
+target-only mode's forward-only speed (tokens / target seconds) on the same prompt. Runtime
+efficiency = speedup / ideal speedup: how close the runtime gets to its own limit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fly_cpp.bench.modes import REFERENCE
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def add_ratios(records: list[dict[str, Any]]) -> None:
+    """Per record: speedup over the target on the same prompt (and, for fly-cpp modes, the
+    ideal speedup); for peer records also the speedup over llama.cpp's own target-only run."""
+    ref = {r["prompt_id"]: r["stats"] for r in records if r["mode"] == REFERENCE}
+    peer_ref = {r["prompt_id"]: r["stats"] for r in records if r["mode"] == "llama.cpp-target"}
+    for r in records:
+        s, t = r["stats"], ref.get(r["prompt_id"])
+        if t is None:
+            continue
+        r["speedup"] = _ratio(s["tokens_per_second"], t["tokens_per_second"])
+        if not r.get("peer"):
+            forward = s["draft_seconds"] + s["target_seconds"]
+            ideal_tps = s["n_tokens"] / forward if forward > 0 else None
+            target_forward_tps = t["n_tokens"] / t["target_seconds"] if t["target_seconds"] > 0 else None
+            r["ideal_speedup"] = _ratio(ideal_tps, target_forward_tps)
+        elif r["prompt_id"] in peer_ref:
+            r["speedup_vs_peer_target"] = _ratio(s["tokens_per_second"], peer_ref[r["prompt_id"]]["tokens_per_second"])
+
+
+def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str, Any]:
+    stats = [r["stats"] for r in recs]
+    total = lambda key: sum(s.get(key, 0) or 0 for s in stats)  # noqa: E731
+    n_tokens, seconds, rounds = total("n_tokens"), total("seconds"), total("n_rounds")
+    out: dict[str, Any] = {
+        "mode": recs[0]["mode"], "k": recs[0].get("k"), "peer": bool(recs[0].get("peer")), "n_prompts": len(recs),
+        "n_tokens": n_tokens, "seconds": seconds,
+        "tokens_per_second": n_tokens / seconds if seconds > 0 else None,
+        "speedup_median": median(r.get("speedup") for r in recs),
+        "speedup_geomean": geomean(r.get("speedup") for r in recs),
+        "n_rounds": rounds, "mean_accepted": n_tokens / rounds if rounds else None,
+        "n_drafted": total("n_drafted"),
+    }
+    if out["peer"]:
+        accepted = total("n_accept")
+        out.update(n_accepted=accepted, accept_rate=accepted / out["n_drafted"] if out["n_drafted"] else None,
+                   speedup_vs_peer_target_geomean=geomean(r.get("speedup_vs_peer_target") for r in recs))
+        if not rounds:
+            out["mean_accepted"] = None
+        return out
+    draft_s, target_s = total("draft_seconds"), total("target_seconds")
+    host_s = total("host_seconds")
+    per_round = lambda x: 1000.0 * x / rounds if rounds else None  # noqa: E731
+    hist = Counter(n for s in stats for n in s.get("accepted_lengths", []))
+    nll = mean(r.get("nll") for r in recs)
+    out.update(
+        n_exact=total("n_exact"), n_loose=total("n_loose"), n_gate_rejected=total("n_gate_rejected"),
+        draft_ms_per_round=per_round(draft_s), target_ms_per_round=per_round(target_s),
+        host_ms_per_round=per_round(host_s), host_share=host_s / seconds if seconds > 0 else None,
+        ideal_speedup_geomean=geomean(r.get("ideal_speedup") for r in recs),
+        agreement=mean(r.get("agreement") for r in recs),
+        identical=mean(float(r["first_divergence"] is None) for r in recs if "first_divergence" in r),
+        first_divergence_median=median(r.get("first_divergence") for r in recs if r.get("first_divergence") is not None),
+        nll=nll, nll_ratio=_ratio(nll, ref_nll),
+        accepted_length_histogram={str(k): hist[k] for k in sorted(hist)},
+    )
+    out["efficiency"] = _ratio(out["speedup_geomean"], out["ideal_speedup_geomean"])
+    checks = [r["check"]["passed"] for r in recs if "check" in r]
+    out["accuracy"] = sum(checks) / len(checks) if checks else None
+    return out
+
+
+def summarize(records: list[dict[str, Any]], modes: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per mode, in the order given."""
+    ref_nll = mean(r.get("nll") for r in records if r["mode"] == REFERENCE)
+    rows = []
+    for label in modes:
+        recs = [r for r in records if r["mode"] == label]
+        if recs:
+            rows.append(_mode_summary(recs, ref_nll))
+    return rows
+
+
+def by_category(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """category -> mode -> geometric-mean speedup over the target."""
+    out: dict[str, dict[str, float | None]] = {}
+    for r in records:
+        out.setdefault(r["category"], {}).setdefault(r["mode"], None)
+    for cat, modes in out.items():
+        for mode in modes:
+            modes[mode] = geomean(r.get("speedup") for r in records if r["category"] == cat and r["mode"] == mode)
+    return out
+
+
+def comparisons(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """fly-cpp against llama.cpp at the same k: per-prompt tokens/s ratios, geometric mean."""
+    def tps(label: str) -> dict[str, float]:
+        return {r["prompt_id"]: r["stats"]["tokens_per_second"] for r in records if r["mode"] == label}
+
+    labels = {row["mode"] for row in rows}
+    pairs = [(REFERENCE, "llama.cpp-target")]
+    for row in rows:
+        if row["peer"] and row["mode"] != "llama.cpp-target":
+            suffix = row["mode"][len("llama.cpp-spd"):]
+            pairs += [(f"{name}{suffix}", row["mode"]) for name in ("spd", "spd-plain", "fly")]
+    out = []
+    for ours, theirs in pairs:
+        if ours in labels and theirs in labels:
+            a, b = tps(ours), tps(theirs)
+            ratio = geomean(_ratio(a[p], b[p]) for p in a if p in b)
+            out.append({"ours": ours, "peer": theirs, "tokens_per_second_ratio": ratio})
+    return out

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own binaries that `fly-cpp bench --llama-cpp-bin DIR` compares against:
+#   llama-speculative-simple  exact-match speculative decoding (draft model + target)
+#   llama-completion          target-only decoding (prints llama.cpp's perf counters)
+# from the llama.cpp sources vendored in the llama-cpp-python sdist, so that the peer runs
+# the very same llama.cpp as fly-cpp does.
+#
+# usage: scripts/build-llama-cpp.sh [OUT_DIR] [LLAMA_CPP_PYTHON_VERSION]
+#   OUT_DIR defaults to ./llama-bin; version defaults to the installed llama-cpp-python.
+# env:   JOBS (default 2), CMAKE_ARGS (extra flags, e.g. -DGGML_CUDA=on), WORK (scratch dir)
+set -euo pipefail
+
+OUT=$(realpath -m "${1:-llama-bin}")
+VERSION=${2:-$(python -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))')}
+JOBS=${JOBS:-2}
+WORK=${WORK:-$(dirname "$OUT")/llama-cpp-src}
+
+mkdir -p "$WORK" "$OUT"
+SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+    python -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK"
+    tar -xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
+fi
+
+# GGML_NATIVE stays at its default (on): the binaries are tuned for this CPU, like the
+# llama-cpp-python build fly-cpp runs on. Tests, server and the unified app are not needed.
+# shellcheck disable=SC2086
+cmake -S "$SRC" -B "$WORK/build-$VERSION" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_OPENSSL=OFF \
+    ${CMAKE_ARGS:-}
+nice -n 19 cmake --build "$WORK/build-$VERSION" --config Release -j "$JOBS" \
+    --target llama-speculative-simple llama-completion
+
+cp "$WORK/build-$VERSION/bin/llama-speculative-simple" "$WORK/build-$VERSION/bin/llama-completion" "$OUT/"
+echo "$VERSION" > "$OUT/LLAMA_CPP_PYTHON_VERSION"
+echo "built into $OUT:"
+ls -l "$OUT"
