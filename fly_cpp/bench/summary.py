@@ -6,7 +6,7 @@ their median and geometric mean. Times per round split a round into draft, targe
 
 Ideal speedup: what the measured acceptance would give with no host time at all, from the
 measured forward-pass times: ideal tokens/s = tokens / (draft + target seconds), over the
-target-only mode's forward-only speed (tokens / target seconds) on the same prompt. Runtime
+target-only mode's forward-only speed (tokens / forward seconds) on the same prompt. Runtime
 efficiency = speedup / ideal speedup: how close the runtime gets to its own limit.
 """
 
@@ -53,7 +53,8 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
         if not r.get("peer"):
             forward = s["draft_seconds"] + s["target_seconds"]
             ideal_tps = s["n_tokens"] / forward if forward > 0 else None
-            target_forward_tps = t["n_tokens"] / t["target_seconds"] if t["target_seconds"] > 0 else None
+            t_forward = t["draft_seconds"] + t["target_seconds"]  # its "draft" time: the empty-draft call
+            target_forward_tps = t["n_tokens"] / t_forward if t_forward > 0 else None
             r["ideal_speedup"] = _ratio(ideal_tps, target_forward_tps)
         elif r["prompt_id"] in peer_ref:
             r["speedup_vs_peer_target"] = _ratio(s["tokens_per_second"], peer_ref[r["prompt_id"]]["tokens_per_second"])

@@ -1,0 +1,123 @@
+"""`fly-cpp bench` end to end on the bundled pair: outputs, consistency of the numbers, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fly_cpp.cli.main import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(tmp: Path, *args: str) -> dict:
+    out = tmp / "out"
+    assert main(["bench", "--limit", "2", "-n", "16", "--out", str(out), "--no-progress", *args]) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def spec_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("spec")
+    return tmp / "out", bench(tmp, "--dataset", "spec_bench")
+
+
+def by_mode(result: dict, mode: str) -> list[dict]:
+    return [r for r in result["records"] if r["mode"] == mode]
+
+
+def test_outputs_written(spec_bench: tuple[Path, dict]) -> None:
+    out, result = spec_bench
+    assert [row["mode"] for row in result["summary"]] == ["target", "spd", "fly"]
+    assert result["meta"]["n_prompts"] == 2 and len(result["records"]) == 6
+    assert set(result["meta"]["files"]) == {"results.json", "summary.md", "speedup_by_category.png", "accepted_lengths.png"}
+    for png in ("speedup_by_category.png", "accepted_lengths.png"):
+        assert (out / png).read_bytes().startswith(PNG)
+    md = (out / "summary.md").read_text()
+    assert "| mode | tok/s |" in md
+    for mode in ("target", "spd", "fly"):
+        assert f"| {mode} |" in md
+    # Spec-Bench's first two categories, one prompt each
+    assert [r["category"] for r in by_mode(result, "target")] == ["writing", "roleplay"]
+
+
+def test_reference_and_exact_mode_agree(spec_bench: tuple[Path, dict]) -> None:
+    _, result = spec_bench
+    for rec in by_mode(result, "target"):
+        assert rec["agreement"] == 1.0 and rec["first_divergence"] is None
+        assert rec["speedup"] == pytest.approx(1.0) and rec["ideal_speedup"] == pytest.approx(1.0)
+    targets = {r["prompt_id"]: r for r in by_mode(result, "target")}
+    for rec in by_mode(result, "spd"):  # greedy exact-match decoding writes the target's text
+        assert rec["tokens"] == targets[rec["prompt_id"]]["tokens"]
+        assert rec["agreement"] == 1.0 and rec["stats"]["n_loose"] == 0
+        assert rec["nll"] == pytest.approx(targets[rec["prompt_id"]]["nll"], rel=1e-4)
+    rows = {row["mode"]: row for row in result["summary"]}
+    assert rows["target"]["speedup_geomean"] == pytest.approx(1.0)
+    assert rows["target"]["nll_ratio"] == pytest.approx(1.0)
+    assert rows["target"]["mean_accepted"] == pytest.approx(1.0)
+    assert rows["spd"]["identical"] == 1.0
+
+
+def test_counters_consistent(spec_bench: tuple[Path, dict]) -> None:
+    _, result = spec_bench
+    for rec in result["records"]:
+        s = rec["stats"]
+        assert s["n_tokens"] == len(rec["tokens"]) <= 16
+        assert len(s["accepted_lengths"]) == s["n_rounds"]
+        assert sum(s["accepted_lengths"]) >= s["n_tokens"]
+        assert s["n_exact"] + s["n_loose"] <= s["n_drafted"]
+        assert s["host_seconds"] >= 0 and s["seconds"] >= s["draft_seconds"] + s["target_seconds"] - 1e-9
+        assert 0.0 <= rec["agreement"] <= 1.0 and rec["nll"] > 0
+    for row in result["summary"]:
+        assert sum(row["accepted_length_histogram"].values()) == row["n_rounds"]
+        assert row["mean_accepted"] == pytest.approx(row["n_tokens"] / row["n_rounds"])
+        assert row["n_tokens"] == sum(r["stats"]["n_tokens"] for r in by_mode(result, row["mode"]))
+
+
+def test_gsm8k_k_sweep_and_checker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = bench(tmp_path, "--dataset", "gsm8k", "--k", "3,5", "--modes", "spd,fly", "--no-plots", "--no-warmup")
+    assert [row["mode"] for row in result["summary"]] == ["target", "spd@k3", "spd@k5", "fly@k3", "fly@k5"]
+    assert result["meta"]["k"] == [3, 5] and result["meta"]["checker"] == "gsm8k"
+    for rec in result["records"]:
+        assert set(rec["check"]) == {"passed", "answer", "reference"}
+        assert rec["check"]["reference"] in ("18", "3")
+        if rec["k"] is not None:
+            assert max(rec["stats"]["accepted_lengths"]) <= rec["k"] + 1
+    assert all(row["accuracy"] is not None for row in result["summary"])
+    assert "| spd@k3 |" in capsys.readouterr().out
+
+
+def test_custom_jsonl(tmp_path: Path) -> None:
+    data = tmp_path / "mine.jsonl"
+    rows = [{"prompt": "Once upon a time"}, {"question": "Lily had a dog.", "category": "pets"},
+            {"turns": ["The sun was", "second turn"]}, {"text": "Tom ran"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = bench(tmp_path, "--dataset", str(data), "--modes", "fly", "--no-plots", "--no-fidelity")
+    assert result["meta"]["dataset"] == "mine"
+    assert {r["category"] for r in result["records"]} == {"mine", "pets"}  # one per category first
+    assert "agreement" not in result["records"][0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset", "nope"], "unknown dataset 'nope'"),
+    (["--dataset", "missing.jsonl"], "dataset file not found"),
+    (["--dataset", "spec_bench", "--modes", "spd,warp"], "unknown mode 'warp'"),
+    (["--dataset", "spec_bench", "--modes", ","], "--modes is empty"),
+    (["--dataset", "spec_bench", "--k", "0"], "every k must be >= 1"),
+    (["--dataset", "spec_bench", "--llama-cpp-bin", "/nonexistent"], "no such directory"),
+    ([], "Missing option '--dataset'"),
+])
+def test_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code = main(["bench", "--out", str(tmp_path / "o"), "--no-progress", *args])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and message in err and len(err.splitlines()) == 1
+    assert err.startswith("fly-cpp: error:")
+
+
+def test_bad_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"answer": "no prompt"}\n')
+    assert main(["bench", "--dataset", str(bad), "--out", str(tmp_path / "o")]) == 1
+    assert "bad.jsonl:2: no prompt field" in capsys.readouterr().err

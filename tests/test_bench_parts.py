@@ -1,0 +1,120 @@
+"""The benchmark's parts on their own: datasets, checkers, agreement, NLL, summary maths."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fly_cpp._llama import Context, Model
+from fly_cpp.bench import checkers, datasets, fidelity, summary
+from fly_cpp.bench.modes import parse_modes
+from fly_cpp.config import SpecSettings
+from fly_cpp.errors import FlyError
+
+HUMANEVAL_META = {
+    "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+    "entry_point": "add",
+}
+
+
+@pytest.mark.parametrize("name, checker, n", [
+    ("spec_bench", None, 480), ("mt_bench", None, 80), ("gsm8k", "gsm8k", 1319),
+    ("humaneval", "humaneval", 164), ("mbpp", "mbpp", 974),
+])
+def test_shipped_datasets(name: str, checker: str | None, n: int) -> None:
+    data = datasets.load(name)
+    assert data.checker == checker and len(data.prompts) == n
+    assert all(p.text.strip() for p in data.prompts)
+    assert len({p.id for p in data.prompts}) == n
+
+
+def test_select_spreads_over_categories() -> None:
+    prompts = datasets.load("spec_bench").prompts
+    picked = datasets.select(prompts, 13)
+    assert len({p.category for p in picked}) == 13
+    assert datasets.select(prompts, 26)[:13] == picked
+    assert datasets.select(prompts, None) == prompts
+
+
+@pytest.mark.parametrize("text, number", [
+    ("The answer is 18.", "18"), ("#### 1,234", "1234"), ("costs $3.50 then 7.0", "7"),
+    ("-5 degrees", "-5"), ("no digits here", None), ("1. first 2. second: 42!", "42"),
+])
+def test_last_number(text: str, number: str | None) -> None:
+    assert checkers.last_number(text) == number
+
+
+def test_gsm8k_check() -> None:
+    meta = {"answer": "She makes 9 * 2 = $<<9*2=18>>18.\n#### 18"}
+    assert checkers.check_gsm8k("So she makes $18 every day.", meta)["passed"]
+    assert not checkers.check_gsm8k("So she makes $16 every day.", meta)["passed"]
+    assert not checkers.check_gsm8k("I do not know.", meta)["passed"]
+
+
+def test_humaneval_correct_wrong_and_chat_answers() -> None:
+    assert checkers.check_humaneval("    return a + b\n", HUMANEVAL_META)["status"] == "passed"
+    wrong = checkers.check_humaneval("    return a - b\n", HUMANEVAL_META)
+    assert wrong["status"] == "failed" and "AssertionError" in wrong["error"]
+    chat = "Here you go:\n```python\ndef add(a, b):\n    return b + a\n```\nDone."
+    assert checkers.check_humaneval(chat, HUMANEVAL_META)["passed"]
+    assert checkers.check_humaneval("    return (\n", HUMANEVAL_META)["status"] == "failed"  # syntax error
+
+
+def test_timeout_is_a_failure() -> None:
+    result = checkers.check_humaneval("    while True:\n        pass\n", HUMANEVAL_META, timeout=1.0)
+    assert result == {"passed": False, "status": "timeout", "error": "timed out after 1s"}
+
+
+def test_mbpp_check() -> None:
+    meta = {"tests": ["assert square(3) == 9", "assert square(0) == 0"], "setup": ""}
+    assert checkers.check_mbpp("```python\ndef square(x):\n    return x * x\n```", meta)["passed"]
+    assert not checkers.check_mbpp("def square(x):\n    return x + x\n", meta)["passed"]
+
+
+def test_checked_code_cannot_see_the_benchmark(tmp_path: Path) -> None:
+    result = checkers.run_python("import os, sys\nassert os.getcwd() != %r\nassert 'FLY' not in ''.join(os.environ)\n"
+                                 % str(Path.cwd()))
+    assert result["passed"], result
+
+
+@pytest.mark.parametrize("a, b, rate, first", [
+    ([1, 2, 3], [1, 2, 3], 1.0, None), ([1, 2, 4], [1, 2, 3], 2 / 3, 2), ([1, 2], [1, 2, 3], 2 / 3, 2),
+    ([1, 2, 3, 4], [1, 2], 0.5, 2), ([], [], 1.0, None), ([5], [], 0.0, 0), ([9, 2, 3], [1, 2, 3], 2 / 3, 0),
+])
+def test_agreement(a: list[int], b: list[int], rate: float, first: int | None) -> None:
+    assert fidelity.agreement(a, b) == (pytest.approx(rate), first)
+
+
+def test_nll_chunked_equals_whole_and_prefers_greedy(stories: Path) -> None:
+    with Model(stories) as model, Context(model, n_ctx=256, n_threads=2, n_batch=256) as whole, \
+            Context(model, n_ctx=256, n_threads=2, n_batch=7) as chunked:
+        prompt = model.tokenize("Once upon a time, there was a little girl")
+        greedy = []
+        for _ in range(24):  # the target's own greedy continuation
+            logits = whole.decode([*prompt, *greedy][len(whole.tokens):], logits="last")
+            greedy.append(int(np.argmax(logits[0])))
+        other = model.tokenize(" banana banana car sky blue the the", add_special=False)
+        a = fidelity.target_nll(whole, prompt, greedy)
+        b = fidelity.target_nll(chunked, prompt, greedy)
+        assert a == pytest.approx(b, rel=1e-3)
+        assert fidelity.target_nll(whole, prompt, other) > a
+        assert fidelity.target_nll(whole, prompt, greedy) == pytest.approx(a, rel=1e-5)  # reused cache
+        assert fidelity.target_nll(whole, prompt, []) is None
+
+
+def test_geomean_median_and_modes() -> None:
+    assert summary.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert summary.geomean([None, 0.0, math.inf]) is None
+    assert summary.median([3.0, None, 1.0, 2.0]) == 2.0
+    modes = parse_modes("fly,spd", [4], SpecSettings())
+    assert [m.label for m in modes] == ["target", "fly", "spd"] and modes[1].spec.k == 4
+    modes = parse_modes("target,fly-plain", [2, 3], SpecSettings(), peer=True)
+    assert [m.label for m in modes] == ["target", "fly-plain@k2", "fly-plain@k3", "llama.cpp-target",
+                                        "llama.cpp-spd@k2", "llama.cpp-spd@k3"]
+    assert modes[1].spec.ngram is False and modes[4].peer == "speculative"
+    with pytest.raises(FlyError, match="listed twice"):
+        parse_modes("fly,fly", [3], SpecSettings())
