@@ -118,3 +118,45 @@ def test_geomean_median_and_modes() -> None:
     assert modes[1].spec.ngram is False and modes[4].peer == "speculative"
     with pytest.raises(FlyError, match="listed twice"):
         parse_modes("fly,fly", [3], SpecSettings())
+
+
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}User: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}Story:{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def templated(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fly_cpp.models import make
+
+    return make.with_metadata(stories, tmp_path_factory.mktemp("tpl") / "stories-chat.gguf",
+                              **{"tokenizer.chat_template": TEMPLATE})
+
+
+def test_chat_template_applied_once_with_one_bos(templated: Path, stories: Path) -> None:
+    from fly_cpp import Engine, ModelSettings
+    from fly_cpp.bench.prompting import PromptRenderer
+
+    with Engine(ModelSettings(str(templated), n_ctx=128)) as engine:
+        r = PromptRenderer(engine).render("Tell me about a cat.")
+        assert r.templated and r.text == "User: Tell me about a cat.\nStory:"  # BOS left to the tokenizer
+        assert r.tokens == engine.tokenize(r.text) and r.tokens.count(engine.target_model.bos) == 1
+        raw = PromptRenderer(engine, template=False).render("Tell me about a cat.")
+        assert not raw.templated and raw.text == "Tell me about a cat."
+        long = PromptRenderer(engine, reserve=64).render("The dog ran and ran. " * 100)
+        assert long.truncated and len(long.tokens) <= engine.n_ctx - 64 and long.text.startswith("User: The dog ran")
+        assert long.text.endswith("\nStory:")
+    with Engine(ModelSettings(str(stories), n_ctx=128)) as engine:
+        assert not PromptRenderer(engine).render("Hi").templated
+
+
+def test_bench_with_templated_model(templated: Path, stories_draft: Path, tmp_path: Path) -> None:
+    import json
+
+    from fly_cpp.cli.main import main
+
+    out = tmp_path / "out"
+    assert main(["bench", "-m", str(templated), "-d", str(stories_draft), "-c", "256", "--dataset", "mt_bench",
+                 "--limit", "1", "-n", "8", "--out", str(out), "--no-plots", "--no-warmup", "--no-progress"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["meta"]["templated"] and result["meta"]["n_ctx"] == 256
+    assert "chat template" in (out / "summary.md").read_text()

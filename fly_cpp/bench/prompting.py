@@ -78,14 +78,15 @@ class PromptRenderer:
                 raise FlyError(f"the context (n_ctx={self.engine.n_ctx}) is too small for any prompt "
                                "with this --max-tokens and k")
             body = self.engine.tokenize(content, add_special=False)
-            content = self.engine.detokenize(body[:keep])
-            text = self._wrap(content)
-            tokens = self._tokens(text)
-            while len(tokens) > self.budget and keep > 1:  # detokenize/tokenize may not round-trip
-                keep = max(1, keep - max(1, len(tokens) - self.budget))
-                content = self.engine.detokenize(body[:keep])
-                text = self._wrap(content)
+            while True:
+                head = self.engine.detokenize(body[:keep])
+                if head.startswith(" ") and not content.startswith(" "):
+                    head = head[1:]  # the space SentencePiece put in front when tokenizing
+                text = self._wrap(head)
                 tokens = self._tokens(text)
+                if len(tokens) <= self.budget or keep == 1:  # detokenize/tokenize may not round-trip
+                    break
+                keep = max(1, keep - max(1, len(tokens) - self.budget))
             truncated = True
         return Rendered(text, tokens, truncated, self.template is not None)
 
