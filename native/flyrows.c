@@ -1,120 +1,172 @@
 /* fly-cpp native hot path: per-row reductions and sampling over llama.cpp logits rows.
- * See flyrows.h for the contract. Written in plain C11 so that -O3 vectorises the loops
- * over a row: each hot loop keeps LANES independent accumulators (a lane-wise operation, not
- * a reduction, so no -ffast-math is needed), and folds the lanes once at the end. */
+ * See flyrows.h for the contract.
+ *
+ * Four loops touch every logit of a row (max, "any above t", first index equal to v, and the
+ * sum of exp); everything else works on a handful of values. Those four are written once in
+ * flyrows_kernels.h with GCC/Clang vector extensions and compiled for the baseline and, on
+ * x86-64, for AVX2+FMA and AVX-512; the widest one the CPU has is picked at the first call, so
+ * the default build stays portable (no -march=native). Other compilers get plain loops. No
+ * -ffast-math anywhere: results must match the numpy reference. */
 #include "flyrows.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* On x86-64 Linux with GCC, the row loops are also compiled for AVX2+FMA and picked at load
- * time (ifunc), so the default build stays portable and still uses the wider registers. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(FLY_NO_CLONES)
-#define FLY_HOT __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define FLY_HOT
-#endif
-
-#define LANES 16
-#define BLOCK 64 /* floats per block when skipping blocks that cannot change a top-k list */
+#define BLOCK 256 /* floats per block when skipping blocks that cannot change a top-k list */
 
 int fly_abi_version(void) { return FLY_ABI_VERSION; }
 
-/* ---- argmax ------------------------------------------------------------------------------ */
+/* ---- row kernels ------------------------------------------------------------------------- */
 
-FLY_HOT static int64_t argmax_row(const float *x, int64_t n) {
-    int64_t i = 0, best_i = 0;
-    float best = x[0];
-    if (n >= 2 * LANES && n <= INT32_MAX) {
-        /* lane j sees x[j], x[j + LANES], ...: strict > keeps each lane's first maximum */
-        float bv[LANES];
-        int32_t bi[LANES];
-        for (int j = 0; j < LANES; j++) {
-            bv[j] = x[j];
-            bi[j] = j;
-        }
-        for (i = LANES; i + LANES <= n; i += LANES) {
-            for (int j = 0; j < LANES; j++) {
-                float v = x[i + j];
-                int gt = v > bv[j];
-                bv[j] = gt ? v : bv[j];
-                bi[j] = gt ? (int32_t)(i + j) : bi[j];
-            }
-        }
-        best = bv[0];
-        best_i = bi[0];
-        for (int j = 1; j < LANES; j++) {
-            if (bv[j] > best || (bv[j] == best && bi[j] < best_i)) {
-                best = bv[j];
-                best_i = bi[j];
-            }
-        }
-    }
-    for (; i < n; i++) { /* the tail (or a short row): later indices win only when strictly larger */
-        if (x[i] > best) {
-            best = x[i];
-            best_i = i;
-        }
-    }
-    return best_i;
-}
+struct kernels {
+    float (*row_max)(const float *x, int64_t n);
+    int (*any_above)(const float *x, int64_t n, float t);
+    int64_t (*first_equal)(const float *x, int64_t n, float v);
+    double (*exp_sum)(const float *x, int64_t n, float peak);
+    const char *name;
+};
 
-void fly_argmax(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t *out) {
-    for (int64_t r = 0; r < rows; r++) out[r] = n > 0 ? argmax_row(x + r * stride, n) : 0;
-}
-
-/* ---- exp-sum ----------------------------------------------------------------------------- */
-
-/* expf for x <= 0, vectorisable (Cephes' polynomial, about 1 ulp): e^x = 2^k * e^r with
- * |r| <= ln2/2. Returns 0 below -87.3 (e^x is then under FLT_MIN) and for -inf. */
-static inline float exp_nonpos(float x) {
-    const float lo = -87.3f;
-    float xc = x < lo ? lo : x;
-    float t = xc * 1.44269504088896341f;
-    float k = (t + 12582912.0f) - 12582912.0f; /* round to nearest (|t| < 2^22) */
-    float r = xc - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
+/* expf for x <= 0 (Cephes' polynomial, about 1 ulp): e^x = 2^k * e^r with |r| <= ln2/2.
+ * Returns 0 below -87.3 (e^x is then under FLT_MIN) and for -inf. */
+#define EXP_LO (-87.3f)
+#define EXP_POLY(p, r)                            \
+    p = 1.9875691500e-4f * r + 1.3981999507e-3f; \
+    p = p * r + 8.3334519073e-3f;                \
+    p = p * r + 4.1665795894e-2f;                \
+    p = p * r + 1.6666665459e-1f;                \
     p = p * r + 5.0000001201e-1f;
+
+static inline float exp_nonpos(float x) {
+    if (!(x >= EXP_LO)) return 0.0f;
+    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p;
+    EXP_POLY(p, r)
     float y = p * r * r + r + 1.0f;
     int32_t bits = ((int32_t)k + 127) << 23; /* k in [-126, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return x < lo ? 0.0f : y * scale;
+    return y * scale;
 }
 
-/* sum of exp(x[i] - peak) in double; exp in float32 like the numpy reference's np.exp. */
-FLY_HOT static double exp_sum(const float *x, int64_t n, float peak) {
-    double acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int j = 0; j < LANES; j++) acc[j] += (double)exp_nonpos(x[i + j] - peak);
-    }
+static float row_max_scalar(const float *x, int64_t n) {
+    float best = x[0];
+    for (int64_t i = 1; i < n; i++) best = x[i] > best ? x[i] : best;
+    return best;
+}
+
+static int any_above_scalar(const float *x, int64_t n, float t) {
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > t) return 1;
+    return 0;
+}
+
+static int64_t first_equal_scalar(const float *x, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] == v) return i;
+    return n;
+}
+
+static double exp_sum_scalar(const float *x, int64_t n, float peak) {
     double s = 0.0;
-    for (; i < n; i++) s += (double)exp_nonpos(x[i] - peak);
-    for (int j = 0; j < LANES; j++) s += acc[j];
+    for (int64_t i = 0; i < n; i++) s += (double)exp_nonpos(x[i] - peak);
     return s;
 }
 
-FLY_HOT static float block_max(const float *x, int64_t n) {
-    float m[LANES];
-    int64_t i = 0;
-    float best = x[0];
-    if (n >= LANES) {
-        for (int j = 0; j < LANES; j++) m[j] = x[j];
-        for (i = LANES; i + LANES <= n; i += LANES) {
-            for (int j = 0; j < LANES; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
-        }
-        best = m[0];
-        for (int j = 1; j < LANES; j++) best = m[j] > best ? m[j] : best;
+static const struct kernels kernels_scalar = {row_max_scalar, any_above_scalar, first_equal_scalar, exp_sum_scalar,
+                                              "scalar"};
+
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(FLY_SCALAR_ONLY)
+#define FLY_VECTOR 1
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* wide vectors only pass between functions of one target */
+#endif
+
+#define KW 4
+#define K(name) name##_w4
+#define KNAME "baseline"
+#include "flyrows_kernels.h"
+#undef KW
+#undef K
+#undef KNAME
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FLY_X86 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#define KW 8
+#define K(name) name##_avx2
+#define KNAME "avx2"
+#include "flyrows_kernels.h"
+#undef KW
+#undef K
+#undef KNAME
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+#endif
+#define KW 16
+#define K(name) name##_avx512
+#define KNAME "avx512"
+#include "flyrows_kernels.h"
+#undef KW
+#undef K
+#undef KNAME
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* x86 */
+#endif /* vector extensions */
+
+/* The widest kernels this CPU runs; FLY_CPP_NATIVE_ISA (scalar, baseline, avx2, avx512) picks
+ * a narrower set, so that tests can check every compiled variant on one machine. */
+static const struct kernels *pick_kernels(void) {
+    const char *want = getenv("FLY_CPP_NATIVE_ISA");
+    int any = !want || !*want;
+    if (!any && strcmp(want, "scalar") == 0) return &kernels_scalar;
+#ifdef FLY_VECTOR
+#ifdef FLY_X86
+    __builtin_cpu_init();
+    if ((any || strcmp(want, "avx512") == 0) && __builtin_cpu_supports("avx512f")) return &kernels_avx512;
+    if ((any || strcmp(want, "avx512") == 0 || strcmp(want, "avx2") == 0) && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+        return &kernels_avx2;
+#endif
+    return &kernels_w4;
+#else
+    return &kernels_scalar;
+#endif
+}
+
+static const struct kernels *kern;
+
+static inline const struct kernels *kset(void) { /* a race here only writes the same pointer twice */
+    if (!kern) kern = pick_kernels();
+    return kern;
+}
+
+const char *fly_kernels(void) { return kset()->name; }
+
+/* ---- argmax ------------------------------------------------------------------------------ */
+
+void fly_argmax(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t *out) {
+    const struct kernels *k = kset();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * stride;
+        out[r] = n > 0 ? k->first_equal(row, n, k->row_max(row, n)) : 0; /* first maximum, as numpy */
     }
-    for (; i < n; i++) best = x[i] > best ? x[i] : best;
-    return best;
 }
 
 /* ---- top entropy ------------------------------------------------------------------------- */
@@ -137,7 +189,7 @@ static int top_values(const float *x, int64_t n, int top, float *best) {
     int have = 0;
     for (int64_t i = 0; i < n; i += BLOCK) {
         int64_t len = n - i < BLOCK ? n - i : BLOCK;
-        if (have == top && !(block_max(x + i, len) > best[top - 1])) continue;
+        if (have == top && !kset()->any_above(x + i, len, best[top - 1])) continue;
         for (int64_t j = 0; j < len; j++) top_insert(best, &have, top, x[i + j]);
     }
     return have;
@@ -147,7 +199,7 @@ static double top_entropy_row(const float *x, int64_t n, int top) {
     float best[FLY_MAX_TOP];
     int have = top_values(x, n, top, best);
     float peak = best[0];
-    double lse = log(exp_sum(x, n, peak)) + (double)peak;
+    double lse = log(kset()->exp_sum(x, n, peak)) + (double)peak;
     double h = 0.0;
     for (int i = 0; i < have; i++) {
         double l = (double)best[i] - lse;
@@ -165,7 +217,7 @@ int fly_top_entropy(const float *x, int64_t rows, int64_t n, int64_t stride, int
 void fly_top_probability(const float *x, int64_t rows, int64_t n, int64_t stride, double *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * stride;
-        out[r] = n > 0 ? 1.0 / exp_sum(row, n, block_max(row, n)) : NAN;
+        out[r] = n > 0 ? 1.0 / kset()->exp_sum(row, n, kset()->row_max(row, n)) : NAN;
     }
 }
 
@@ -187,7 +239,7 @@ static int64_t top_k_small(const float *x, int64_t n, int64_t k, cand *c) {
     int64_t have = 0;
     for (int64_t i = 0; i < n; i += BLOCK) {
         int64_t len = n - i < BLOCK ? n - i : BLOCK;
-        if (have == k && !(block_max(x + i, len) > c[k - 1].v)) continue;
+        if (have == k && !kset()->any_above(x + i, len, c[k - 1].v)) continue;
         for (int64_t j = i; j < i + len; j++) {
             float v = x[j];
             if (have == k && !(v > c[k - 1].v)) continue;
@@ -262,7 +314,7 @@ static int64_t candidates(const float *x, int64_t n, int64_t top_k, double top_p
         for (int64_t i = 0; i < n; i++) above += x[i] > tau;
         ties = k - above;
     }
-    float peak = block_max(x, n);
+    float peak = kset()->row_max(x, n);
     double hist[NBUCKET] = {0}, s = 0.0;
     int64_t seen = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -31,6 +31,11 @@ extern "C" {
 
 FLY_API int fly_abi_version(void);
 
+/* Which row kernels run: "avx512", "avx2", "baseline" (vector extensions at the compiler's
+ * default target) or "scalar". The environment variable FLY_CPP_NATIVE_ISA, read at the first
+ * call, can ask for a narrower set (tests check each one). */
+FLY_API const char *fly_kernels(void);
+
 /* out[r] = index of the largest value of row r, the lowest index on ties (numpy's argmax). */
 FLY_API void fly_argmax(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t *out);
 

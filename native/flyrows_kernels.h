@@ -1,0 +1,98 @@
+/* The four loops over a whole row, written with GCC/Clang vector extensions. flyrows.c
+ * includes this file once per instruction set, with KW (floats per vector), K(name) (name
+ * suffix) and KNAME defined, under a target pragma; hence no include guard. Two vectors per step keep
+ * two independent dependency chains in flight. Results do not depend on KW except for the
+ * rounding of exp_sum's partial sums (see there). */
+
+typedef float K(vf) __attribute__((vector_size(KW * 4)));
+typedef int32_t K(vi) __attribute__((vector_size(KW * 4)));
+typedef float K(vfu) __attribute__((vector_size(KW * 4), aligned(4), may_alias));
+typedef float K(vh) __attribute__((vector_size(KW * 2)));  /* half a vector */
+typedef double K(vd) __attribute__((vector_size(KW * 4))); /* half a vector, widened */
+
+static inline __attribute__((always_inline)) K(vf) K(load)(const float *x) { return *(const K(vfu) *)x; }
+
+static inline __attribute__((always_inline)) int K(any)(K(vi) m) {
+    int32_t r = 0;
+    for (int j = 0; j < KW; j++) r |= m[j];
+    return r != 0;
+}
+
+/* e^x for x <= 0, lane-wise: exp_nonpos of flyrows.c, the same operations. */
+static inline __attribute__((always_inline)) K(vf) K(exp)(K(vf) x) {
+    K(vi) low = x < EXP_LO;                 /* -1 where e^x underflows to 0 */
+    K(vf) xc = (K(vf))((K(vi))x & ~low);    /* those lanes compute e^0, masked off at the end */
+    K(vf) k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    K(vf) r = xc - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    K(vf) p;
+    EXP_POLY(p, r)
+    K(vf) y = p * r * r + r + 1.0f;
+    K(vi) bits = (__builtin_convertvector(k, K(vi)) + 127) << 23;
+    return (K(vf))((K(vi))(y * (K(vf))bits) & ~low);
+}
+
+static float K(row_max)(const float *x, int64_t n) {
+    int64_t i = 0;
+    float best = x[0];
+    if (n >= 2 * KW) {
+        K(vf) a = K(load)(x), b = K(load)(x + KW);
+        for (i = 2 * KW; i + 2 * KW <= n; i += 2 * KW) {
+            K(vf) u = K(load)(x + i), v = K(load)(x + i + KW);
+            K(vi) gu = u > a, gv = v > b;
+            a = (K(vf))(((K(vi))u & gu) | ((K(vi))a & ~gu));
+            b = (K(vf))(((K(vi))v & gv) | ((K(vi))b & ~gv));
+        }
+        for (int j = 0; j < KW; j++) {
+            best = a[j] > best ? a[j] : best;
+            best = b[j] > best ? b[j] : best;
+        }
+    }
+    for (; i < n; i++) best = x[i] > best ? x[i] : best;
+    return best;
+}
+
+static int K(any_above)(const float *x, int64_t n, float t) {
+    int64_t i = 0;
+    K(vi) m = {0};
+    for (; i + 2 * KW <= n; i += 2 * KW) m |= (K(load)(x + i) > t) | (K(load)(x + i + KW) > t);
+    if (K(any)(m)) return 1;
+    for (; i < n; i++)
+        if (x[i] > t) return 1;
+    return 0;
+}
+
+/* first i with x[i] == v, or n */
+static int64_t K(first_equal)(const float *x, int64_t n, float v) {
+    int64_t i = 0;
+    for (; i + 4 * KW <= n; i += 4 * KW) {
+        K(vi) m = (K(load)(x + i) == v) | (K(load)(x + i + KW) == v) | (K(load)(x + i + 2 * KW) == v) |
+                  (K(load)(x + i + 3 * KW) == v);
+        if (K(any)(m)) break;
+    }
+    for (; i < n; i++)
+        if (x[i] == v) return i;
+    return n;
+}
+
+/* sum of exp(x[i] - peak): float32 exps (like numpy's np.exp on float32 logits), added four
+ * at a time per lane in float, then accumulated in double. */
+static double K(exp_sum)(const float *x, int64_t n, float peak) {
+    K(vd) lo = {0}, hi = {0};
+    int64_t i = 0;
+    for (; i + 4 * KW <= n; i += 4 * KW) {
+        K(vf) e = (K(exp)(K(load)(x + i) - peak) + K(exp)(K(load)(x + i + KW) - peak)) +
+                  (K(exp)(K(load)(x + i + 2 * KW) - peak) + K(exp)(K(load)(x + i + 3 * KW) - peak));
+        K(vh) a, b;
+        memcpy(&a, &e, sizeof a);
+        memcpy(&b, (const char *)&e + sizeof a, sizeof b);
+        lo += __builtin_convertvector(a, K(vd));
+        hi += __builtin_convertvector(b, K(vd));
+    }
+    double s = 0.0;
+    for (; i < n; i++) s += (double)exp_nonpos(x[i] - peak);
+    for (int j = 0; j < KW / 2; j++) s += lo[j] + hi[j];
+    return s;
+}
+
+static const struct kernels K(kernels) = {K(row_max), K(any_above), K(first_equal), K(exp_sum), KNAME};
