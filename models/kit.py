@@ -1,0 +1,142 @@
+"""The pairs the kit makes locally, with no download beyond the tiny source checkpoint.
+
+- ``stories260k``: the bundled pair (stories260K, 5 layers x 64, and its Q4_0 copy).
+- ``tinystories``: tinystories-656k converted to GGUF (2 layers x 128, F32) and its Q4_0 copy.
+- ``costly`` (SYNTHETIC): the cost-realistic pair for CPU speed work. Target: tinystories-656k
+  grown to 24 layers x 1024 (64 heads, FFN 2816; ~284M parameters, F16, ~575 MB) and perturbed
+  (noise 0.05, seed 1) so that it agrees with its draft on about 80% of greedy tokens. Draft:
+  the same model grown to 4 layers x 512 (FFN 1536; ~15M parameters, F16) with no noise, i.e.
+  the trained model's own function. See widen.py and models/README.md.
+
+Pairs are built on demand into ``cache_root()/NAME`` (``$FLY_CPP_CACHE`` or
+``~/.cache/fly-cpp/pairs``), deterministically from their recipe; a pair is rebuilt when its
+recipe changes (the recipe is stored next to the files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fly_cpp.errors import FlyError
+from fly_cpp.models import bundled, convert, make, widen
+
+PathLike = str | os.PathLike[str]
+SOURCE_REPO = "raincandy-u/TinyStories-656K"  # the hub copy of the tinystories-656k checkpoint
+SYNTHETIC_KEY = "fly_cpp.synthetic"
+
+COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.05, seed=1)
+COSTLY_DRAFT = widen.Growth(n_embd=512, n_ff=1536, n_layer=4, noise=0.0, seed=2)
+
+
+@dataclass(frozen=True)
+class LocalPair:
+    name: str
+    target: Path
+    draft: Path
+    synthetic: bool
+    n_ctx: int
+    description: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (synthetic)" if self.synthetic else self.name
+
+
+def cache_root() -> Path:
+    if os.environ.get("FLY_CPP_CACHE"):
+        return Path(os.environ["FLY_CPP_CACHE"]).expanduser() / "pairs"
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "fly-cpp" / "pairs"
+
+
+def tinystories_source() -> Path:
+    """The tinystories-656k checkpoint: $FLY_CPP_TINYSTORIES, the shared assets next to the
+    project, or the hub copy (through the Hugging Face cache)."""
+    if os.environ.get("FLY_CPP_TINYSTORIES"):
+        return Path(os.environ["FLY_CPP_TINYSTORIES"])
+    shared = Path(os.environ.get("FLY_CPP_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+    local = shared / "models" / "tinystories-656k"
+    if (local / "config.json").exists():
+        return local
+    from fly_cpp.models import hub
+
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        path = hub.pull(SOURCE_REPO, name)
+    hub.pull(SOURCE_REPO, "model.safetensors")
+    return path.parent
+
+
+def _build(out: Path, recipe: dict[str, object], files: dict[str, Callable[[Path], object]], force: bool) -> None:
+    """Make ``files`` in ``out`` unless they exist with this very recipe."""
+    stamp = out / "recipe.json"
+    wanted = json.dumps(recipe, sort_keys=True, indent=1)
+    if not force and stamp.exists() and stamp.read_text() == wanted and all((out / f).exists() for f in files):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    for name, build in files.items():
+        tmp = out / (name + ".partial")
+        build(tmp)
+        tmp.rename(out / name)
+    stamp.write_text(wanted)
+
+
+def make_pair(name: str, out: PathLike | None = None, *, force: bool = False,
+              target_growth: widen.Growth | None = None, draft_growth: widen.Growth | None = None) -> LocalPair:
+    """Build (or find built) the local pair ``name`` in ``out`` (default ``cache_root()/name``).
+    ``target_growth`` / ``draft_growth`` override the costly pair's shapes and noise (tests
+    build it small)."""
+    if name not in PAIRS:
+        raise FlyError(f"unknown local pair {name!r} (known: {', '.join(PAIRS)})")
+    if name == "stories260k":
+        return LocalPair(name, bundled.TARGET, bundled.DRAFT, False, bundled.N_CTX, PAIRS[name])
+    root = Path(out) if out is not None else cache_root() / name
+    src = tinystories_source()
+    if name == "tinystories":
+        target, draft = root / "tinystories-656k.gguf", root / "tinystories-656k-q4_0.gguf"
+        _build(root, {"pair": name, "version": 1}, {
+            target.name: lambda p: convert.convert_hf_llama(src, p, name="tinystories-656k"),
+            draft.name: lambda p: make.quantize(target, p, "Q4_0"),
+        }, force)
+        return LocalPair(name, target, draft, False, 512, PAIRS[name])
+    tg, dg = target_growth or COSTLY_TARGET, draft_growth or COSTLY_DRAFT
+    target, draft = root / "costly-target-synthetic.gguf", root / "costly-draft-synthetic.gguf"
+    recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
+              "dtype": "f16"}
+    _build(root, recipe, {
+        target.name: lambda p: widen.grow_checkpoint(src, p, tg, name="costly-target (synthetic)"),
+        draft.name: lambda p: widen.grow_checkpoint(src, p, dg, name="costly-draft (synthetic)"),
+    }, force)
+    return LocalPair(name, target, draft, True, 512, PAIRS[name])
+
+
+def built(name: str) -> LocalPair | None:
+    """The local pair ``name`` if it is already built in the default cache (builds nothing)."""
+    if name == "stories260k":
+        return make_pair(name)
+    root = cache_root() / name
+    if not (root / "recipe.json").exists():
+        return None
+    files = sorted(root.glob("*.gguf"))
+    target = next((f for f in files if "draft" not in f.name and "q4_0" not in f.name), None)
+    draft = next((f for f in files if f is not target), None)
+    if target is None or draft is None:
+        return None
+    return LocalPair(name, target, draft, name == "costly", 512, PAIRS[name])
+
+
+def remove(name: str) -> None:
+    shutil.rmtree(cache_root() / name, ignore_errors=True)
+
+
+PAIRS = {
+    "stories260k": "bundled: stories260K (260K params, trained) + its Q4_0 copy",
+    "tinystories": "tinystories-656k converted from Hugging Face (656K params, trained) + its Q4_0 copy",
+    "costly": "SYNTHETIC cost-realistic pair: tinystories-656k grown to 24x1024 (~284M params, F16) and "
+              "perturbed, + the same model grown to 4x512 (~15M params, F16) unperturbed; ~80% greedy agreement",
+}
+

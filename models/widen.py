@@ -1,0 +1,130 @@
+"""Function-preserving growth of a trained llama: wider, deeper, then lightly perturbed.
+
+Used to make the cost-realistic pair (see models/README.md): a big synthetic target whose text
+is still the trained tiny model's, at the cost of a big model's forward pass.
+
+Starting from the llama.cpp tensors of a model with width d (``gguf_tensors`` layout: q/k rows
+already in llama.cpp's rotary order), with ``Q`` a random (D, d) matrix with orthonormal
+columns and ``r = d / D``:
+
+- residual stream: h' = Q h. Embeddings E' = E Q^T; every matrix that writes into the residual
+  (attn_output, ffn_down) is left-multiplied by Q. The stream is dense in all D dimensions.
+- RMSNorm: mean(h'^2) over D is r * mean(h^2) over d, so each norm gets the uniform weight
+  sqrt(r), its original weight g is folded into the matrices that read it (W diag(g) Q^T), and
+  the epsilon becomes eps * r. The result is exact, not approximate.
+- extra attention heads (same head size, same query/KV grouping) and extra FFN units get random
+  read weights (q, k, v, gate, up) of the original's scale and zero write weights (their
+  columns of attn_output / ffn_down), so they compute but contribute nothing.
+- extra blocks (identity blocks) are placed between the original ones: random read weights,
+  zero write weights.
+- perturbation: Gaussian noise with standard deviation ``noise`` times the original tensor
+  kind's RMS (per kind: attn_q, ffn_down, ...) added to every matrix, zero ones included. This
+  is the one knob that sets how often the grown model's greedy token differs from the
+  original's. noise = 0 gives the original model's logits (to float rounding).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fly_cpp.errors import FlyError
+from fly_cpp.models import convert
+
+PathLike = str | os.PathLike[str]
+_READ = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+_WRITE = ("attn_output", "ffn_down")
+
+
+@dataclass(frozen=True)
+class Growth:
+    """Target shape and perturbation of a grown model (n_head follows from n_embd)."""
+
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    noise: float = 0.0
+    seed: int = 0
+
+
+def grow(hparams: dict[str, Any], tensors: dict[str, np.ndarray], g: Growth) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Grow llama.cpp tensors (float32, ``convert.gguf_tensors`` layout) to the shape ``g``.
+    Returns the new hparams and tensors (float32)."""
+    d, f, n_layer = hparams["n_embd"], hparams["n_ff"], hparams["n_layer"]
+    head_dim, n_head, n_head_kv = hparams["head_dim"], hparams["n_head"], hparams["n_head_kv"]
+    group = n_head // n_head_kv
+    if g.n_embd < d or g.n_ff < f or g.n_layer < n_layer:
+        raise FlyError(f"cannot shrink: model is {d} wide, {f} ff, {n_layer} layers; asked {g.n_embd}, {g.n_ff}, {g.n_layer}")
+    if g.n_embd % (head_dim * group):
+        raise FlyError(f"n_embd {g.n_embd} must be a multiple of head_dim x group = {head_dim * group}")
+    if head_dim * n_head != d:
+        raise FlyError("grow() needs n_head x head_dim == n_embd")
+    D, F, L = g.n_embd, g.n_ff, g.n_layer
+    H = D // head_dim
+    H_kv = H // group
+    rng = np.random.default_rng(g.seed)
+    r = d / D
+    q_basis = np.linalg.qr(rng.standard_normal((D, d)))[0]  # (D, d), orthonormal columns
+
+    # scale of each tensor kind in the original (norm weights folded in), for new weights and noise
+    def folded(i: int, kind: str) -> np.ndarray:
+        w = tensors[f"blk.{i}.{kind}.weight"]
+        norm = "attn_norm" if kind.startswith("attn") else "ffn_norm"
+        return w * tensors[f"blk.{i}.{norm}.weight"][None, :] if kind in _READ else w
+
+    scale = {k: float(np.sqrt(np.mean([np.mean(folded(i, k) ** 2) for i in range(n_layer)])))
+             for k in _READ + _WRITE}
+    rows = {"attn_q": H * head_dim, "attn_k": H_kv * head_dim, "attn_v": H_kv * head_dim,
+            "ffn_gate": F, "ffn_up": F}
+
+    def read(kind: str, src: np.ndarray | None) -> np.ndarray:
+        out = rng.standard_normal((rows[kind], D)) * scale[kind] * np.sqrt(d / D)  # same output scale
+        if src is not None:
+            out[: src.shape[0]] = src @ q_basis.T
+        return out
+
+    def write(kind: str, src: np.ndarray | None) -> np.ndarray:
+        cols = H * head_dim if kind == "attn_output" else F
+        out = np.zeros((D, cols))
+        if src is not None:
+            out[:, : src.shape[1]] = q_basis @ src
+        return out
+
+    # original block i goes to position place[i]; the others are identity blocks
+    place = [round(i * L / n_layer) for i in range(n_layer)]
+    new: dict[str, np.ndarray] = {}
+    embd = tensors["token_embd.weight"]
+    head = tensors.get("output.weight", embd) * tensors["output_norm.weight"][None, :]
+    new["token_embd.weight"] = embd @ q_basis.T
+    new["output_norm.weight"] = np.full(D, np.sqrt(r))
+    new["output.weight"] = head @ q_basis.T
+    for j in range(L):
+        i = place.index(j) if j in place else None
+        for kind in _READ:
+            new[f"blk.{j}.{kind}.weight"] = read(kind, None if i is None else folded(i, kind))
+        for kind in _WRITE:
+            new[f"blk.{j}.{kind}.weight"] = write(kind, None if i is None else tensors[f"blk.{i}.{kind}.weight"])
+        new[f"blk.{j}.attn_norm.weight"] = np.full(D, np.sqrt(r))
+        new[f"blk.{j}.ffn_norm.weight"] = np.full(D, np.sqrt(r))
+    if g.noise:
+        for j in range(L):
+            for kind in _READ + _WRITE:
+                w = new[f"blk.{j}.{kind}.weight"]
+                w += rng.standard_normal(w.shape) * (g.noise * scale[kind])
+    grown = {**hparams, "n_embd": D, "n_ff": F, "n_layer": L, "n_head": H, "n_head_kv": H_kv,
+             "rms_eps": hparams["rms_eps"] * r}
+    return grown, {k: v.astype(np.float32) for k, v in new.items()}
+
+
+def grow_checkpoint(src: PathLike, out: PathLike, g: Growth, *, dtype: str = "f16", name: str | None = None) -> Path:
+    """Grow the Hugging Face llama checkpoint ``src`` and write it as GGUF ``out``."""
+    config, tensors = convert.load_checkpoint(src)
+    hparams = convert.hparams_of(config)
+    grown, new = grow(hparams, convert.gguf_tensors(config, tensors), g)
+    label = name or f"{Path(src).resolve().name}-grown-{g.n_embd}x{g.n_layer}"
+    return convert.write_llama(out, grown, convert.tokenizer_fields(src, config), new, name=label, dtype=dtype,
+                               extra={"fly_cpp.synthetic": f"grown from {Path(src).resolve().name}: {g}"})
