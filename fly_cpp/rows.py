@@ -1,16 +1,41 @@
 """Per-row reductions over logits: argmax, top-3 entropy, top probability.
 
-These are the numpy reference implementations. Inputs are (rows, n_vocab) float32 arrays,
-usually zero-copy views of llama.cpp's logits buffer (valid only until the next decode).
+Inputs are (rows, n_vocab) float32 arrays, usually zero-copy views of llama.cpp's logits
+buffer (valid only until the next decode). Each function runs the native library
+(``fly_cpp.native``) when it is available and can read the array in place, and otherwise its
+numpy reference, ``<name>_numpy``; the two agree (tests/test_native_parity.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fly_cpp import native
+
 
 def argmax(logits: np.ndarray) -> np.ndarray:
     """(rows, V) float32 -> (rows,) int64: the greedy token of each row (lowest id on ties)."""
+    if native.accepts(logits):
+        return native.argmax(logits)
+    return argmax_numpy(logits)
+
+
+def top_entropy(logits: np.ndarray, top: int = 3) -> np.ndarray:
+    """(rows, V) -> (rows,) float64: FLy's top-k entropy, -sum exp(l_i) * l_i over the k
+    largest log-probabilities of the full softmax (not renormalised over the top k)."""
+    if 1 <= top <= native.MAX_TOP and native.accepts(logits):
+        return native.top_entropy(logits, top)
+    return top_entropy_numpy(logits, top)
+
+
+def top_probability(logits: np.ndarray) -> np.ndarray:
+    """(rows, V) -> (rows,) float64: the softmax probability of each row's greedy token."""
+    if native.accepts(logits):
+        return native.top_probability(logits)
+    return top_probability_numpy(logits)
+
+
+def argmax_numpy(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits, axis=-1)
 
 
@@ -22,19 +47,17 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x
 
 
-def top_entropy(logits: np.ndarray, top: int = 3) -> np.ndarray:
-    """(rows, V) -> (rows,) float64: FLy's top-k entropy, -sum exp(l_i) * l_i over the k
-    largest log-probabilities of the full softmax (not renormalised over the top k)."""
+def top_entropy_numpy(logits: np.ndarray, top: int = 3) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float32)
     peak = x.max(axis=-1, keepdims=True)
     lse = np.log(np.exp(x - peak).sum(axis=-1, keepdims=True, dtype=np.float64)) + peak
     top_k = min(top, x.shape[-1])
     best = np.partition(x, x.shape[-1] - top_k, axis=-1)[..., -top_k:].astype(np.float64) - lse
-    return -(np.exp(best) * best).sum(axis=-1)
+    with np.errstate(invalid="ignore"):  # a -inf logit has probability 0 and contributes 0, not 0 * -inf
+        return -np.where(best > -np.inf, np.exp(best) * best, 0.0).sum(axis=-1)
 
 
-def top_probability(logits: np.ndarray) -> np.ndarray:
-    """(rows, V) -> (rows,) float64: the softmax probability of each row's greedy token."""
+def top_probability_numpy(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
     return 1.0 / np.exp(x).sum(axis=-1)

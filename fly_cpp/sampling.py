@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from fly_cpp import native
 from fly_cpp.config import SamplingSettings
+from fly_cpp.rows import argmax
 
 
 class Sampler:
@@ -46,20 +48,35 @@ class Sampler:
     def greedy(self, rows: np.ndarray, histories: Callable[[int], Sequence[int]]) -> np.ndarray:
         """(n, V) -> (n,) argmax per row, after penalties (row i sees ``histories(i)``)."""
         if not self.settings.penalised:
-            return np.argmax(rows, axis=-1)
-        return np.array([int(np.argmax(self.penalise(rows[i], histories(i)))) for i in range(rows.shape[0])])
+            return argmax(rows)
+        return np.array([int(argmax(self.penalise(rows[i], histories(i))[None])[0]) for i in range(rows.shape[0])])
 
     def distribution(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(V,) logits -> (ids (n,) int64, probs (n,) float64) after the whole chain."""
+        """(V,) logits -> (ids (n,) int64, probs (n,) float64) after the whole chain; ids in
+        order of logit, lowest id first on ties."""
+        x = self.penalise(row, history)
         s = self.settings
-        x = self.penalise(row, history).astype(np.float64)
-        if 0 < s.top_k < x.shape[0]:
-            ids = np.argpartition(-x, s.top_k - 1)[: s.top_k]
+        if s.temperature > 0 and native.accepts_row(x):
+            return native.distribution(x, s.temperature, s.top_k, s.top_p, s.min_p)
+        return self._chain_numpy(x)
+
+    def distribution_numpy(self, row: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The numpy reference of ``distribution``."""
+        return self._chain_numpy(self.penalise(row, history))
+
+    def _chain_numpy(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = self.settings
+        x = row.astype(np.float64)  # (V,)
+        n = x.shape[0]
+        keep_k = s.top_k if 0 < s.top_k < n else n
+        if keep_k < n:
+            kth = np.partition(x, n - keep_k)[n - keep_k]  # the top_k-th largest logit
+            ids = np.flatnonzero(x >= kth)  # ascending; ties at kth may give a few more than top_k
         else:
-            ids = np.arange(x.shape[0])
+            ids = np.arange(n)
+        order = np.argsort(-x[ids], kind="stable")[:keep_k]  # stable: lowest id first on ties
+        ids = ids[order]
         vals = x[ids]
-        order = np.argsort(-vals, kind="stable")
-        ids, vals = ids[order], vals[order]
         p = np.exp(vals - vals[0])
         p /= p.sum()
         keep = np.ones(ids.shape[0], dtype=bool)
@@ -77,7 +94,13 @@ class Sampler:
         return int(ids[min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), ids.shape[0] - 1)])
 
     def sample(self, row: np.ndarray, history: Sequence[int]) -> int:
-        return self.draw(*self.distribution(row, history))
+        """One token from the chain; the same token as ``draw(*distribution(...))`` with the
+        same RNG state, done in one native call when the library is available."""
+        x = self.penalise(row, history)
+        s = self.settings
+        if s.temperature > 0 and native.accepts_row(x):
+            return native.sample(x, s.temperature, s.top_k, s.top_p, s.min_p, self.rng.random())
+        return self.draw(*self._chain_numpy(x))
 
 
 def rejection_verify(

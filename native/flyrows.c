@@ -1,8 +1,7 @@
 /* fly-cpp native hot path: per-row reductions and sampling over llama.cpp logits rows.
  * See flyrows.h for the contract.
  *
- * Four loops touch every logit of a row (max, "any above t", first index equal to v, and the
- * sum of exp); everything else works on a handful of values. Those four are written once in
+ * Four loops touch every logit of a row (max, argmax, "any above t" and the sum of exp); everything else works on a handful of values. Those four are written once in
  * flyrows_kernels.h with GCC/Clang vector extensions and compiled for the baseline and, on
  * x86-64, for AVX2+FMA and AVX-512; the widest one the CPU has is picked at the first call, so
  * the default build stays portable (no -march=native). Other compilers get plain loops. No
@@ -21,8 +20,8 @@ int fly_abi_version(void) { return FLY_ABI_VERSION; }
 
 struct kernels {
     float (*row_max)(const float *x, int64_t n);
+    int64_t (*argmax)(const float *x, int64_t n);
     int (*any_above)(const float *x, int64_t n, float t);
-    int64_t (*first_equal)(const float *x, int64_t n, float v);
     double (*exp_sum)(const float *x, int64_t n, float peak);
     const char *name;
 };
@@ -63,10 +62,11 @@ static int any_above_scalar(const float *x, int64_t n, float t) {
     return 0;
 }
 
-static int64_t first_equal_scalar(const float *x, int64_t n, float v) {
-    for (int64_t i = 0; i < n; i++)
-        if (x[i] == v) return i;
-    return n;
+static int64_t argmax_scalar(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
 }
 
 static double exp_sum_scalar(const float *x, int64_t n, float peak) {
@@ -75,8 +75,9 @@ static double exp_sum_scalar(const float *x, int64_t n, float peak) {
     return s;
 }
 
-static const struct kernels kernels_scalar = {row_max_scalar, any_above_scalar, first_equal_scalar, exp_sum_scalar,
-                                              "scalar"};
+static const struct kernels kernels_scalar = {.row_max = row_max_scalar, .argmax = argmax_scalar,
+                                              .any_above = any_above_scalar, .exp_sum = exp_sum_scalar,
+                                              .name = "scalar"};
 
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(FLY_SCALAR_ONLY)
 #define FLY_VECTOR 1
@@ -165,7 +166,7 @@ void fly_argmax(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t
     const struct kernels *k = kset();
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * stride;
-        out[r] = n > 0 ? k->first_equal(row, n, k->row_max(row, n)) : 0; /* first maximum, as numpy */
+        out[r] = n > 0 ? k->argmax(row, n) : 0;
     }
 }
 

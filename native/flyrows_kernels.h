@@ -1,4 +1,4 @@
-/* The four loops over a whole row, written with GCC/Clang vector extensions. flyrows.c
+/* The four loops over a whole row (max, argmax, "any above t", sum of exp), written with GCC/Clang vector extensions. flyrows.c
  * includes this file once per instruction set, with KW (floats per vector), K(name) (name
  * suffix) and KNAME defined, under a target pragma; hence no include guard. Two vectors per step keep
  * two independent dependency chains in flight. Results do not depend on KW except for the
@@ -52,6 +52,55 @@ static float K(row_max)(const float *x, int64_t n) {
     return best;
 }
 
+static inline __attribute__((always_inline)) K(vf) K(max)(K(vf) a, K(vf) b) {
+    K(vi) g = b > a;
+    return (K(vf))(((K(vi))b & g) | ((K(vi))a & ~g));
+}
+
+/* index of the first maximum, in one pass over chunks of 4 vectors: each lane keeps its
+ * maximum and the first chunk where it reached it; the earliest chunk holding the overall
+ * maximum is then scanned for its first position */
+static int64_t K(argmax)(const float *x, int64_t n) {
+    const int64_t C = 4 * KW;
+    int64_t i = 0, best_i = 0;
+    float best = x[0];
+    if (n >= C && n / C <= INT32_MAX) {
+        K(vf) a = K(max)(K(max)(K(load)(x), K(load)(x + KW)), K(max)(K(load)(x + 2 * KW), K(load)(x + 3 * KW)));
+        K(vi) at = {0}, chunk = {0}, one;
+        for (int j = 0; j < KW; j++) one[j] = 1;
+        for (i = C; i + C <= n; i += C) {
+            chunk += one;
+            K(vf) m = K(max)(K(max)(K(load)(x + i), K(load)(x + i + KW)),
+                             K(max)(K(load)(x + i + 2 * KW), K(load)(x + i + 3 * KW)));
+            K(vi) g = m > a;
+            a = (K(vf))(((K(vi))m & g) | ((K(vi))a & ~g));
+            at = (chunk & g) | (at & ~g);
+        }
+        int32_t first = at[0];
+        best = a[0];
+        for (int j = 1; j < KW; j++) {
+            if (a[j] > best || (a[j] == best && at[j] < first)) {
+                best = a[j];
+                first = at[j];
+            }
+        }
+        const float *c = x + (int64_t)first * C;
+        for (int64_t j = 0; j < C; j++) {
+            if (c[j] == best) {
+                best_i = (int64_t)first * C + j;
+                break;
+            }
+        }
+    }
+    for (; i < n; i++) { /* the tail: later indices win only when strictly larger */
+        if (x[i] > best) {
+            best = x[i];
+            best_i = i;
+        }
+    }
+    return best_i;
+}
+
 static int K(any_above)(const float *x, int64_t n, float t) {
     int64_t i = 0;
     K(vi) m = {0};
@@ -60,19 +109,6 @@ static int K(any_above)(const float *x, int64_t n, float t) {
     for (; i < n; i++)
         if (x[i] > t) return 1;
     return 0;
-}
-
-/* first i with x[i] == v, or n */
-static int64_t K(first_equal)(const float *x, int64_t n, float v) {
-    int64_t i = 0;
-    for (; i + 4 * KW <= n; i += 4 * KW) {
-        K(vi) m = (K(load)(x + i) == v) | (K(load)(x + i + KW) == v) | (K(load)(x + i + 2 * KW) == v) |
-                  (K(load)(x + i + 3 * KW) == v);
-        if (K(any)(m)) break;
-    }
-    for (; i < n; i++)
-        if (x[i] == v) return i;
-    return n;
 }
 
 /* sum of exp(x[i] - peak): float32 exps (like numpy's np.exp on float32 logits), added four
@@ -95,4 +131,5 @@ static double K(exp_sum)(const float *x, int64_t n, float peak) {
     return s;
 }
 
-static const struct kernels K(kernels) = {K(row_max), K(any_above), K(first_equal), K(exp_sum), KNAME};
+static const struct kernels K(kernels) = {.row_max = K(row_max), .argmax = K(argmax), .any_above = K(any_above),
+                                        .exp_sum = K(exp_sum), .name = KNAME};

@@ -1,0 +1,230 @@
+"""The native hot path (``native/flyrows.c``), loaded with ctypes.
+
+The library reads llama.cpp's logits rows in place: every function takes a (rows, V) float32
+array whose rows are contiguous (any row stride, so ``logits[:, :n]`` views work too) and
+passes its data pointer; nothing is copied. The numpy code in ``fly_cpp.rows`` and
+``fly_cpp.sampling`` is the reference and the fallback: callers ask ``accepts(x)`` first.
+
+Where the library comes from: ``$FLY_CPP_NATIVE_LIB`` (a file) when set, else the package
+directories (the package build installs it next to this module). ``FLY_CPP_NO_NATIVE=1``
+switches it off; so does a missing or stale library (``status()`` says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+ABI_VERSION = 2  # native/flyrows.h FLY_ABI_VERSION
+MAX_TOP = 16  # native/flyrows.h FLY_MAX_TOP
+LIB_NAMES = {"win32": ("flyrows.dll", "libflyrows.dll"), "darwin": ("libflyrows.dylib", "libflyrows.so")}
+
+_lib: ctypes.CDLL | None = None
+_status = "not loaded yet"
+_loaded = False
+_enabled = os.environ.get("FLY_CPP_NO_NATIVE", "") in ("", "0")
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_f64 = ctypes.c_double
+_SIGNATURES = {
+    "fly_abi_version": (ctypes.c_int, []),
+    "fly_kernels": (ctypes.c_char_p, []),
+    "fly_argmax": (None, [_p, _i64, _i64, _i64, _p]),
+    "fly_top_entropy": (ctypes.c_int, [_p, _i64, _i64, _i64, ctypes.c_int32, _p]),
+    "fly_top_probability": (None, [_p, _i64, _i64, _i64, _p]),
+    "fly_distribution": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, _p, _p, _i64]),
+    "fly_draw": (_i64, [_p, _i64, _f64]),
+    "fly_sample": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, _f64]),
+}
+
+
+def _candidates() -> Iterator[Path]:
+    override = os.environ.get("FLY_CPP_NATIVE_LIB")
+    if override:
+        yield Path(override)
+        return
+    import fly_cpp
+
+    names = LIB_NAMES.get(sys.platform, ("libflyrows.so",))
+    for folder in fly_cpp.__path__:  # editable installs list the build output and the sources
+        for name in names:
+            yield Path(folder) / name
+
+
+def _load() -> None:
+    global _lib, _status, _loaded
+    _loaded = True
+    tried = []
+    for path in _candidates():
+        if not path.is_file():
+            tried.append(str(path))
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = restype, argtypes
+            version = lib.fly_abi_version()
+        except (OSError, AttributeError) as e:
+            _status = f"cannot load {path}: {e}"
+            return
+        if version != ABI_VERSION:
+            _status = f"{path} has ABI version {version}, this fly_cpp needs {ABI_VERSION} (rebuild the package)"
+            return
+        _lib, _status = lib, f"loaded {path} ({lib.fly_kernels().decode()} kernels)"
+        return
+    _status = "library not found (looked for " + ", ".join(tried) + ")"
+
+
+def _library() -> ctypes.CDLL | None:
+    if not _loaded:
+        _load()
+    return _lib if _enabled else None
+
+
+def available() -> bool:
+    """Whether the native functions are in use (built, loadable, current and not switched off)."""
+    return _library() is not None
+
+
+def status() -> str:
+    """One line saying which library is in use, or why none is."""
+    _library()
+    return _status if _enabled else "switched off (FLY_CPP_NO_NATIVE or set_enabled(False))"
+
+
+def set_enabled(on: bool) -> bool:
+    """Switch the native path on or off for this process (benchmarks compare both); returns the
+    previous setting."""
+    global _enabled
+    before, _enabled = _enabled, bool(on)
+    return before
+
+
+@contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    before = set_enabled(on)
+    try:
+        yield
+    finally:
+        set_enabled(before)
+
+
+def accepts(x: np.ndarray) -> bool:
+    """Whether ``x`` can be read in place: (rows, V>0) float32, each row contiguous, rows at a
+    non-negative whole-float stride; and the library is in use."""
+    return (
+        isinstance(x, np.ndarray)
+        and x.ndim == 2
+        and x.dtype == np.float32
+        and x.shape[1] > 0
+        and (x.strides[1] == 4 or x.shape[1] == 1)
+        and (x.strides[0] >= 0 and x.strides[0] % 4 == 0 or x.shape[0] <= 1)
+        and x.dtype.isnative
+        and x.flags.aligned
+        and _library() is not None
+    )
+
+
+def accepts_row(row: np.ndarray) -> bool:
+    """Whether ``row`` is a (V>0,) contiguous float32 row the library can read; and it is in use."""
+    return (
+        isinstance(row, np.ndarray)
+        and row.ndim == 1
+        and row.dtype == np.float32
+        and row.shape[0] > 0
+        and (row.strides[0] == 4 or row.shape[0] == 1)
+        and row.dtype.isnative
+        and row.flags.aligned
+        and _library() is not None
+    )
+
+
+def _need() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the native library is not in use: {status()}")
+    return lib
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _rows(x: np.ndarray) -> tuple[int, int, int, int]:
+    """(data pointer, rows, V, row stride in floats) of an array ``accepts`` took."""
+    rows, n = x.shape
+    return _ptr(x), rows, n, (x.strides[0] // 4 if rows > 1 else n)
+
+
+def argmax(x: np.ndarray) -> np.ndarray:
+    """(rows, V) float32 -> (rows,) int64, lowest index on ties."""
+    ptr, rows, n, stride = _rows(x)
+    out = np.empty(rows, dtype=np.int64)
+    _need().fly_argmax(ptr, rows, n, stride, _ptr(out))
+    return out
+
+
+def top_entropy(x: np.ndarray, top: int = 3) -> np.ndarray:
+    """(rows, V) float32 -> (rows,) float64 top-``top`` entropy (``top`` <= MAX_TOP)."""
+    ptr, rows, n, stride = _rows(x)
+    out = np.empty(rows, dtype=np.float64)
+    if _need().fly_top_entropy(ptr, rows, n, stride, top, _ptr(out)) != 0:
+        raise ValueError(f"top must be in 1..{MAX_TOP}, got {top}")
+    return out
+
+
+def top_probability(x: np.ndarray) -> np.ndarray:
+    """(rows, V) float32 -> (rows,) float64 probability of each row's greedy token."""
+    ptr, rows, n, stride = _rows(x)
+    out = np.empty(rows, dtype=np.float64)
+    _need().fly_top_probability(ptr, rows, n, stride, _ptr(out))
+    return out
+
+
+def _row(row: np.ndarray) -> tuple[int, int]:
+    if not accepts_row(row):
+        raise ValueError("expected a non-empty contiguous float32 row")
+    return _ptr(row), row.shape[0]
+
+
+def _check(result: int) -> int:
+    if result == -2:
+        raise MemoryError("native sampling ran out of memory")
+    if result < 0:
+        raise ValueError("bad sampling arguments (temperature must be > 0)")
+    return result
+
+
+def distribution(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(V,) float32 -> (ids (n,) int64, probs (n,) float64): the sampling chain's survivors."""
+    ptr, n = _row(row)
+    cap = top_k if 0 < top_k < n else min(n, 1024)
+    while True:
+        ids = np.empty(cap, dtype=np.int64)
+        probs = np.empty(cap, dtype=np.float64)
+        count = _check(_need().fly_distribution(ptr, n, temperature, top_k, top_p, min_p,
+                                             _ptr(ids), _ptr(probs), cap))
+        if count <= cap:
+            return ids[:count], probs[:count]
+        cap = count
+
+
+def draw(probs: np.ndarray, u: float) -> int:
+    """Index picked by the uniform number ``u`` in [0, 1) from (n,) float64 probabilities."""
+    p = np.ascontiguousarray(probs, dtype=np.float64)
+    return _check(_need().fly_draw(_ptr(p), p.shape[0], u))
+
+
+def sample(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, u: float) -> int:
+    """(V,) float32 -> the token the chain and ``u`` pick (== draw(distribution(...), u))."""
+    ptr, n = _row(row)
+    return _check(_need().fly_sample(ptr, n, temperature, top_k, top_p, min_p, u))
