@@ -208,7 +208,10 @@ class Model:
 class Context:
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
 
-    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512,
+                 precise: bool = False) -> None:
+        """``precise``: an F32 KV cache and no flash attention, so that logits match a float64
+        reference forward pass to ~1e-5 (for checking converted models; slower)."""
         self.model = model
         self.n_batch = n_batch
         params = ll.llama_context_default_params()
@@ -219,6 +222,9 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        if precise:
+            params.type_k = params.type_v = ll.GGML_TYPE_F32
+            params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         _log_tail.clear()
         self.ptr = ll.llama_init_from_model(model.ptr, params)
         if not self.ptr:
