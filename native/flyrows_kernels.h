@@ -2,7 +2,7 @@
  * includes this file once per instruction set, with KW (floats per vector), K(name) (name
  * suffix) and KNAME defined, under a target pragma; hence no include guard. Two vectors per step keep
  * two independent dependency chains in flight. Results do not depend on KW except for the
- * rounding of exp_sum's partial sums (see there). */
+ * order of exp_sum's double additions. */
 
 typedef float K(vf) __attribute__((vector_size(KW * 4)));
 typedef int32_t K(vi) __attribute__((vector_size(KW * 4)));
@@ -111,23 +111,26 @@ static int K(any_above)(const float *x, int64_t n, float t) {
     return 0;
 }
 
-/* sum of exp(x[i] - peak): float32 exps (like numpy's np.exp on float32 logits), added four
- * at a time per lane in float, then accumulated in double. */
+/* sum of exp(x[i] - peak): float32 exps (like numpy's np.exp on float32 logits), each widened
+ * and added in double (a float partial sum would drop the small terms next to the peak's 1). */
+static inline __attribute__((always_inline)) void K(widen_add)(K(vd) *lo, K(vd) *hi, K(vf) e) {
+    K(vh) a, b;
+    memcpy(&a, &e, sizeof a);
+    memcpy(&b, (const char *)&e + sizeof a, sizeof b);
+    *lo += __builtin_convertvector(a, K(vd));
+    *hi += __builtin_convertvector(b, K(vd));
+}
+
 static double K(exp_sum)(const float *x, int64_t n, float peak) {
-    K(vd) lo = {0}, hi = {0};
+    K(vd) s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
     int64_t i = 0;
-    for (; i + 4 * KW <= n; i += 4 * KW) {
-        K(vf) e = (K(exp)(K(load)(x + i) - peak) + K(exp)(K(load)(x + i + KW) - peak)) +
-                  (K(exp)(K(load)(x + i + 2 * KW) - peak) + K(exp)(K(load)(x + i + 3 * KW) - peak));
-        K(vh) a, b;
-        memcpy(&a, &e, sizeof a);
-        memcpy(&b, (const char *)&e + sizeof a, sizeof b);
-        lo += __builtin_convertvector(a, K(vd));
-        hi += __builtin_convertvector(b, K(vd));
+    for (; i + 2 * KW <= n; i += 2 * KW) {
+        K(widen_add)(&s0, &s1, K(exp)(K(load)(x + i) - peak));
+        K(widen_add)(&s2, &s3, K(exp)(K(load)(x + i + KW) - peak));
     }
     double s = 0.0;
     for (; i < n; i++) s += (double)exp_nonpos(x[i] - peak);
-    for (int j = 0; j < KW / 2; j++) s += lo[j] + hi[j];
+    for (int j = 0; j < KW / 2; j++) s += (s0[j] + s1[j]) + (s2[j] + s3[j]);
     return s;
 }
 
