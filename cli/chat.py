@@ -1,0 +1,322 @@
+"""``fly-cpp chat``: an interactive conversation in the terminal.
+
+Answers stream to stdout as tokens are committed; a one-line stats footer per answer goes to
+stderr. Standard input need not be a terminal: each line piped in is one message (commands
+included), and the chat ends at end of input. A line ending in a backslash continues the
+message on the next line.
+
+Ctrl-C during an answer stops that answer (the part already shown stays in the conversation);
+a second Ctrl-C before it stops quits. Ctrl-C at the prompt clears the line; Ctrl-D quits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from fly_cpp.api import Fly
+from fly_cpp.chat_format import BUILTIN
+from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.cli.options import pick, settings_options
+from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.errors import FlyError
+from fly_cpp.step import Stats
+
+HELP = """commands:
+  /reset            forget the conversation (the system prompt stays)
+  /stats            counters of the last answer and of the session
+  /set NAME VALUE   change a setting, e.g. /set temperature 0.7, /set k 8, /set max_tokens 200
+  /set              show the settings
+  /mode MODE        fly, spd or target (same as /set mode MODE)
+  /save FILE        write the conversation and settings as JSON
+  /help             this text
+  /exit             quit (also Ctrl-D)
+Ctrl-C stops the answer being written. End a line with \\ to continue the message on the next line."""
+
+GREEN, LOOSE, DIM, RESET = "\x1b[32m", "\x1b[30;43m", "\x1b[2m", "\x1b[0m"
+_TYPES = {**typing.get_type_hints(SpecSettings), **typing.get_type_hints(SamplingSettings)}
+
+
+@click.command()
+@click.option("--system", help="system prompt")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=None,
+              help="longest answer in tokens [default: until the model ends its turn or the context is full]")
+@click.option("--stop", multiple=True, help="also end an answer when this text appears (repeatable)")
+@click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
+              "tokenizer.chat_template, else plain]")
+@click.option("--show-accepts", is_flag=True, help="colour drafted tokens the target kept (green) and loosely "
+              "accepted ones (yellow) when stdout is a terminal")
+@model_options
+@settings_options(SpecSettings)
+@settings_options(SamplingSettings)
+def chat(system: str | None, max_tokens: int | None, stop: tuple[str, ...], chat_format: str | None,
+         show_accepts: bool, **options: Any) -> None:
+    """Chat with a target model sped up by a draft model (type /help for commands).
+
+    With no -m/-d, the bundled tiny story model and its draft are used.
+    """
+    if chat_format is not None and chat_format not in BUILTIN and os.path.isfile(chat_format):
+        with open(chat_format, encoding="utf-8") as f:
+            chat_format = f.read()
+    spec = SpecSettings(**pick(options, SpecSettings))
+    sampling = SamplingSettings(**pick(options, SamplingSettings))
+    with Fly.from_engine(open_engine(options), chat_format=chat_format, spec=spec, sampling=sampling) as fly:
+        Session(fly, system, max_tokens, stop, show_accepts).run()
+
+
+class Session:
+    def __init__(self, fly: Fly, system: str | None, max_tokens: int | None, stop: tuple[str, ...],
+                 show_accepts: bool) -> None:
+        self.fly, self.system, self.max_tokens, self.stop = fly, system, max_tokens, stop
+        self.interactive = sys.stdin.isatty()
+        self.colour = show_accepts and sys.stdout.isatty()
+        self.messages: list[dict[str, str]] = []  # set by reset()
+        self.last: Stats | None = None
+        self.total = Stats(mode="session")
+        self.answers = 0
+        self.stop_requested = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def run(self) -> None:
+        history = _history() if self.interactive else None
+        if self.interactive:
+            e = self.fly.engine
+            draft = e.draft_model.name if e.draft_model is not None else "none (n-gram lookup)"
+            note(f"fly-cpp chat: target {self.fly.model}, draft {draft}, chat format {self.fly.chat_format.name}, "
+                 f"n_ctx {self.fly.n_ctx}. /help for commands, Ctrl-D to quit.")
+        try:
+            while True:
+                try:
+                    line = self.read()
+                except KeyboardInterrupt:
+                    click.echo("")
+                    continue
+                except EOFError:
+                    if self.interactive:
+                        click.echo("")
+                    return
+                if line.startswith("/"):
+                    if not self.command(line):
+                        return
+                elif line.strip():
+                    self.answer(line)
+        finally:
+            if history is not None:
+                history()
+
+    def read(self) -> str:
+        parts = [input("> " if self.interactive else "")]
+        while parts[-1].endswith("\\"):
+            parts[-1] = parts[-1][:-1]
+            parts.append(input("… " if self.interactive else ""))
+        return "\n".join(parts)
+
+    # -- answering ------------------------------------------------------------------------
+
+    def answer(self, text: str) -> None:
+        self.messages.append({"role": "user", "content": text})
+        try:
+            prompt = self.fit()
+            gen = self.fly.generate(prompt, max_tokens=self.max_tokens, stop=(*self.fly.chat_format.stop, *self.stop))
+        except FlyError as e:
+            self.messages.pop()
+            note(f"fly-cpp: error: {e}")
+            return
+        out = sys.stdout
+        with self.interruptible():
+            for step in gen:
+                if self.colour and step.text and (step.loose or step.drafted):
+                    out.write(f"{LOOSE if step.loose else GREEN}{step.text}{RESET}")
+                else:
+                    out.write(step.text)
+                out.flush()
+                if self.stop_requested:
+                    gen.close()
+                    break
+        out.write("\n")
+        out.flush()
+        self.messages.append({"role": "assistant", "content": gen.text.strip()})
+        self.count(gen.stats)
+        s = gen.stats
+        footer = (f"[{s.n_tokens} tokens, {s.tokens_per_second:.1f} tok/s, mean accepted {s.mean_accepted:.2f}, "
+                  f"loose {s.n_loose}")
+        if self.stop_requested:
+            footer += ", interrupted"
+        elif gen.context_full:
+            footer += ", context full"
+        note(footer + "]", dim=True)
+
+    def fit(self) -> list[int]:
+        """Prompt tokens for the conversation, dropping the oldest turns while it leaves too
+        little room for an answer."""
+        n_ctx = self.fly.n_ctx
+        room = min(self.max_tokens or 128, n_ctx // 4)
+        dropped = 0
+        while True:
+            tokens = self.fly.chat_tokens(self.messages)
+            first = 1 if self.messages[0]["role"] == "system" else 0
+            later = [i for i, m in enumerate(self.messages) if m["role"] == "user" and i > first]
+            if len(tokens) + room <= n_ctx or not later:
+                break
+            del self.messages[first:later[0]]
+            dropped += 1
+        if dropped:
+            note(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the context of {n_ctx} tokens)")
+        if len(tokens) >= n_ctx:
+            raise FlyError(f"the conversation is {len(tokens)} tokens, the context holds {n_ctx}; /reset or shorten it")
+        return tokens
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """First Ctrl-C: stop the answer at the next token. Second: KeyboardInterrupt."""
+        self.stop_requested = False
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def count(self, s: Stats) -> None:
+        self.last, self.answers = s, self.answers + 1
+        t = self.total
+        for name in ("n_prompt", "n_tokens", "n_rounds", "n_drafted", "n_exact", "n_loose", "n_gate_rejected",
+                     "prompt_seconds", "draft_seconds", "target_seconds", "seconds"):
+            setattr(t, name, getattr(t, name) + getattr(s, name))
+
+    # -- commands -------------------------------------------------------------------------
+
+    def command(self, line: str) -> bool:
+        """Run a /command; False means quit."""
+        name, _, arg = line[1:].strip().partition(" ")
+        arg = arg.strip()
+        if name in ("exit", "quit"):
+            return False
+        if name == "help":
+            click.echo(HELP)
+        elif name == "reset":
+            self.reset()
+            note("(conversation cleared)")
+        elif name == "stats":
+            if self.last is None:
+                click.echo("no answers yet")
+            else:
+                click.echo(f"last answer: {self.last.summary()}")
+                self.total.mode = f"{self.answers} answer{'s' if self.answers > 1 else ''}"
+                click.echo(f"session, {self.total.summary()}")
+        elif name == "mode":
+            self.set("mode", arg)
+        elif name == "set":
+            if arg:
+                key, _, value = arg.partition(" ")
+                self.set(key, value.strip())
+            else:
+                for key, value in {**dataclasses.asdict(self.fly.spec), **dataclasses.asdict(self.fly.sampling),
+                                   "max_tokens": self.max_tokens}.items():
+                    click.echo(f"  {key} = {value}")
+        elif name == "save":
+            self.save(arg)
+        else:
+            note(f"unknown command /{name}; /help lists the commands")
+        return True
+
+    def set(self, key: str, value: str) -> None:
+        try:
+            if key == "max_tokens":
+                n = int(value) if value.lower() not in ("", "none", "0") else None
+                if n is not None and n < 0:
+                    raise FlyError(f"max_tokens must be >= 0, got {n}")
+                self.max_tokens = n
+            elif key in _TYPES:
+                target = "spec" if key in SpecSettings.__dataclass_fields__ else "sampling"
+                new = dataclasses.replace(getattr(self.fly, target), **{key: _parse(key, value)})
+                setattr(self.fly, target, new)
+            else:
+                note(f"unknown setting {key!r}; /set lists them")
+                return
+        except (ValueError, FlyError) as e:
+            note(f"fly-cpp: error: {e}")
+            return
+        note(f"({key} = {self.max_tokens if key == 'max_tokens' else _parse(key, value)})")
+
+    def save(self, path: str) -> None:
+        if not path:
+            note("usage: /save FILE")
+            return
+        e = self.fly.engine
+        data = {"target": str(e.target_settings.path),
+                "draft": str(e.draft_settings.path) if e.draft_settings is not None else None,
+                "chat_format": self.fly.chat_format.name,
+                "settings": {**dataclasses.asdict(self.fly.spec), **dataclasses.asdict(self.fly.sampling),
+                             "max_tokens": self.max_tokens},
+                "messages": self.messages}
+        try:
+            with open(os.path.expanduser(path), "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2, ensure_ascii=False)
+                f.write("\n")
+        except OSError as err:
+            note(f"fly-cpp: error: cannot write {path}: {err.strerror}")
+            return
+        note(f"(saved {len(self.messages)} messages to {path})")
+
+
+def _parse(key: str, value: str) -> Any:
+    hint = _TYPES[key]
+    if hint is bool:
+        if value.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{key} takes on or off, got {value!r}")
+        return value.lower() in ("on", "true", "1", "yes")
+    if hint in (int | None,) and value.lower() in ("none", ""):
+        return None
+    if hint in (int, int | None):
+        return int(value)
+    if hint is float:
+        return float(value)
+    return value
+
+
+def note(text: str, dim: bool = False) -> None:
+    """Footers, notes and errors go to stderr, so stdout carries only the answers."""
+    if dim and sys.stderr.isatty():
+        text = f"{DIM}{text}{RESET}"
+    click.echo(text, err=True)
+
+
+def _history() -> Any:
+    """Load readline history; returns the function that saves it (None without readline)."""
+    try:
+        import readline
+    except ImportError:
+        return None
+    path = os.environ.get("FLY_CPP_HISTORY") or os.path.expanduser("~/.fly_cpp_history")
+    try:
+        readline.read_history_file(path)
+    except (OSError, ValueError):
+        pass
+    readline.set_history_length(1000)
+
+    def save() -> None:
+        try:
+            readline.write_history_file(path)
+        except OSError:
+            pass
+
+    return save
+

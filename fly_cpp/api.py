@@ -1,0 +1,321 @@
+"""The Python API: ``Fly``, shaped like llama-cpp-python's ``Llama``.
+
+Three layers, each built on the one below:
+
+- ``Fly.generate(prompt, ...) -> Generation``: iterate it for one :class:`~fly_cpp.Step` per
+  committed token (token id, text piece, drafted, loosely accepted, round); ``stats`` after.
+- ``create_completion(..., stream=True)`` / ``create_chat_completion(..., stream=True)``:
+  OpenAI-shaped chunks made from those steps.
+- ``create_completion(...)`` / ``create_chat_completion(...)``: one OpenAI-shaped dict, with
+  the generation's counters under ``"fly"`` (the fields of :meth:`fly_cpp.Stats.as_dict`).
+
+Thread safety: one ``Fly`` may be shared by threads. Generations on one instance run one at a
+time (the engine holds a lock while a generation is being iterated); a stream holds that lock
+from its first chunk until it is exhausted or closed, so close streams you abandon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from fly_cpp.chat_format import ChatFormat, resolve
+from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.engine import Engine, Generation
+from fly_cpp.errors import FlyError
+
+PathLike = str | os.PathLike[str]
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name != "path")
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(SpecSettings))
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingSettings))
+_CALL_FIELDS = _SPEC_FIELDS + _SAMPLING_FIELDS
+
+
+def _unknown(where: str, name: str, known: Sequence[str]) -> TypeError:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known settings: {', '.join(sorted(known))}"
+    return TypeError(f"{where}: unknown setting {name!r}{hint}")
+
+
+def _split_call_settings(where: str, settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate per-call keyword arguments into SpecSettings and SamplingSettings fields."""
+    spec, sampling = {}, {}
+    for name, value in settings.items():
+        if name in _SPEC_FIELDS:
+            spec[name] = value
+        elif name in _SAMPLING_FIELDS:
+            sampling[name] = value
+        else:
+            raise _unknown(where, name, _CALL_FIELDS)
+    return spec, sampling
+
+
+def _model_settings(path: PathLike | ModelSettings, changes: Mapping[str, Any]) -> ModelSettings:
+    if isinstance(path, ModelSettings):
+        return dataclasses.replace(path, **changes)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"a model must be a path or a ModelSettings, got {type(path).__name__}")
+    return ModelSettings(path=os.fspath(path), **changes)
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+    return tuple(stop)
+
+
+class Fly:
+    """A target model and an optional draft model, loaded once, for many requests.
+
+    ``target`` / ``draft``: GGUF paths or :class:`ModelSettings` (``model_path`` is accepted
+    for ``target``, as in llama-cpp-python). With neither, the bundled tiny story pair loads.
+    ``chat_format``: ``None`` (the GGUF's ``tokenizer.chat_template``, else ``"plain"``),
+    ``"plain"``, ``"chatml"``, or a Jinja template.
+    ``**settings``: any field of ``ModelSettings`` (target model, e.g. ``n_ctx=2048``,
+    ``n_gpu_layers=-1``), of ``ModelSettings`` prefixed ``draft_`` (draft model), or of
+    ``SpecSettings`` / ``SamplingSettings`` (defaults for every call, e.g. ``mode="spd"``,
+    ``k=8``, ``temperature=0.7``). Unknown names raise ``TypeError``; bad values ``FlyError``.
+
+    Example::
+
+        with Fly("target.gguf", "draft.gguf", n_ctx=4096, temperature=0) as llm:
+            out = llm.create_chat_completion([{"role": "user", "content": "Hi!"}])
+            print(out["choices"][0]["message"]["content"], out["fly"]["mean_accepted"])
+    """
+
+    def __init__(self, target: PathLike | ModelSettings | None = None, draft: PathLike | ModelSettings | None = None,
+                 *, model_path: PathLike | None = None, chat_format: str | None = None, **settings: Any) -> None:
+        if model_path is not None:
+            if target is not None:
+                raise TypeError("give the target model as target or model_path, not both")
+            target = model_path
+        target_changes: dict[str, Any] = {}
+        draft_changes: dict[str, Any] = {}
+        call: dict[str, Any] = {}
+        for name, value in settings.items():
+            if name in _MODEL_FIELDS:
+                target_changes[name] = value
+            elif name.startswith("draft_") and name[6:] in _MODEL_FIELDS:
+                draft_changes[name[6:]] = value
+            elif name in _CALL_FIELDS:
+                call[name] = value
+            else:
+                raise _unknown("Fly()", name, _MODEL_FIELDS + tuple("draft_" + f for f in _MODEL_FIELDS) + _CALL_FIELDS)
+        if target is None:
+            from fly_cpp.models import bundled
+
+            if draft is not None:
+                raise FlyError("a draft model needs a target model")
+            target, draft = bundled.TARGET, bundled.DRAFT
+            target_changes.setdefault("n_ctx", bundled.N_CTX)
+        spec, sampling = _split_call_settings("Fly()", call)
+        self.spec = SpecSettings(**spec)  # defaults for every call; validated now
+        self.sampling = SamplingSettings(**sampling)
+        t = _model_settings(target, target_changes)
+        d = _model_settings(draft, draft_changes) if draft is not None else None
+        self._init(Engine(t, d), chat_format)
+
+    @classmethod
+    def from_engine(cls, engine: Engine, *, chat_format: str | None = None, spec: SpecSettings | None = None,
+                    sampling: SamplingSettings | None = None) -> Fly:
+        """Wrap an engine that is already loaded (``close()`` closes it)."""
+        self = cls.__new__(cls)
+        self.spec, self.sampling = spec or SpecSettings(), sampling or SamplingSettings()
+        self._init(engine, chat_format)
+        return self
+
+    def _init(self, engine: Engine, chat_format: str | None) -> None:
+        self.engine = engine
+        self.model = engine.target_model.path.name
+        model = engine.target_model
+        self.chat_format: ChatFormat = resolve(
+            chat_format, model.meta("tokenizer.chat_template"),
+            bos_token=model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else "",
+            eos_token=model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else "")
+        self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
+        self._closed = False
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.engine.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.engine.detokenize(tokens)
+
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The prompt tokens of a conversation: the chat format rendered, special tokens parsed,
+        BOS added when the model wants one and the template did not write it."""
+        text = self.chat_format.render(messages, add_generation_prompt=True)
+        tokens = self.tokenize(text, add_special=False, parse_special=True)
+        model = self.engine.target_model
+        if model.add_bos and model.bos >= 0 and tokens[:1] != [model.bos]:
+            tokens.insert(0, model.bos)
+        return tokens
+
+    # -- layer 1: steps -------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int | None = 128,
+                 stop: str | Sequence[str] | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,
+                 **settings: Any) -> Generation:
+        """Prepare a generation; iterate it for Steps. ``settings``: SpecSettings and
+        SamplingSettings fields for this call (over the instance's defaults); ``fly``: a whole
+        SpecSettings, or a dict of its fields. ``max_tokens=None``: until the context is full.
+        Request errors are raised here, before any token."""
+        if self._closed:
+            raise FlyError("this Fly instance is closed")
+        if not isinstance(prompt, str) and not (
+                isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt)):
+            raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+            raise TypeError(f"max_tokens must be an int or None, got {max_tokens!r}")
+        spec_changes, sampling_changes = _split_call_settings("Fly", settings)
+        base = self.spec
+        if isinstance(fly, SpecSettings):
+            base = fly
+        elif fly is not None:
+            if not isinstance(fly, Mapping):
+                raise TypeError(f"fly must be a SpecSettings or a dict of its fields, got {type(fly).__name__}")
+            extra, wrong = _split_call_settings("fly=", fly)
+            if wrong:
+                raise _unknown("fly=", next(iter(wrong)), _SPEC_FIELDS)
+            spec_changes = {**extra, **spec_changes}
+        spec = dataclasses.replace(base, **{k: v for k, v in spec_changes.items() if v is not None})
+        sampling = dataclasses.replace(self.sampling, **{k: v for k, v in sampling_changes.items() if v is not None})
+        gen = self.engine.generate(prompt, spec=spec, sampling=sampling,
+                                   max_tokens=self.n_ctx if max_tokens is None else max_tokens, stop=_stop_list(stop))
+        self._open.add(gen)
+        return gen
+
+    # -- layers 2 and 3: OpenAI-shaped completions -----------------------------------------
+
+    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 128, *,
+                          temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                          min_p: float | None = None, repeat_penalty: float | None = None,
+                          presence_penalty: float | None = None, frequency_penalty: float | None = None,
+                          stop: str | Sequence[str] | None = None, stream: bool = False, seed: int | None = None,
+                          mode: str | None = None, k: int | None = None, window: int | None = None,
+                          entropy_threshold: float | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,
+                          **settings: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Complete ``prompt`` (text or token ids). Returns an OpenAI ``text_completion`` dict,
+        or with ``stream=True`` an iterator of ``text_completion`` chunks whose last one carries
+        ``finish_reason``, ``usage`` and ``fly``. Options left at ``None`` keep the instance's
+        defaults; ``**settings`` takes any other SpecSettings/SamplingSettings field."""
+        gen = self.generate(prompt, max_tokens=max_tokens, stop=stop, fly=fly, **settings, **_given(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k,
+            window=window, entropy_threshold=entropy_threshold))
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model}
+        if stream:
+            return self._stream_completion(gen, head)
+        gen.run()
+        return {**head, "choices": [{"text": gen.text, "index": 0, "logprobs": None,
+                                     "finish_reason": gen.finish_reason}], **_tail(gen)}
+
+    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = 128, *,
+                               temperature: float | None = None, top_p: float | None = None,
+                               top_k: int | None = None, min_p: float | None = None,
+                               repeat_penalty: float | None = None, presence_penalty: float | None = None,
+                               frequency_penalty: float | None = None, stop: str | Sequence[str] | None = None,
+                               stream: bool = False, seed: int | None = None, mode: str | None = None,
+                               k: int | None = None, window: int | None = None,
+                               entropy_threshold: float | None = None,
+                               fly: SpecSettings | Mapping[str, Any] | None = None,
+                               **settings: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Answer a conversation (OpenAI-style ``messages``) through the chat format. Returns a
+        ``chat.completion`` dict, or with ``stream=True`` ``chat.completion.chunk`` dicts: the
+        role first, then content deltas, then one with ``finish_reason``, ``usage`` and ``fly``.
+        Resending the whole conversation each turn is cheap: both KV caches keep the common
+        prefix, so only the new turn is decoded."""
+        gen = self.generate(self.chat_tokens(messages), max_tokens=max_tokens,
+                            stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly, **settings, **_given(
+                                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k, window=window,
+                                entropy_threshold=entropy_threshold))
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model}
+        if stream:
+            return self._stream_chat(gen, {**head, "object": "chat.completion.chunk"})
+        gen.run()
+        return {**head, "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
+                                     "logprobs": None, "finish_reason": gen.finish_reason}], **_tail(gen)}
+
+    __call__ = create_completion
+
+    def _stream_completion(self, gen: Generation, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+        try:
+            for step in gen:
+                if step.text:
+                    yield {**head, "choices": [choice(step.text, None)]}
+            yield {**head, "choices": [choice("", gen.finish_reason)], **_tail(gen)}
+        finally:
+            gen.close()
+
+    def _stream_chat(self, gen: Generation, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        def choice(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+        try:
+            yield {**head, "choices": [choice({"role": "assistant", "content": ""}, None)]}
+            for step in gen:
+                if step.text:
+                    yield {**head, "choices": [choice({"content": step.text}, None)]}
+            yield {**head, "choices": [choice({}, gen.finish_reason)], **_tail(gen)}
+        finally:
+            gen.close()
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free both models. Open generations and streams are closed first; one that another
+        thread is running is waited for."""
+        if self._closed:
+            return
+        self._closed = True
+        for gen in list(self._open):
+            try:
+                gen.close()
+            except ValueError:  # running in another thread: the engine lock below waits for it
+                pass
+        with self.engine._lock:
+            self.engine.close()
+
+    def __enter__(self) -> Fly:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        draft = self.engine.draft_model.name if self.engine.draft_model is not None else None
+        return f"Fly(target={self.model!r}, draft={draft!r}, n_ctx={self.n_ctx}, chat_format={self.chat_format.name!r})"
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _tail(gen: Generation) -> dict[str, Any]:
+    """``usage`` and ``fly`` (the generation's counters) for a finished generation."""
+    n_prompt, n_out = len(gen.prompt), len(gen.tokens)
+    return {"usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full}}
