@@ -1,0 +1,77 @@
+"""``fly-cpp profile``: host time per round, numpy vs the native library, measured."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from fly_cpp import hostbench, native
+from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.cli.options import pick, settings_options
+from fly_cpp.config import SamplingSettings, SpecSettings
+
+
+def _ints(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: every value must be >= 1")
+    return out
+
+
+@click.command()
+@click.option("--vocabs", default=",".join(map(str, hostbench.VOCABS)), show_default=True,
+              help="vocabulary sizes of the micro-benchmark (comma-separated)")
+@click.option("--ks", default=",".join(map(str, hostbench.KS)), show_default=True,
+              help="draft lengths k of the micro-benchmark (comma-separated)")
+@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True, help="rounds timed per cell (median)")
+@click.option("--sampled/--no-sampled", default=False, help="also time a sampled round (2k+1 draws + k entropies)")
+@click.option("--engine", "run_engine", is_flag=True,
+              help="also generate on a model pair (-m/-d/--pair; the bundled pair by default) with the library off "
+                   "and on, and report the host share of a round")
+@click.option("-p", "--prompt", default="Once upon a time", show_default=True, help="prompt of the --engine runs")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="tokens per --engine run")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="--engine runs per setting")
+@click.option("--skip-table", is_flag=True, help="skip the micro-benchmark (with --engine)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
+@model_options
+@settings_options(SpecSettings)
+@settings_options(SamplingSettings)
+def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool, prompt: str, max_tokens: int,
+            runs: int, skip_table: bool, as_json: bool, **options: Any) -> None:
+    """Measure the host side of a speculative round, numpy vs the native library.
+
+    The micro-benchmark times what a greedy FLy round does with logits on the host (argmax of
+    the k+1 target rows, top-3 entropy of all k drafted rows, k one-row draft argmaxes) for each
+    vocabulary size and k, on random logits. With --engine, real generations split each round
+    into draft, target and host time.
+    """
+    vocab_list, k_list = _ints(vocabs), _ints(ks)
+    result: dict[str, Any] = {"native": native.status()}
+    say = (lambda text: None) if as_json else click.echo
+    say(f"native library: {native.status()}")
+    if not skip_table:
+        for mode in ("greedy", "sampled") if sampled else ("greedy",):
+            table = hostbench.round_table(mode, vocab_list, k_list, repeats)
+            result[mode] = [{**vars(t), "speedup": t.speedup} for t in table]
+            say(f"\nhost time of one {mode} round (median of {repeats}):")
+            say(hostbench.format_table(table))
+    if run_engine:
+        spec = SpecSettings(**pick(options, SpecSettings))
+        sampling = SamplingSettings(**pick(options, SamplingSettings))
+        with open_engine(options) as engine:
+            shares = hostbench.engine_share(engine, prompt, spec, sampling, max_tokens, runs)
+            result["engine"] = {"target": engine.target_settings.path,
+                                "draft": engine.draft_settings.path if engine.draft_settings else None,
+                                "n_vocab": engine.target_model.n_vocab,
+                                "runs": [s.as_dict() for s in shares]}
+            say(f"\nper round on {engine.target_model.name} (n_vocab {engine.target_model.n_vocab}), "
+                f"{runs} x {max_tokens} tokens, mode {spec.mode}, k {spec.k}, temperature {sampling.temperature}:")
+            say(hostbench.format_shares(shares))
+    if as_json:
+        click.echo(json.dumps(result))
