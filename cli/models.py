@@ -104,14 +104,16 @@ def convert(src: str, out: str, dtype: str) -> None:
 @click.option("-l", "--layers", multiple=True, type=click.IntRange(min=1), help="keep the first N layers (repeatable)")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="output directory [default: next to TARGET]")
 @click.option("--agreement/--no-agreement", default=True, show_default=True, help="measure greedy agreement")
+@click.option("-n", "--tokens", "n_tokens", type=click.IntRange(min=1), default=48, show_default=True,
+              help="target tokens generated per prompt for the agreement")
 @click.option("-t", "--n-threads", type=click.IntRange(min=0), default=0, help="CPU threads; 0 = all cores")
 def derive(target: str, quants: tuple[str, ...], layers: tuple[int, ...], out: str | None, agreement: bool,
-           n_threads: int) -> None:
+           n_tokens: int, n_threads: int) -> None:
     """Derive drafts from TARGET (quantized and first-N-layer copies) and report their agreement."""
     from fly_cpp.models import derive as der
 
     results = der.derive(target, out or Path(target).parent, quants=quants or der.DEFAULT_QUANTS, layers=layers,
-                         agree=agreement, n_threads=n_threads)
+                         agree=agreement, n_threads=n_threads, n_tokens=n_tokens)
     for d in results:
         if d.path is None:
             click.echo(f"{d.name}: {d.note}")

@@ -10,7 +10,7 @@ those tensors, and the copy would not be what its name says.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +58,8 @@ def quant_obstacle(src: PathLike, qtype: str) -> str | None:
 
 
 def derive(target: PathLike, out_dir: PathLike, *, quants: Iterable[str] = DEFAULT_QUANTS,
-           layers: Iterable[int] = (), agree: bool = True, n_threads: int = 0, n_ctx: int = 512) -> list[Derived]:
+           layers: Iterable[int] = (), agree: bool = True, n_threads: int = 0, n_ctx: int = 512,
+           prompts: Sequence[str] = measure.PROMPTS, n_tokens: int = 48) -> list[Derived]:
     """Write derived drafts of ``target`` into ``out_dir`` (existing files are reused) and
     measure each one's greedy agreement with the target when ``agree``."""
     target = Path(target)
@@ -90,12 +91,13 @@ def derive(target: PathLike, out_dir: PathLike, *, quants: Iterable[str] = DEFAU
             continue
         results.append(Derived(name, "layers", path, f"first {n} layers"))
     if agree:
-        results = [_with_agreement(target, d, n_threads, n_ctx) for d in results]
+        results = [_with_agreement(target, d, prompts, n_tokens, n_threads, n_ctx) for d in results]
     return results
 
 
-def _with_agreement(target: Path, d: Derived, n_threads: int, n_ctx: int) -> Derived:
+def _with_agreement(target: Path, d: Derived, prompts: Sequence[str], n_tokens: int, n_threads: int,
+                    n_ctx: int) -> Derived:
     if d.path is None:
         return d
-    rate = measure.greedy_agreement(target, d.path, n_threads=n_threads, n_ctx=n_ctx).rate
+    rate = measure.greedy_agreement(target, d.path, prompts, n_tokens=n_tokens, n_threads=n_threads, n_ctx=n_ctx).rate
     return Derived(d.name, d.kind, d.path, d.note, rate, d.path.stat().st_size)

@@ -4,7 +4,7 @@
 - ``tinystories``: tinystories-656k converted to GGUF (2 layers x 128, F32) and its Q4_0 copy.
 - ``costly`` (SYNTHETIC): the cost-realistic pair for CPU speed work. Target: tinystories-656k
   grown to 24 layers x 1024 (64 heads, FFN 2816; ~284M parameters, F16, ~575 MB) and perturbed
-  (noise 0.05, seed 1) so that it agrees with its draft on about 80% of greedy tokens. Draft:
+  (noise 0.045, seed 1) so that it agrees with its draft on about 80% of greedy tokens. Draft:
   the same model grown to 4 layers x 512 (FFN 1536; ~15M parameters, F16) with no noise, i.e.
   the trained model's own function. See widen.py and models/README.md.
 
@@ -29,7 +29,7 @@ PathLike = str | os.PathLike[str]
 SOURCE_REPO = "raincandy-u/TinyStories-656K"  # the hub copy of the tinystories-656k checkpoint
 SYNTHETIC_KEY = "fly_cpp.synthetic"
 
-COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.05, seed=1)
+COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.045, seed=1)
 COSTLY_DRAFT = widen.Growth(n_embd=512, n_ff=1536, n_layer=4, noise=0.0, seed=2)
 
 
