@@ -2,9 +2,10 @@
 greedy agreement with the target (``measure.greedy_agreement``).
 
 A quantization type is skipped, with the reason, when the target's tensor shapes forbid it:
-every weight row must be a whole number of the type's blocks (32 values for the legacy
-types, 256 for K-quants). llama.cpp would otherwise silently fall back to another type for
-those tensors, and the copy would not be what its name says.
+no weight row is a whole number of the type's blocks (32 values for the legacy types, 256 for
+K-quants), so llama.cpp would store every tensor in some fallback type and the copy would not
+be what its name says. When only some tensors do not fit (stories260K's 172-wide FFN), the
+copy is made and its note names the tensors llama.cpp stores in another type.
 """
 
 from __future__ import annotations
@@ -40,21 +41,31 @@ class Derived:
     size_bytes: int | None = None
 
 
+def _weight_rows(src: PathLike) -> dict[str, tuple[int, bool]]:
+    """name -> (row length, stored as float) of every 2-D tensor (ggml order: shape[0] is the row)."""
+    reader = gguf.GGUFReader(str(src))
+    return {t.name: (int(t.shape[0]), t.tensor_type in _FLOAT_TYPES) for t in reader.tensors if len(t.shape) >= 2}
+
+
 def quant_obstacle(src: PathLike, qtype: str) -> str | None:
-    """Why ``src`` cannot be quantized to ``qtype`` as asked (None when it can)."""
+    """Why ``src`` cannot be quantized to ``qtype`` (None when it can, perhaps with fallbacks)."""
     qtype = qtype.upper()
     if qtype not in BLOCK:
         return f"unknown type (known: {', '.join(BLOCK)})"
-    reader = gguf.GGUFReader(str(src))
-    for t in reader.tensors:
-        if len(t.shape) < 2:
-            continue
-        if t.tensor_type not in _FLOAT_TYPES:
-            return f"already quantized ({t.name} is {t.tensor_type.name}); derive from a float model"
-        row = int(t.shape[0])  # ggml order: shape[0] is the row length
-        if row % BLOCK[qtype]:
-            return f"{t.name} rows hold {row} values, not a multiple of the {BLOCK[qtype]}-value block"
+    rows = _weight_rows(src)
+    quantized = [name for name, (_, is_float) in rows.items() if not is_float]
+    if quantized:
+        return f"already quantized ({quantized[0]}); derive from a float model"
+    if not any(row % BLOCK[qtype] == 0 for row, _ in rows.values()):
+        sizes = ", ".join(str(r) for r in sorted({row for row, _ in rows.values()}))
+        return f"no weight row is a multiple of the {BLOCK[qtype]}-value block (rows hold {sizes} values)"
     return None
+
+
+def quant_fallbacks(src: PathLike, qtype: str) -> list[str]:
+    """Tensors llama.cpp will store in another type than ``qtype`` (rows not a whole number of blocks)."""
+    block = BLOCK[qtype.upper()]
+    return [name for name, (row, _) in _weight_rows(src).items() if row % block]
 
 
 def derive(target: PathLike, out_dir: PathLike, *, quants: Iterable[str] = DEFAULT_QUANTS,
@@ -78,7 +89,9 @@ def derive(target: PathLike, out_dir: PathLike, *, quants: Iterable[str] = DEFAU
         if not path.exists():
             make.quantize(target, path.with_suffix(".partial"), qtype)
             path.with_suffix(".partial").rename(path)
-        results.append(Derived(name, "quant", path, qtype))
+        fallback = quant_fallbacks(target, qtype)
+        note = qtype + (f", {len(fallback)} tensors in another type (e.g. {fallback[0]})" if fallback else "")
+        results.append(Derived(name, "quant", path, note))
     for n in layers:
         name = f"{stem}-first{n}.gguf"
         path = out / name

@@ -80,3 +80,11 @@ def test_cli_check(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str
     stories = SHARED / "models" / "stories260K" / "stories260K.gguf"
     assert main(["models", "check", str(tiny), str(stories)]) == 1
     assert "cannot draft" in capsys.readouterr().err
+
+
+def test_partial_fallback_is_made_and_noted(stories: Path, tmp_path: Path) -> None:
+    """stories260K's FFN is 172 wide: Q8_0 fits every tensor but ffn_down, which llama.cpp
+    stores in another type; the copy is made and says so."""
+    assert derive.quant_fallbacks(stories, "Q8_0") == [f"blk.{i}.ffn_down.weight" for i in range(5)]
+    [d] = derive.derive(stories, tmp_path, quants=("Q8_0",), agree=False)
+    assert d.path is not None and "5 tensors in another type" in d.note
