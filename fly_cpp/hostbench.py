@@ -61,32 +61,28 @@ def _round(mode: str, target: np.ndarray, draft: np.ndarray, sampler: Sampler) -
     return greedy if mode == "greedy" else sampled
 
 
-def time_round(mode: str, n_vocab: int, k: int, use_native: bool, repeats: int = 7, seed: int = 0) -> float:
-    """Median seconds of one round on random logits (normal, sd 3: a spread-out distribution)."""
+def time_round(mode: str, n_vocab: int, k: int, repeats: int = 7, seed: int = 0) -> tuple[float, float | None]:
+    """Median seconds of one round on random logits (normal, sd 3: a spread-out distribution),
+    (numpy, native); the two are timed alternately so that a busy machine slows both alike."""
     rng = np.random.default_rng(seed)
-    target = (rng.standard_normal((k + 1, n_vocab), dtype=np.float32) * 3.0)  # (k+1, V)
-    draft = (rng.standard_normal((k, n_vocab), dtype=np.float32) * 3.0)  # (k, V)
-    sampler = Sampler(SamplingSettings(temperature=0.8), seed)
-    run = _round(mode, target, draft, sampler)
-    times = []
-    with native.enabled(use_native):
-        run()  # warm-up: first-touch of the arrays, library load
-        for _ in range(repeats):
-            t0 = perf_counter()
-            run()
-            times.append(perf_counter() - t0)
-    return statistics.median(times)
+    target = rng.standard_normal((k + 1, n_vocab), dtype=np.float32) * 3.0  # (k+1, V)
+    draft = rng.standard_normal((k, n_vocab), dtype=np.float32) * 3.0  # (k, V)
+    settings = (False, True) if native.available() else (False,)
+    times: dict[bool, list[float]] = {on: [] for on in settings}
+    for rep in range(repeats + 1):
+        for on in settings:
+            run = _round(mode, target, draft, Sampler(SamplingSettings(temperature=0.8), seed))
+            with native.enabled(on):
+                t0 = perf_counter()
+                run()
+                if rep:  # the first is a warm-up: first touch of the arrays, library load
+                    times[on].append(perf_counter() - t0)
+    return statistics.median(times[False]), statistics.median(times[True]) if True in times else None
 
 
 def round_table(mode: str = "greedy", vocabs: Sequence[int] = VOCABS, ks: Sequence[int] = KS,
                 repeats: int = 7) -> list[RoundTiming]:
-    out = []
-    for n_vocab in vocabs:
-        for k in ks:
-            slow = time_round(mode, n_vocab, k, False, repeats)
-            fast = time_round(mode, n_vocab, k, True, repeats) if native.available() else None
-            out.append(RoundTiming(mode, n_vocab, k, slow, fast))
-    return out
+    return [RoundTiming(mode, n_vocab, k, *time_round(mode, n_vocab, k, repeats)) for n_vocab in vocabs for k in ks]
 
 
 def format_table(timings: Sequence[RoundTiming]) -> str:
