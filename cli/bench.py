@@ -52,9 +52,9 @@ def _open_engine(options: dict[str, Any]) -> Engine:
               help="tokens generated per prompt")
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,
               help="directory for results.json, summary.md and the plots")
-@click.option("--llama-cpp-bin", type=click.Path(), envvar="FLY_CPP_LLAMA_BIN",
-              help="directory with llama.cpp's llama-speculative-simple (and llama-completion) to compare with "
-                   "[env FLY_CPP_LLAMA_BIN]")
+@click.option("--llama-cpp-bin", type=click.Path(),
+              help="directory with llama.cpp's llama-speculative-simple and llama-completion to compare with "
+                   "(scripts/build-llama-cpp.sh builds them)")
 @click.option("--template/--no-template", default=True, show_default=True,
               help="apply the model's chat template when it has one")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="one short untimed run per mode first")

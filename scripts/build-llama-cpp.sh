@@ -22,6 +22,15 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
     tar -xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
 fi
 
+# The binaries log through an asynchronous logger that is never flushed at exit (a known
+# llama.cpp issue, ggml-org/llama.cpp#22142): the final statistics lines the benchmark parses
+# are lost in about half the runs. Flush the log before exit; nothing else changes.
+for f in "$SRC/examples/speculative-simple/speculative-simple.cpp" "$SRC/tools/completion/completion.cpp"; do
+    grep -q 'common_log_flush' "$f" ||
+        sed -i 's/^    llama_backend_free();$/    common_log_flush(common_log_main());\n    llama_backend_free();/' "$f"
+    grep -q 'common_log_flush' "$f" || { echo "could not patch $f" >&2; exit 1; }
+done
+
 # GGML_NATIVE stays at its default (on): the binaries are tuned for this CPU, like the
 # llama-cpp-python build fly-cpp runs on. Tests, server and the unified app are not needed.
 # shellcheck disable=SC2086

@@ -4,10 +4,12 @@
   give it the same k (``--spec-draft-n-max k``, no minimum, no probability cut-off: the same
   drafting rule as fly-cpp's ``spd-plain``) and greedy sampling; it prints its decode speed,
   drafted/accepted counts and the drafter's mean accepted length.
-- Target-only: the same binary without a draft model, when this build accepts that (the same
-  loop and the same timer), otherwise ``llama-completion`` (its perf counters' eval speed).
+- Target-only: ``llama-completion`` (``llama-speculative-simple`` refuses to run without a
+  draft); its speed is its perf counters' ``eval time``: the one-token decodes after the
+  prompt (sampling excluded, a slight advantage over the speculative binary's wall clock).
 
-Its decode speed excludes model loading and prompt processing, like fly-cpp's ``seconds``.
+Decode speeds exclude model loading and prompt processing, like fly-cpp's ``seconds``. Each
+run is a fresh process: the models load every time, outside the timed part.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +32,7 @@ TIMEOUT_SECONDS = 600.0
 
 _DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds, speed:\s+([\d.]+|inf|nan)\s+t/s")
 _ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
-_FIELD = re.compile(r"^\s*(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)\s*$", re.M)
-_CALLS = re.compile(r"#calls\(b,g,a\)\s*=\s*(\d+)\s+(\d+)\s+(\d+)")
-_MEAN_ACC = re.compile(r"#mean acc len\s*=\s*([\d.]+)")
+_FIELD = re.compile(r"\b(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)\s*$", re.M)
 _EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
 _PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
@@ -46,9 +47,9 @@ class PeerRun:
     n_draft_max: int = 0
     n_drafted: int = 0
     n_accept: int = 0
-    n_rounds: int = 0  # drafts verified (the drafter's accept calls); 0 when not printed
-    mean_accepted: float = 0.0  # as llama.cpp prints it: 1 + accepted / rounds
-    text: str = ""
+    n_rounds: int = 0  # target forward passes: every round emits its accepted tokens + 1
+    mean_accepted: float = 0.0  # tokens per round
+    text: str = ""  # the generated text, as echoed on stdout
 
     @property
     def tokens_per_second(self) -> float:
@@ -59,6 +60,13 @@ class PeerRun:
         out.pop("text")
         out["tokens_per_second"] = self.tokens_per_second
         return out
+
+
+def generated_text(stdout: str, prompt: str) -> str:
+    """The text after the echoed prompt (both binaries print prompt + continuation)."""
+    at = stdout.find(prompt) if prompt else -1
+    text = stdout[at + len(prompt):] if at >= 0 else stdout
+    return text.rstrip("\n")
 
 
 def parse_speculative(output: str) -> PeerRun:
@@ -73,12 +81,8 @@ def parse_speculative(output: str) -> PeerRun:
     run.n_draft_max = int(fields.get("n_draft", 0))
     run.n_drafted = int(fields.get("n_drafted", 0))
     run.n_accept = int(fields.get("n_accept", 0))
-    if c := _CALLS.search(output):
-        run.n_rounds = int(c.group(3))
-    if a := _MEAN_ACC.search(output):
-        run.mean_accepted = float(a.group(1))
-    elif run.n_rounds:
-        run.mean_accepted = 1.0 + run.n_accept / run.n_rounds
+    run.n_rounds = max(run.n_tokens - run.n_accept, 0)  # n_predict = sum over rounds of (accepted + 1)
+    run.mean_accepted = run.n_tokens / run.n_rounds if run.n_rounds else 0.0
     return run
 
 
@@ -110,32 +114,31 @@ class Peer:
         if draft is None:
             raise FlyError("--llama-cpp-bin needs a draft model (-d) for llama.cpp's speculative decoding")
         self.completion = self.dir / COMPLETION
+        if not os.access(self.completion, os.X_OK):
+            raise FlyError(f"--llama-cpp-bin: {COMPLETION} (target-only runs) not found in {self.dir}")
         self.target, self.draft = target, draft
         self.n_ctx, self.n_threads, self.timeout = n_ctx, n_threads, timeout
         self.repack = repack if repack is not None else not cpu_has_amx()  # AMX repacking crashes
-        self._target_only: str | None = None  # which binary runs target-only, found on first use
 
     def _common(self, prompt_file: str, max_tokens: int) -> list[str]:
         args = ["-m", self.target, "-f", prompt_file, "-n", str(max_tokens), "-c", str(self.n_ctx),
-                "-t", str(self.n_threads), "--temp", "0", "--seed", "0", "-ngl", "0"]
+                "-t", str(self.n_threads), "--temp", "0", "--seed", "0"]
         return args if self.repack else [*args, "--no-repack"]
 
-    def _exec(self, argv: list[str]) -> tuple[int, str]:
+    def _run(self, argv: list[str], parse: Callable[[str], PeerRun], prompt: str) -> PeerRun:
         try:
             done = subprocess.run(argv, capture_output=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise FlyError(f"{Path(argv[0]).name} timed out after {self.timeout:g}s") from None
         except OSError as e:
             raise FlyError(f"cannot run {argv[0]}: {e.strerror or e}") from None
-        out = done.stdout.decode("utf-8", "replace") + "\n" + done.stderr.decode("utf-8", "replace")
-        return done.returncode, out
-
-    def _run(self, argv: list[str], parse: Any) -> PeerRun:
-        rc, out = self._exec(argv)
-        if rc != 0:
-            tail = [line for line in out.strip().splitlines() if line.strip()][-1:] or [f"exit status {rc}"]
-            raise FlyError(f"{Path(argv[0]).name} failed (exit {rc}): {tail[0][:200]}")
-        return parse(out)
+        stdout, stderr = (b.decode("utf-8", "replace") for b in (done.stdout, done.stderr))
+        if done.returncode != 0:
+            tail = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["(no message)"]
+            raise FlyError(f"{Path(argv[0]).name} failed (exit {done.returncode}): {tail[0][:200]}")
+        run = parse(stdout + "\n" + stderr)
+        run.text = generated_text(stdout, prompt)
+        return run
 
     def run(self, kind: str, prompt: str, max_tokens: int, k: int | None = None) -> PeerRun:
         """Run ``kind`` ("speculative" or "target") on a rendered prompt text."""
@@ -145,27 +148,13 @@ class Peer:
         try:
             if kind == "speculative":
                 argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft,
-                        "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-                return self._run(argv, parse_speculative)
-            return self._run_target(path, max_tokens)
+                        "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+                return self._run(argv, parse_speculative, prompt)
+            argv = [str(self.completion), *self._common(path, max_tokens), "-no-cnv", "--perf"]
+            return self._run(argv, parse_completion, prompt)
         finally:
             os.unlink(path)
 
-    def _run_target(self, path: str, max_tokens: int) -> PeerRun:
-        if self._target_only in (None, "speculative"):
-            argv = [str(self.speculative), *self._common(path, max_tokens)]
-            rc, out = self._exec(argv)
-            if rc == 0 and _DECODED.search(out):
-                self._target_only = "speculative"
-                return parse_speculative(out)
-            if self._target_only == "speculative":
-                raise FlyError(f"{SPECULATIVE} (target only) failed (exit {rc})")
-        if not os.access(self.completion, os.X_OK):
-            raise FlyError(f"--llama-cpp-bin: {SPECULATIVE} cannot run without a draft and "
-                           f"{COMPLETION} is not in {self.dir}")
-        self._target_only = "completion"
-        argv = [str(self.completion), *self._common(path, max_tokens), "-no-cnv", "--no-warmup", "--perf"]
-        return self._run(argv, parse_completion)
-
     def describe(self) -> dict[str, Any]:
-        return {"bin": str(self.dir), "repack": self.repack, "target_only": self._target_only}
+        return {"bin": str(self.dir), "repack": self.repack, "speculative": SPECULATIVE, "target_only": COMPLETION}

@@ -62,7 +62,8 @@ def markdown(result: dict[str, Any]) -> str:
         "the measured acceptance would give with no host time. mean acc.: tokens per target forward pass. "
         "host: loop time outside the draft and target forward passes. agree: share of positions where the "
         "output equals the target's; identical: share of prompts with the target's exact output; NLL: the "
-        "target's mean negative log-likelihood of the output (nats/token).",
+        "target's mean negative log-likelihood of the output (nats/token). llama.cpp rows: their decode speed "
+        "(model loading and prompt excluded); identical there compares text (its output starts as the target's).",
         "",
     ]
     return "\n".join(lines)

@@ -64,7 +64,7 @@ class Runner:
         if mode.peer is not None:
             assert self.peer is not None
             run = self.peer.run(mode.peer, rendered.text, max_tokens, mode.k)
-            return {"stats": run.as_dict(), "peer": True}
+            return {"stats": run.as_dict(), "text": run.text, "peer": True}
         assert mode.spec is not None
         self._prefill(rendered.tokens)
         gen = self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
@@ -103,7 +103,9 @@ class Runner:
         reference = recs[0]
         checker = CHECKERS.get(self.config.checker) if self.config.checker else None
         for rec in recs:
-            if rec.get("peer"):
+            if rec.get("peer"):  # text only: the binaries print text, and may overshoot max_tokens
+                ours, theirs = reference["text"].rstrip("\n"), rec["text"].rstrip("\n")
+                rec["same_start_as_target"] = ours.startswith(theirs) or theirs.startswith(ours)
                 continue
             if self.config.fidelity:
                 rec["agreement"], rec["first_divergence"] = fidelity.agreement(rec["tokens"], reference["tokens"])

@@ -75,7 +75,10 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str
     }
     if out["peer"]:
         accepted = total("n_accept")
+        same = [r["same_start_as_target"] for r in recs if "same_start_as_target" in r]
         out.update(n_accepted=accepted, accept_rate=accepted / out["n_drafted"] if out["n_drafted"] else None,
+                   n_exact=accepted, n_loose=0,  # exact-match acceptance only
+                   identical=sum(same) / len(same) if same else None,  # from text: its output starts as the target's
                    speedup_vs_peer_target_geomean=geomean(r.get("speedup_vs_peer_target") for r in recs))
         if not rounds:
             out["mean_accepted"] = None

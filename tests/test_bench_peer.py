@@ -1,0 +1,78 @@
+"""The llama.cpp peer: parsing its binaries' output (captured samples in tests/data), argument
+checks, and, when FLY_CPP_LLAMA_BIN names a directory of built binaries, one tiny real run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fly_cpp.bench.peer import Peer, generated_text, parse_completion, parse_speculative
+from fly_cpp.cli.main import main
+from fly_cpp.errors import FlyError
+from fly_cpp.models import bundled
+
+DATA = Path(__file__).resolve().parent / "data"
+LLAMA_BIN = os.environ.get("FLY_CPP_LLAMA_BIN")
+
+
+def test_parse_speculative_sample() -> None:
+    run = parse_speculative((DATA / "llama-speculative-simple.txt").read_text())
+    assert (run.n_prompt, run.n_tokens, run.seconds) == (12, 35, 0.057)
+    assert (run.n_draft_max, run.n_drafted, run.n_accept) == (5, 35, 28)
+    assert run.n_rounds == 7 and run.mean_accepted == pytest.approx(5.0)
+    assert run.tokens_per_second == pytest.approx(35 / 0.057)
+    assert run.as_dict()["tokens_per_second"] == run.tokens_per_second
+
+
+def test_parse_completion_sample() -> None:
+    run = parse_completion((DATA / "llama-completion.txt").read_text())
+    assert (run.n_prompt, run.n_tokens, run.seconds) == (12, 31, pytest.approx(0.02498))
+    assert run.n_rounds == 31 and run.mean_accepted == 1.0
+
+
+def test_generated_text_after_the_echo() -> None:
+    stdout = (DATA / "llama-speculative-simple.txt").read_text().split("0.00.", 1)[0]
+    text = generated_text(stdout, "Once upon a time, there was a little dog")
+    assert text.startswith(" named Max. Max loved to play") and not text.endswith("\n")
+    assert generated_text("no echo here\n\n", "something else") == "no echo here"
+
+
+@pytest.mark.parametrize("parse", [parse_speculative, parse_completion])
+def test_missing_lines_are_one_clear_error(parse) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(FlyError, match="could not find"):
+        parse("encoded 3 tokens\nsomething went wrong\n")
+
+
+def test_peer_arguments(tmp_path: Path) -> None:
+    target, draft = str(bundled.TARGET), str(bundled.DRAFT)
+    with pytest.raises(FlyError, match="no such directory"):
+        Peer(tmp_path / "nope", target, draft, n_ctx=512, n_threads=1)
+    with pytest.raises(FlyError, match="llama-speculative-simple not found"):
+        Peer(tmp_path, target, draft, n_ctx=512, n_threads=1)
+    for name in ("llama-speculative-simple", "llama-completion"):
+        (tmp_path / name).write_text("#!/bin/sh\nexit 3\n")
+        (tmp_path / name).chmod(0o755)
+    with pytest.raises(FlyError, match="needs a draft model"):
+        Peer(tmp_path, target, None, n_ctx=512, n_threads=1)
+    peer = Peer(tmp_path, target, draft, n_ctx=512, n_threads=1, repack=False)
+    with pytest.raises(FlyError, match=r"llama-speculative-simple failed \(exit 3\)"):
+        peer.run("speculative", "Once upon a time", 8, 4)
+
+
+@pytest.mark.skipif(not LLAMA_BIN, reason="set FLY_CPP_LLAMA_BIN to a directory built by scripts/build-llama-cpp.sh")
+def test_real_peer_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["bench", "--dataset", "spec_bench", "--limit", "1", "-n", "16", "--k", "4", "--modes", "spd",
+                 "--llama-cpp-bin", str(LLAMA_BIN), "--out", str(out), "--no-plots", "--no-progress"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = {row["mode"]: row for row in result["summary"]}
+    assert list(rows) == ["target", "spd", "llama.cpp-target", "llama.cpp-spd"]
+    spd = rows["llama.cpp-spd"]
+    assert spd["n_tokens"] > 0 and spd["tokens_per_second"] > 0 and spd["speedup_geomean"] > 0
+    assert spd["n_drafted"] > 0 and 1.0 <= spd["mean_accepted"] <= 5.0
+    assert rows["llama.cpp-target"]["identical"] == 1.0  # same model, same llama.cpp, greedy
+    assert {c["peer"] for c in result["comparisons"]} == {"llama.cpp-target", "llama.cpp-spd"}
+    assert "llama.cpp-spd" in (out / "summary.md").read_text()
