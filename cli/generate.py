@@ -62,7 +62,9 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
         except UnicodeDecodeError:
             raise FlyError(f"prompt file {prompt_file} is not UTF-8 text") from None
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return sys.stdin.read()
+        text = sys.stdin.read()
+        if prompt == "-" or text:
+            return text
     if prompt is None:
         raise click.UsageError("no prompt: give one with -p TEXT, -f FILE, or on standard input")
     return prompt

@@ -208,7 +208,7 @@ class Model:
 class Context:
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
 
-    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512,
+    def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
                  precise: bool = False) -> None:
         """``precise``: an F32 KV cache and no flash attention, so that logits match a float64
         reference forward pass to ~1e-5 (for checking converted models; slower)."""
@@ -217,7 +217,7 @@ class Context:
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = min(n_batch, 512)
+        params.n_ubatch = min(n_batch, n_ubatch)
         params.n_seq_max = 1
         params.n_threads = n_threads
         params.n_threads_batch = n_threads

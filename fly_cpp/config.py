@@ -33,8 +33,10 @@ class ModelSettings:
 
     path: str
     n_ctx: int = field(default=0, metadata=_help("context size; 0 = the model's training context, at most 4096"))
-    n_threads: int = field(default=0, metadata=_help("CPU threads; 0 = all cores"))
+    n_threads: int = field(default=0, metadata=_help("CPU threads; 0 = $FLY_CPP_THREADS, else all cores"))
     n_batch: int = field(default=512, metadata=_help("largest batch handed to llama_decode"))
+    n_ubatch: int = field(default=512, metadata=_help(
+        "physical batch size; 1 makes batched verification numerically identical to one-token decoding (slow)"))
     n_gpu_layers: int = field(default=0, metadata=_help("layers to offload to the GPU; -1 = all"))
     split_mode: str = field(default="layer", metadata=_help("multi-GPU split: none, layer or row"))
     tensor_split: tuple[float, ...] = field(default=(), metadata=_help("share of the model per GPU, e.g. 3,1"))
@@ -46,13 +48,14 @@ class ModelSettings:
         _require(self.n_ctx >= 0, f"n_ctx must be >= 0, got {self.n_ctx}")
         _require(self.n_threads >= 0, f"n_threads must be >= 0, got {self.n_threads}")
         _require(self.n_batch >= 1, f"n_batch must be >= 1, got {self.n_batch}")
+        _require(self.n_ubatch >= 1, f"n_ubatch must be >= 1, got {self.n_ubatch}")
         _require(self.split_mode in SPLIT_MODES, f"split_mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
         _require(all(s >= 0 for s in self.tensor_split), "tensor_split entries must be >= 0")
         _require(self.main_gpu >= 0, f"main_gpu must be >= 0, got {self.main_gpu}")
 
     @property
     def threads(self) -> int:
-        return self.n_threads or os.cpu_count() or 1
+        return self.n_threads or int(os.environ.get("FLY_CPP_THREADS") or 0) or os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class Engine:
         try:
             t = self.target_settings
             n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch)
+            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
+                                  n_ubatch=t.n_ubatch)
             if self.draft_settings is not None:
                 d = self.draft_settings
                 self.draft_model = self._load(d)
@@ -99,7 +100,8 @@ class Engine:
                         raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
                                        "drafted tokens, so it cannot take part in speculative decoding")
                 # the draft holds the same tokens as the target, so it gets the same context size
-                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=d.threads, n_batch=d.n_batch)
+                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=d.threads,
+                                     n_batch=d.n_batch, n_ubatch=d.n_ubatch)
         except BaseException:
             self.close()
             raise

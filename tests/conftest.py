@@ -15,6 +15,10 @@ import pytest
 
 from fly_cpp.models import make
 
+# Tiny models run fastest on one thread, and ggml's spinning thread barriers crawl when the
+# machine is busy: every engine in the tests (subprocesses included) uses one thread.
+os.environ.setdefault("FLY_CPP_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FLY_CPP_SHARED", ROOT.parent / "shared"))
 STORIES = SHARED / "models" / "stories260K" / "stories260K.gguf"

@@ -1,0 +1,136 @@
+"""Equivalences on real llama.cpp contexts: exact-match speculation is the target's own greedy
+output, token for token, whatever the draft and k; FLy with the gate shut is exact matching.
+
+llama.cpp's CPU kernels are not batch-invariant: a row computed in a batch of k+1 can differ
+from the same row decoded alone in the last bits, which flips the argmax where the top two
+logits are nearly tied. The exact identities therefore run with ``n_ubatch=1`` on the target
+(each verified row is computed exactly as a one-token decode); the default batched path is
+checked to agree up to such near-ties.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import numpy as np
+
+from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp._llama import Context
+
+STORY_PROMPTS = [
+    "Once upon a time",
+    "Lily and Tom went to the park",
+    "The little dog was sad because",
+    "One day, a big red ball",
+    "Sam liked to eat",
+    "There was a girl named Sue. She",
+    "The sun was hot and",
+    "Mom said,",
+]
+TEXT_PROMPTS = [
+    "The quick brown fox",
+    "def fibonacci(n):",
+    "Question: what is 12 times 7? Answer:",
+    "Paris is the capital of",
+    "import numpy as np\n",
+    "1, 2, 3, 4,",
+]
+
+
+def greedy(engine: Engine, prompt: str, mode: str, k: int = 15, n: int = 48, **spec) -> list[int]:
+    return engine.generate(prompt, spec=SpecSettings(mode=mode, k=k, **spec), max_tokens=n).run().tokens
+
+
+def exact_target(path) -> ModelSettings:
+    return ModelSettings(str(path), n_ctx=512, n_ubatch=1)
+
+
+@pytest.fixture(scope="module")
+def stories_pair(stories, stories_draft):
+    with Engine(exact_target(stories), ModelSettings(str(stories_draft))) as e:
+        yield e
+
+
+@pytest.fixture(scope="module", params=["cut2", "q8_0"])
+def llama3_pair(request, llama3_target, llama3_drafts):
+    with Engine(exact_target(llama3_target), ModelSettings(str(llama3_drafts[request.param]))) as e:
+        yield e
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 15])
+@pytest.mark.parametrize("ngram", [True, False])
+def test_spd_equals_target_on_stories(stories_pair, k, ngram):
+    for prompt in STORY_PROMPTS:
+        expected = greedy(stories_pair, prompt, "target", n=64)
+        assert greedy(stories_pair, prompt, "spd", k=k, n=64, ngram=ngram) == expected, prompt
+
+
+@pytest.mark.parametrize("k", [2, 5, 15])
+def test_spd_equals_target_on_llama3_vocab(llama3_pair, k):
+    for prompt in TEXT_PROMPTS:
+        expected = greedy(llama3_pair, prompt, "target")
+        assert greedy(llama3_pair, prompt, "spd", k=k) == expected, prompt
+
+
+def test_target_as_its_own_draft_accepts_everything(stories):
+    with Engine(exact_target(stories), ModelSettings(str(stories))) as e:
+        for prompt in STORY_PROMPTS[:4]:
+            expected = greedy(e, prompt, "target", n=60)
+            gen = e.generate(prompt, spec=SpecSettings(mode="spd", k=5), max_tokens=60).run()
+            assert gen.tokens == expected
+            s = gen.stats
+            assert s.n_exact == s.n_drafted  # every drafted token accepted
+            # all rounds are full (k accepted + bonus) except where max_tokens cut the last one
+            assert s.accepted_lengths[:-1] == [6] * (len(s.accepted_lengths) - 1)
+
+
+def test_target_as_its_own_draft_on_llama3_vocab(llama3_target):
+    with Engine(exact_target(llama3_target), ModelSettings(str(llama3_target))) as e:
+        for prompt in TEXT_PROMPTS[:3]:
+            gen = e.generate(prompt, spec=SpecSettings(mode="fly", k=7), max_tokens=40).run()
+            assert gen.tokens == greedy(e, prompt, "target", n=40)
+            assert gen.stats.n_exact == gen.stats.n_drafted and gen.stats.n_loose == 0
+
+
+def test_fly_with_gate_at_infinity_equals_spd(stories_pair, llama3_pair):
+    for engine, prompts in ((stories_pair, STORY_PROMPTS), (llama3_pair, TEXT_PROMPTS)):
+        for prompt in prompts:
+            assert greedy(engine, prompt, "fly", entropy_threshold=math.inf) == greedy(engine, prompt, "spd"), prompt
+
+
+def test_fly_accepts_at_least_as_much_as_spd(stories_pair):
+    fly = spd = 0.0
+    for prompt in STORY_PROMPTS:
+        a = stories_pair.generate(prompt, spec=SpecSettings(mode="fly"), max_tokens=96).run().stats
+        b = stories_pair.generate(prompt, spec=SpecSettings(mode="spd"), max_tokens=96).run().stats
+        assert a.n_loose >= 0 and b.n_loose == 0
+        fly, spd = fly + a.mean_accepted, spd + b.mean_accepted
+    assert fly >= spd
+    assert fly > spd  # on these prompts FLy keeps some mismatches
+
+
+def test_spd_output_does_not_depend_on_k_or_drafter(stories, stories_draft):
+    with Engine(exact_target(stories)) as alone:  # n-gram drafting only
+        for prompt in STORY_PROMPTS[:4]:
+            expected = greedy(alone, prompt, "target", n=64)
+            assert greedy(alone, prompt, "spd", k=6, n=64) == expected
+
+
+def test_batched_verification_diverges_only_at_near_ties(stories, stories_draft):
+    """Default settings (batched verification): spd follows the target until a position where
+    the target's top two logits are tied to within float noise, if any."""
+    with Engine(ModelSettings(str(stories), n_ctx=512), ModelSettings(str(stories_draft))) as e:
+        probe = Context(e.target_model, n_ctx=512, n_threads=1, n_ubatch=1)
+        for prompt in STORY_PROMPTS:
+            expected = greedy(e, prompt, "target", n=96)
+            for k in (3, 15):
+                got = greedy(e, prompt, "spd", k=k, n=96)
+                if got == expected:
+                    continue
+                i = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+                probe.truncate(0)
+                row = probe.decode(e.tokenize(prompt) + expected[:i], logits="last")[0]
+                assert abs(float(row[got[i]]) - float(row[expected[i]])) < 1e-3 * max(1.0, float(np.abs(row).max()))
+        probe.close()
