@@ -28,6 +28,7 @@ from fly_cpp.chat_format import BUILTIN
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.engine import Generation
 from fly_cpp.errors import FlyError
 from fly_cpp.step import Stats
 
@@ -126,27 +127,17 @@ class Session:
     # -- answering ------------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
-        self.messages.append({"role": "user", "content": text})
-        try:
-            prompt = self.fit()
-            gen = self.fly.generate(prompt, max_tokens=self.max_tokens, stop=(*self.fly.chat_format.stop, *self.stop))
-        except FlyError as e:
-            self.messages.pop()
-            note(f"fly-cpp: error: {e}")
-            return
-        out = sys.stdout
         with self.interruptible():
-            for step in gen:
-                if self.colour and step.text and (step.loose or step.drafted):
-                    out.write(f"{LOOSE if step.loose else GREEN}{step.text}{RESET}")
-                else:
-                    out.write(step.text)
-                out.flush()
-                if self.stop_requested:
-                    gen.close()
-                    break
-        out.write("\n")
-        out.flush()
+            self.messages.append({"role": "user", "content": text})
+            try:
+                prompt = self.fit()
+                gen = self.fly.generate(prompt, max_tokens=self.max_tokens,
+                                        stop=(*self.fly.chat_format.stop, *self.stop))
+            except FlyError as e:
+                self.messages.pop()
+                note(f"fly-cpp: error: {e}")
+                return
+            self.write(gen)
         self.messages.append({"role": "assistant", "content": gen.text.strip()})
         self.count(gen.stats)
         s = gen.stats
@@ -157,6 +148,25 @@ class Session:
         elif gen.context_full:
             footer += ", context full"
         note(footer + "]", dim=True)
+
+    def write(self, gen: Generation) -> None:
+        """Stream the answer to stdout until it ends or Ctrl-C asks it to stop."""
+        out = sys.stdout
+        started = False
+        if not self.stop_requested:
+            for step in gen:
+                text = step.text if started else step.text.lstrip()  # as answer_text() does
+                started = started or bool(text)
+                if self.colour and text and (step.loose or step.drafted):
+                    out.write(f"{LOOSE if step.loose else GREEN}{text}{RESET}")
+                else:
+                    out.write(text)
+                out.flush()
+                if self.stop_requested:
+                    break
+        gen.close()
+        out.write("\n")
+        out.flush()
 
     def fit(self) -> list[int]:
         """Prompt tokens for the conversation, dropping the oldest turns while it leaves too

@@ -22,13 +22,14 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fly_cpp.chat_format import ChatFormat, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.engine import Engine, Generation
 from fly_cpp.errors import FlyError
+from fly_cpp.step import Step
 
 PathLike = str | os.PathLike[str]
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name != "path")
@@ -64,6 +65,15 @@ def _model_settings(path: PathLike | ModelSettings, changes: Mapping[str, Any]) 
     return ModelSettings(path=os.fspath(path), **changes)
 
 
+def _pull(repo: str | None, file: str | None, repo_arg: str, file_arg: str) -> PathLike:
+    """A GGUF from the Hugging Face hub (through huggingface-hub's cache)."""
+    if repo is None or file is None:
+        raise FlyError(f"{repo_arg} and {file_arg} go together (the repository and the GGUF file in it)")
+    from fly_cpp.models import hub
+
+    return hub.pull(repo, file)
+
+
 def _stop_list(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
@@ -78,7 +88,9 @@ class Fly:
     """A target model and an optional draft model, loaded once, for many requests.
 
     ``target`` / ``draft``: GGUF paths or :class:`ModelSettings` (``model_path`` is accepted
-    for ``target``, as in llama-cpp-python). With neither, the bundled tiny story pair loads.
+    for ``target``, as in llama-cpp-python), or files on the Hugging Face hub (``hf_repo`` +
+    ``hf_file``, ``hf_draft_repo`` (default: ``hf_repo``) + ``hf_draft_file``), downloaded once
+    into huggingface-hub's cache. With no target, the bundled tiny story pair loads.
     ``chat_format``: ``None`` (the GGUF's ``tokenizer.chat_template``, else ``"plain"``),
     ``"plain"``, ``"chatml"``, or a Jinja template.
     ``**settings``: any field of ``ModelSettings`` (target model, e.g. ``n_ctx=2048``,
@@ -94,11 +106,21 @@ class Fly:
     """
 
     def __init__(self, target: PathLike | ModelSettings | None = None, draft: PathLike | ModelSettings | None = None,
-                 *, model_path: PathLike | None = None, chat_format: str | None = None, **settings: Any) -> None:
+                 *, model_path: PathLike | None = None, hf_repo: str | None = None, hf_file: str | None = None,
+                 hf_draft_repo: str | None = None, hf_draft_file: str | None = None, chat_format: str | None = None,
+                 **settings: Any) -> None:
         if model_path is not None:
             if target is not None:
                 raise TypeError("give the target model as target or model_path, not both")
             target = model_path
+        if hf_repo is not None or hf_file is not None:
+            if target is not None:
+                raise TypeError("give the target model as a path or as hf_repo/hf_file, not both")
+            target = _pull(hf_repo, hf_file, "hf_repo", "hf_file")
+        if hf_draft_repo is not None or hf_draft_file is not None:
+            if draft is not None:
+                raise TypeError("give the draft model as a path or as hf_draft_repo/hf_draft_file, not both")
+            draft = _pull(hf_draft_repo or hf_repo, hf_draft_file, "hf_draft_repo", "hf_draft_file")
         target_changes: dict[str, Any] = {}
         draft_changes: dict[str, Any] = {}
         call: dict[str, Any] = {}
@@ -128,7 +150,8 @@ class Fly:
     @classmethod
     def from_engine(cls, engine: Engine, *, chat_format: str | None = None, spec: SpecSettings | None = None,
                     sampling: SamplingSettings | None = None) -> Fly:
-        """Wrap an engine that is already loaded (``close()`` closes it)."""
+        """Wrap an engine that is already loaded; the Fly owns it from now on (``close()``
+        closes it, and so does a failure here)."""
         self = cls.__new__(cls)
         self.spec, self.sampling = spec or SpecSettings(), sampling or SamplingSettings()
         self._init(engine, chat_format)
@@ -138,10 +161,14 @@ class Fly:
         self.engine = engine
         self.model = engine.target_model.path.name
         model = engine.target_model
-        self.chat_format: ChatFormat = resolve(
-            chat_format, model.meta("tokenizer.chat_template"),
-            bos_token=model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else "",
-            eos_token=model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else "")
+        try:
+            self.chat_format: ChatFormat = resolve(
+                chat_format, model.meta("tokenizer.chat_template"),
+                bos_token=model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else "",
+                eos_token=model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else "")
+        except BaseException:
+            engine.close()
+            raise
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self._closed = False
 
@@ -240,6 +267,7 @@ class Fly:
         """Answer a conversation (OpenAI-style ``messages``) through the chat format. Returns a
         ``chat.completion`` dict, or with ``stream=True`` ``chat.completion.chunk`` dicts: the
         role first, then content deltas, then one with ``finish_reason``, ``usage`` and ``fly``.
+        The answer's leading whitespace is dropped.
         Resending the whole conversation each turn is cheap: both KV caches keep the common
         prefix, so only the new turn is decoded."""
         gen = self.generate(self.chat_tokens(messages), max_tokens=max_tokens,
@@ -253,7 +281,7 @@ class Fly:
         if stream:
             return self._stream_chat(gen, {**head, "object": "chat.completion.chunk"})
         gen.run()
-        return {**head, "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
+        return {**head, "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text.lstrip()},
                                      "logprobs": None, "finish_reason": gen.finish_reason}], **_tail(gen)}
 
     __call__ = create_completion
@@ -276,9 +304,8 @@ class Fly:
 
         try:
             yield {**head, "choices": [choice({"role": "assistant", "content": ""}, None)]}
-            for step in gen:
-                if step.text:
-                    yield {**head, "choices": [choice({"content": step.text}, None)]}
+            for text in answer_text(gen):
+                yield {**head, "choices": [choice({"content": text}, None)]}
             yield {**head, "choices": [choice({}, gen.finish_reason)], **_tail(gen)}
         finally:
             gen.close()
@@ -308,6 +335,17 @@ class Fly:
     def __repr__(self) -> str:
         draft = self.engine.draft_model.name if self.engine.draft_model is not None else None
         return f"Fly(target={self.model!r}, draft={draft!r}, n_ctx={self.n_ctx}, chat_format={self.chat_format.name!r})"
+
+
+def answer_text(steps: Iterable[Step]) -> Iterator[str]:
+    """The non-empty text pieces of a chat answer, without the whitespace it starts with (the
+    plain format's "Assistant:" makes base models begin with a space)."""
+    started = False
+    for step in steps:
+        text = step.text if started else step.text.lstrip()
+        if text:
+            started = True
+            yield text
 
 
 def _given(**values: Any) -> dict[str, Any]:

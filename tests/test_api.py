@@ -172,7 +172,7 @@ def test_multi_turn_reuses_the_cache_and_equals_a_fresh_run(which, stories, temp
         again = fresh.generate(fresh.chat_tokens(conversation), max_tokens=40).run()
         assert again.tokens == second.tokens
         assert fresh.create_chat_completion(conversation, max_tokens=40)["choices"][0]["message"]["content"] == \
-            second.text
+            second.text.lstrip()
 
 
 def test_defaults_and_per_call_settings(stories, stories_draft):
@@ -234,6 +234,10 @@ def test_bad_arguments_raise_clear_errors(fly, stories, tmp_path):
         Fly(stories, model_path=stories)
     with pytest.raises(FlyError, match="needs a target"):
         Fly(draft=stories)
+    with pytest.raises(FlyError, match="hf_repo and hf_file go together"):
+        Fly(hf_file="model.gguf")
+    with pytest.raises(TypeError, match="not both"):
+        Fly(stories, hf_repo="owner/name", hf_file="model.gguf")
 
 
 def test_text_content_parts_are_joined(fly):

@@ -1,0 +1,133 @@
+"""``fly-cpp chat`` driven in a real pseudo-terminal (pexpect), and through a pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+FAST = ["-t", "1", "--draft-n-threads", "1"]  # the test machines are shared and busy
+PROMPT = "\r\n> "
+FOOTER = r"\[\d+ tokens, [\d.]+ tok/s, mean accepted [\d.]+, loose \d+"
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fly_cpp.cli.main", "chat", *FAST, *args]
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**os.environ, "FLY_CPP_HISTORY": str(tmp_path / "history"), "TERM": "dumb"}
+
+
+def spawn(env, *args: str) -> pexpect.spawn:
+    cmd = command(*args)
+    child = pexpect.spawn(cmd[0], cmd[1:], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child.expect("/help for commands")
+    child.expect("> ")
+    return child
+
+
+def saved(child: pexpect.spawn, path) -> dict:
+    child.sendline(f"/save {path}")
+    child.expect(r"\(saved \d+ messages")
+    child.expect("> ")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_chat_in_a_terminal(env, tmp_path):
+    child = spawn(env, "--system", "You tell stories.", "-n", "30", "--show-accepts")
+    child.sendline("Tell me a story.")
+    child.expect(FOOTER)
+    answer = child.before
+    assert "\x1b[32m" in answer or "\x1b[30;43m" in answer  # drafted tokens are coloured on a terminal
+    child.expect("> ")
+
+    child.sendline("What happened next?")
+    child.expect(FOOTER)
+    child.expect("> ")
+    data = saved(child, tmp_path / "chat.json")
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert data["messages"][0]["content"] == "You tell stories."
+    assert all(m["content"] for m in data["messages"])
+
+    child.sendline("/reset")
+    child.expect(r"\(conversation cleared\)")
+    child.sendline("/set temperature 0.7")
+    child.expect(r"\(temperature = 0.7\)")
+    child.sendline("/mode spd")
+    child.expect(r"\(mode = spd\)")
+    child.sendline("/set k zero")
+    child.expect("error: invalid literal")
+    child.sendline("/bogus")
+    child.expect("unknown command /bogus")
+    child.sendline("Hi!")
+    child.expect(FOOTER)
+    child.expect("> ")
+    data = saved(child, tmp_path / "after-reset.json")
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant"]
+    assert data["settings"]["temperature"] == 0.7 and data["settings"]["mode"] == "spd"
+
+    child.sendline("/stats")
+    child.expect("last answer: spd: ")
+    child.expect("session, 3 answers: ")
+    child.sendline("/help")
+    child.expect("/save FILE")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_stops_the_answer_not_the_program(env, tmp_path):
+    # a long context and no length limit: the story model writes until the context is full,
+    # which takes seconds, so Ctrl-C lands while it is still writing
+    child = spawn(env, "-c", "1024", "-n", "100000")
+    child.sendline("Tell me a long story.")
+    child.expect_exact("Tell me a long story.\r\n")  # the terminal's echo
+    child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming
+    child.sendintr()
+    child.expect(FOOTER + ", interrupted]")
+    child.expect("> ")
+
+    child.sendline("/set max_tokens 20")
+    child.expect(r"\(max_tokens = 20\)")
+    child.sendline("And then?")  # the conversation goes on, the partial answer included
+    child.expect(FOOTER)
+    child.expect("> ")
+    data = saved(child, tmp_path / "chat.json")
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user", "assistant"]
+
+    child.sendintr()  # Ctrl-C at the prompt: a fresh prompt
+    child.expect("> ")
+    child.sendline("/stats")
+    child.expect("session, 2 answers")
+    child.sendeof()  # Ctrl-D: quit
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_piped_stdin(tmp_path):
+    out = subprocess.run(command("-n", "20", "--show-accepts"), input="Tell me a story.\n/stats\nMore!\n",
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FLY_CPP_HISTORY": str(tmp_path / "history")})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].strip() and lines[3].strip()  # answer, 2 lines of /stats, answer
+    assert lines[1].startswith("last answer: fly: 20 tokens")
+    assert "\x1b[" not in out.stdout  # no colour when stdout is not a terminal
+    assert len([line for line in out.stderr.splitlines() if line.startswith("[20 tokens")]) == 2
+    assert "> " not in out.stdout and not (tmp_path / "history").exists()
+
+
+def test_bad_options_fail_with_one_line():
+    out = subprocess.run(command("--temperature", "-1"), input="", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip() == "fly-cpp: error: temperature must be >= 0, got -1.0"
+    out = subprocess.run(command("--chat-format", "nope"), input="", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "unknown chat format 'nope'" in out.stderr
