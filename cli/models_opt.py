@@ -46,6 +46,8 @@ def model_paths(options: dict[str, Any]) -> tuple[str | None, str | None, dict[s
             raise click.UsageError("--pair names both models: drop -m/-d/--hf-* options")
         name = given["pair"]
         if name in kit.PAIRS:
+            if kit.built(name) is None:
+                click.echo(f"fly-cpp: note: building pair {name} into {kit.cache_root() / name} (once)", err=True)
             pair = kit.make_pair(name)
             if pair.synthetic:
                 click.echo(f"fly-cpp: note: pair {pair.label}: {pair.description}", err=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -70,61 +70,65 @@ def tinystories_source() -> Path:
     return path.parent
 
 
-def _build(out: Path, recipe: dict[str, object], files: dict[str, Callable[[Path], object]], force: bool) -> None:
-    """Make ``files`` in ``out`` unless they exist with this very recipe."""
-    stamp = out / "recipe.json"
-    wanted = json.dumps(recipe, sort_keys=True, indent=1)
-    if not force and stamp.exists() and stamp.read_text() == wanted and all((out / f).exists() for f in files):
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    stamp.unlink(missing_ok=True)
-    for name, build in files.items():
-        tmp = out / (name + ".partial")
-        build(tmp)
-        tmp.rename(out / name)
-    stamp.write_text(wanted)
+def _recipe_text(recipe: dict[str, object]) -> str:
+    return json.dumps(recipe, sort_keys=True, indent=1)
+
+
+def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth
+          ) -> tuple[dict[str, object], Path, Path, dict[str, Callable[[Path], object]]]:
+    """(recipe, target, draft, builders) of the local pair ``name`` in ``root``."""
+    if name == "tinystories":
+        target, draft = root / "tinystories-656k.gguf", root / "tinystories-656k-q4_0.gguf"
+        return {"pair": name, "version": 1}, target, draft, {
+            target.name: lambda p: convert.convert_hf_llama(tinystories_source(), p, name="tinystories-656k"),
+            draft.name: lambda p: make.quantize(target, p, "Q4_0"),
+        }
+    target, draft = root / "costly-target-synthetic.gguf", root / "costly-draft-synthetic.gguf"
+    recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
+              "dtype": "f16"}
+    return recipe, target, draft, {
+        target.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, tg, name="costly-target (synthetic)"),
+        draft.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, dg, name="costly-draft (synthetic)"),
+    }
+
+
+def _is_built(root: Path, recipe: dict[str, object], files: Iterable[str]) -> bool:
+    stamp = root / "recipe.json"
+    return stamp.exists() and stamp.read_text() == _recipe_text(recipe) and all((root / f).exists() for f in files)
 
 
 def make_pair(name: str, out: PathLike | None = None, *, force: bool = False,
               target_growth: widen.Growth | None = None, draft_growth: widen.Growth | None = None) -> LocalPair:
-    """Build (or find built) the local pair ``name`` in ``out`` (default ``cache_root()/name``).
-    ``target_growth`` / ``draft_growth`` override the costly pair's shapes and noise (tests
-    build it small)."""
+    """Build (or find built) the local pair ``name`` in ``out`` (default ``cache_root()/name``),
+    unless it is there with this very recipe. ``target_growth`` / ``draft_growth`` override the
+    costly pair's shapes and noise (tests build it small)."""
     if name not in PAIRS:
         raise FlyError(f"unknown local pair {name!r} (known: {', '.join(PAIRS)})")
     if name == "stories260k":
         return LocalPair(name, bundled.TARGET, bundled.DRAFT, False, bundled.N_CTX, PAIRS[name])
     root = Path(out) if out is not None else cache_root() / name
-    src = tinystories_source()
-    if name == "tinystories":
-        target, draft = root / "tinystories-656k.gguf", root / "tinystories-656k-q4_0.gguf"
-        _build(root, {"pair": name, "version": 1}, {
-            target.name: lambda p: convert.convert_hf_llama(src, p, name="tinystories-656k"),
-            draft.name: lambda p: make.quantize(target, p, "Q4_0"),
-        }, force)
-        return LocalPair(name, target, draft, False, 512, PAIRS[name])
-    tg, dg = target_growth or COSTLY_TARGET, draft_growth or COSTLY_DRAFT
-    target, draft = root / "costly-target-synthetic.gguf", root / "costly-draft-synthetic.gguf"
-    recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
-              "dtype": "f16"}
-    _build(root, recipe, {
-        target.name: lambda p: widen.grow_checkpoint(src, p, tg, name="costly-target (synthetic)"),
-        draft.name: lambda p: widen.grow_checkpoint(src, p, dg, name="costly-draft (synthetic)"),
-    }, force)
-    return LocalPair(name, target, draft, True, 512, PAIRS[name])
+    recipe, target, draft, builders = _plan(name, root, target_growth or COSTLY_TARGET, draft_growth or COSTLY_DRAFT)
+    if force or not _is_built(root, recipe, builders):
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "recipe.json").unlink(missing_ok=True)
+        for file, build in builders.items():
+            tmp = root / (file + ".partial")
+            build(tmp)
+            tmp.rename(root / file)
+        (root / "recipe.json").write_text(_recipe_text(recipe))
+    return LocalPair(name, target, draft, name == "costly", 512, PAIRS[name])
 
 
 def built(name: str) -> LocalPair | None:
-    """The local pair ``name`` if it is already built in the default cache (builds nothing)."""
+    """The local pair ``name`` if it is built in the default cache with the current recipe
+    (builds nothing)."""
     if name == "stories260k":
         return make_pair(name)
-    root = cache_root() / name
-    if not (root / "recipe.json").exists():
+    if name not in PAIRS:
         return None
-    files = sorted(root.glob("*.gguf"))
-    target = next((f for f in files if "draft" not in f.name and "q4_0" not in f.name), None)
-    draft = next((f for f in files if f is not target), None)
-    if target is None or draft is None:
+    root = cache_root() / name
+    recipe, target, draft, builders = _plan(name, root, COSTLY_TARGET, COSTLY_DRAFT)
+    if not _is_built(root, recipe, builders):
         return None
     return LocalPair(name, target, draft, name == "costly", 512, PAIRS[name])
 
