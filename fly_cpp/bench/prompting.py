@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fly_cpp.chat_format import ChatFormat
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 
@@ -27,39 +28,23 @@ class Rendered:
     templated: bool
 
 
-def _render_template(template: str, content: str, bos: str, eos: str) -> str:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=[{"role": "user", "content": content}], add_generation_prompt=True,
-            bos_token=bos, eos_token=eos)
-    except jinja2.TemplateError as e:
-        raise FlyError(f"the model's chat template failed to render: {e}") from None
-
-
 class PromptRenderer:
     """Renders dataset prompts for one engine; ``template=False`` uses the raw text."""
 
     def __init__(self, engine: Engine, *, template: bool = True, reserve: int = 0) -> None:
         self.engine = engine
         model = engine.target_model
-        self.template = model.meta("tokenizer.chat_template") if template else None
+        gguf_template = model.meta("tokenizer.chat_template") if template else None
         self.bos = model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else ""
-        self.eos = model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else ""
+        eos = model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else ""
+        self.template = ChatFormat(gguf_template, self.bos, eos, (), "tokenizer.chat_template") if gguf_template else None
         self.add_bos = model.add_bos
         self.budget = engine.n_ctx - reserve  # tokens the rendered prompt may take
 
     def _wrap(self, content: str) -> str:
-        if not self.template:
+        if self.template is None:
             return content
-        text = _render_template(self.template, content, self.bos, self.eos)
+        text = self.template.render([{"role": "user", "content": content}], add_generation_prompt=True)
         if self.add_bos and self.bos and text.startswith(self.bos):
             text = text[len(self.bos):]
         return text
