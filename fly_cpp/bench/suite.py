@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -32,7 +33,7 @@ def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], confi
         "target_path": engine.target_settings.path, "draft_path": draft, "n_ctx": engine.n_ctx,
         "n_threads": engine.target_settings.threads, "max_tokens": config.max_tokens,
         "k": sorted({m.k for m in modes if m.k is not None}) or [m.spec.k for m in modes if m.spec][:1],
-        "modes": {m.label: (m.spec.__dict__ if m.spec else {"peer": m.peer, "k": m.k}) for m in modes},
+        "modes": {m.label: (dataclasses.asdict(m.spec) if m.spec else {"peer": m.peer, "k": m.k}) for m in modes},
         "templated": runner.renderer.template is not None, "temperature": config.sampling.temperature,
         "truncated_prompts": sum(1 for r in records if r["mode"] == modes[0].label and r["truncated"]),
         "peer": peer.describe() if peer else None, "machine": platform.machine(), "cpu_count": os.cpu_count(),
