@@ -32,6 +32,7 @@ import gguf
 import numpy as np
 
 from fly_cpp.errors import FlyError
+from fly_cpp.models import make
 
 PathLike = str | os.PathLike[str]
 
@@ -253,10 +254,7 @@ def write_llama(out: PathLike, hparams: dict[str, Any], tokenizer: dict[str, Any
     for tname, arr in tensors.items():
         store = np.float16 if dtype == "f16" and arr.ndim == 2 else np.float32
         writer.add_tensor(tname, np.ascontiguousarray(arr, dtype=store))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    make._write(writer)
     return Path(out)
 
 

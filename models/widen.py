@@ -18,7 +18,8 @@ columns and ``r = d / D``:
 - extra blocks (identity blocks) are placed between the original ones: random read weights,
   zero write weights.
 - perturbation: Gaussian noise with standard deviation ``noise`` times the original tensor
-  kind's RMS (per kind: attn_q, ffn_down, ...) added to every matrix, zero ones included. This
+  kind's RMS (per kind: attn_q, ffn_down, ...) added to every block matrix, zero ones included
+  (embeddings, output head and norms are left alone). This
   is the one knob that sets how often the grown model's greedy token differs from the
   original's. noise = 0 gives the original model's logits (to float rounding).
 """
