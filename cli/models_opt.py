@@ -52,6 +52,9 @@ def model_paths(options: dict[str, Any]) -> tuple[str | None, str | None, dict[s
             if pair.synthetic:
                 click.echo(f"fly-cpp: note: pair {pair.label}: {pair.description}", err=True)
             return str(pair.target), str(pair.draft), {"n_ctx": pair.n_ctx}
+        if name not in hub.registry():
+            known = sorted(hub.registry()) + list(kit.PAIRS)
+            raise click.UsageError(f"unknown pair {name!r} (known: {', '.join(known)}; see 'fly-cpp models list')")
         target, draft = hub.pull_pair(name)
         return str(target), str(draft), defaults
 

@@ -132,6 +132,7 @@ def test_generate_with_hf_options(offline_cache: Path, capsys: pytest.CaptureFix
     (["-m", str(STORIES), "--hf-repo", "a/b", "--hf-file", "c.gguf"], "not both"),
     (["--hf-draft-file", "d.gguf"], "--hf-draft-repo"),
     (["--pair", "llama3.1-8b", "-m", str(STORIES)], "--pair"),
+    (["--pair", "no-such-pair"], "costly"),
 ])
 def test_model_option_usage_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                    offline_cache: Path) -> None:
