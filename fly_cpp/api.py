@@ -98,6 +98,9 @@ class Fly:
     ``SpecSettings`` / ``SamplingSettings`` (defaults for every call, e.g. ``mode="spd"``,
     ``k=8``, ``temperature=0.7``). Unknown names raise ``TypeError``; bad values ``FlyError``.
 
+    Threads may share one instance: its generations run one at a time (see the module notes
+    on streams).
+
     Example::
 
         with Fly("target.gguf", "draft.gguf", n_ctx=4096, temperature=0) as llm:
