@@ -112,18 +112,6 @@ class Fly:
                  *, model_path: PathLike | None = None, hf_repo: str | None = None, hf_file: str | None = None,
                  hf_draft_repo: str | None = None, hf_draft_file: str | None = None, chat_format: str | None = None,
                  **settings: Any) -> None:
-        if model_path is not None:
-            if target is not None:
-                raise TypeError("give the target model as target or model_path, not both")
-            target = model_path
-        if hf_repo is not None or hf_file is not None:
-            if target is not None:
-                raise TypeError("give the target model as a path or as hf_repo/hf_file, not both")
-            target = _pull(hf_repo, hf_file, "hf_repo", "hf_file")
-        if hf_draft_repo is not None or hf_draft_file is not None:
-            if draft is not None:
-                raise TypeError("give the draft model as a path or as hf_draft_repo/hf_draft_file, not both")
-            draft = _pull(hf_draft_repo or hf_repo, hf_draft_file, "hf_draft_repo", "hf_draft_file")
         target_changes: dict[str, Any] = {}
         draft_changes: dict[str, Any] = {}
         call: dict[str, Any] = {}
@@ -136,6 +124,21 @@ class Fly:
                 call[name] = value
             else:
                 raise _unknown("Fly()", name, _MODEL_FIELDS + tuple("draft_" + f for f in _MODEL_FIELDS) + _CALL_FIELDS)
+        spec, sampling = _split_call_settings("Fly()", call)
+        self.spec = SpecSettings(**spec)  # defaults for every call; validated now
+        self.sampling = SamplingSettings(**sampling)
+        if model_path is not None:
+            if target is not None:
+                raise TypeError("give the target model as target or model_path, not both")
+            target = model_path
+        if hf_repo is not None or hf_file is not None:
+            if target is not None:
+                raise TypeError("give the target model as a path or as hf_repo/hf_file, not both")
+            target = _pull(hf_repo, hf_file, "hf_repo", "hf_file")
+        if hf_draft_repo is not None or hf_draft_file is not None:
+            if draft is not None:
+                raise TypeError("give the draft model as a path or as hf_draft_repo/hf_draft_file, not both")
+            draft = _pull(hf_draft_repo or hf_repo, hf_draft_file, "hf_draft_repo", "hf_draft_file")
         if target is None:
             from fly_cpp.models import bundled
 
@@ -143,9 +146,6 @@ class Fly:
                 raise FlyError("a draft model needs a target model")
             target, draft = bundled.TARGET, bundled.DRAFT
             target_changes.setdefault("n_ctx", bundled.N_CTX)
-        spec, sampling = _split_call_settings("Fly()", call)
-        self.spec = SpecSettings(**spec)  # defaults for every call; validated now
-        self.sampling = SamplingSettings(**sampling)
         t = _model_settings(target, target_changes)
         d = _model_settings(draft, draft_changes) if draft is not None else None
         self._init(Engine(t, d), chat_format)
