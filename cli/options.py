@@ -64,7 +64,7 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for f in reversed(fields):
-            dashed = (prefix + f.name).replace("_", "-")
+            dashed = prefix.replace("_", "-") + f.metadata.get("flag", f.name.replace("_", "-"))
             help_text = f.metadata.get("help", "")
             default = f.default
             if default is not dataclasses.MISSING and default not in ((), None):

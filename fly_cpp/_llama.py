@@ -231,6 +231,7 @@ class Context:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
         self.n_ctx: int = ll.llama_n_ctx(self.ptr)
+        self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p

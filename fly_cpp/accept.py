@@ -20,6 +20,16 @@ Window semantics: ``window`` W counts the mismatch itself (the authors' released
 A mismatch at 0-based position i is window-ok when d_{i+1}..d_{i+W-1} are all exact matches
 and, as in that code, i is not among the last W drafted positions (i + W < m). Window 0
 switches loose acceptance off, which makes this exactly ordinary speculative decoding.
+
+Cross-round window (``judge(..., cross_round=True)``): a gated mismatch among the last W
+drafted positions, followed only by exact matches, is kept **provisionally**: the round keeps
+the whole draft and its bonus, and the next rounds complete the window with their own drafted
+tokens (the bonus, being the target's own token, proves nothing and does not count). If a
+drafted token mismatches before the window is complete the provisional segment is **refuted**:
+the caller rolls back to the mismatch and puts the target's own token there, which is exactly
+what the in-round rule would have produced. The gate is decided where the mismatch happened.
+A window whose W-1 exact matches all lie inside the draft is judged at once, so this rule
+also keeps a mismatch at i = m - W, which the released code's in-round rule leaves out.
 """
 
 from __future__ import annotations
@@ -51,16 +61,25 @@ class Verdict:
     next_token: the correction (n < m) or the bonus token (n == m), emitted after the n.
     gate_rejected: the round stopped at a mismatch that the window would have kept but the
         entropy gate refused (the target was confident there).
+    provisional: cross-round only: position of a mismatch kept pending its window.
+    window_left: exact matches later rounds must still show to confirm a pending mismatch.
+    confirmed: a window left pending by an earlier round was completed in this round.
+    refuted_at: a pending window was broken by a mismatch at this drafted position; the
+        caller must roll back to the pending mismatch (the other fields are then meaningless).
     """
 
     accepted: int
     loose: tuple[int, ...]
     next_token: int
     gate_rejected: bool
+    provisional: int | None = None
+    window_left: int = 0
+    confirmed: bool = False
+    refuted_at: int | None = None
 
     @property
     def n_exact(self) -> int:
-        return self.accepted - len(self.loose)
+        return self.accepted - len(self.loose) - (self.provisional is not None)
 
 
 def window_ok(exact: np.ndarray, window: int) -> np.ndarray:
@@ -114,16 +133,81 @@ def verify(
     return Verdict(accepted=n, loose=loose, next_token=int(target[n]), gate_rejected=gate_rejected)
 
 
-def entropy_needed(drafted: np.ndarray, target: np.ndarray, policy: AcceptPolicy) -> np.ndarray:
+def entropy_needed(drafted: np.ndarray, target: np.ndarray, policy: AcceptPolicy, *,
+                   cross_round: bool = False, window_left: int = 0) -> np.ndarray:
     """Positions whose entropy can change the verdict: window-ok mismatches before the first
-    mismatch that nothing could save. Lets callers compute entropies only there. (bool, (m,))"""
+    mismatch that nothing could save (and, cross-round, that one when it may turn provisional).
+    Lets callers compute entropies only there. (bool, (m,))"""
     drafted = np.asarray(drafted)
     m = drafted.shape[0]
     exact = drafted == np.asarray(target)[:m]
+    need = np.zeros(m, dtype=bool)
     if policy.window < 1 or not math.isfinite(policy.entropy_threshold) or exact.all():
-        return np.zeros(m, dtype=bool)
+        return need
+    start = 0
+    if window_left > 0:
+        if m <= window_left or not exact[:window_left].all():
+            return need  # the pending window stays open or is refuted: no entropy matters
+        start = window_left
+    exact = exact[start:]
     candidate = ~exact & window_ok(exact, policy.window)
     hopeless = np.flatnonzero(~exact & ~candidate)
     if hopeless.size:
-        candidate[hopeless[0]:] = False
-    return candidate
+        first = hopeless[0]
+        candidate[first:] = False
+        candidate[first] = cross_round and bool(exact[first + 1:].all())
+    need[start:] = candidate
+    return need
+
+
+def _pending_progress(exact: np.ndarray, window_left: int) -> tuple[str, int]:
+    """How a pending window fares against this round's exact matches:
+    ("refuted", j), ("open", exact matches still needed) or ("confirmed", drafted tokens used)."""
+    misses = np.flatnonzero(~exact)
+    first_miss = int(misses[0]) if misses.size else exact.shape[0]
+    if first_miss < min(window_left, exact.shape[0]):
+        return "refuted", first_miss
+    if exact.shape[0] < window_left:
+        return "open", window_left - exact.shape[0]
+    return "confirmed", window_left
+
+
+def judge(
+    drafted: np.ndarray,
+    target: np.ndarray,
+    entropy: np.ndarray | None,
+    policy: AcceptPolicy,
+    target_alt: np.ndarray | None = None,
+    *,
+    cross_round: bool = False,
+    window_left: int = 0,
+) -> Verdict:
+    """``verify`` plus the cross-round window: first settle a window left pending by earlier
+    rounds (``window_left`` exact matches still needed), then judge the rest of the draft, and,
+    with ``cross_round``, keep a gated tail mismatch provisionally. Arrays as in ``verify``."""
+    drafted = np.asarray(drafted)
+    target = np.asarray(target)
+    m = drafted.shape[0]
+    exact = drafted == target[:m]
+    if target_alt is not None:
+        exact |= drafted == np.asarray(target_alt)[:m]
+    start, confirmed = 0, False
+    if window_left > 0:
+        state, n = _pending_progress(exact, window_left)
+        if state == "refuted":
+            return Verdict(accepted=0, loose=(), next_token=int(target[0]), gate_rejected=False, refuted_at=n)
+        if state == "open":
+            return Verdict(accepted=m, loose=(), next_token=int(target[m]), gate_rejected=False, window_left=n)
+        start, confirmed = n, True
+    rest = verify(drafted[start:], target[start:], None if entropy is None else np.asarray(entropy)[start:],
+                  policy, None if target_alt is None else np.asarray(target_alt)[start:m])
+    n = start + rest.accepted
+    loose = tuple(start + i for i in rest.loose)
+    tail = n < m and cross_round and entropy is not None and policy.window >= 1 and bool(exact[n + 1:].all())
+    if tail and np.asarray(entropy)[n] >= policy.entropy_threshold:
+        left = (policy.window - 1) - (m - 1 - n)  # >= 0: n is among the last W positions
+        if left == 0:  # the whole window is inside the draft: an ordinary loose accept
+            return Verdict(m, (*loose, n), int(target[m]), False, confirmed=confirmed)
+        return Verdict(m, loose, int(target[m]), False, provisional=n, window_left=left, confirmed=confirmed)
+    gate_rejected = rest.gate_rejected or bool(tail and np.asarray(entropy)[n] < policy.entropy_threshold)
+    return Verdict(n, loose, int(target[n]), gate_rejected, confirmed=confirmed)

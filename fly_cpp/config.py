@@ -77,6 +77,9 @@ class SpecSettings:
     ngram_max: int = field(default=4, metadata=_help("longest n-gram looked up"))
     ngram_tokens: int = field(default=6, metadata=_help("tokens proposed per n-gram hit"))
     p_min: float = field(default=0.0, metadata=_help("stop a draft when the draft's top probability falls below this"))
+    cross_round: bool = field(default=False, metadata=_help(
+        "fly: keep a gated mismatch near the end of a draft provisionally and finish its window in the next round",
+        flag="cross-round-window"))
 
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")

@@ -77,7 +77,8 @@ class ModelDrafter:
         out: list[int] = []
         history = list(committed)
         while len(out) < limit:
-            guess = ngram.lookup(history, spec.ngram_max, min(spec.ngram_tokens, limit - len(out) - 1)) if spec.ngram and limit - len(out) > 1 else []
+            room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
+            guess = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
             logits = ctx.decode([history[-1], *guess], logits="all")
             self.forward_passes += 1
             best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)

@@ -1,35 +1,18 @@
-"""The engine: a target model, an optional draft model, and the speculative loop.
-
-Position invariant of the loop (asserted each round): before a round, the target's KV cache
-holds every committed token but the last (``target.tokens == committed[:-1]``). The round
-decodes [last committed, d_1..d_m] in one batch, which yields the m+1 rows of logits it needs,
-keeps n drafted tokens, and rolls the cache back to ``committed + d_1..d_n``; the correction
-or bonus token t_{n+1} is committed without being decoded, which restores the invariant.
-The draft model keeps the same invariant on its own cache (see ``drafters.sync``): after a
-full accept its catch-up is decoding d_m, which it drafted but never fed itself.
-
-Target-only decoding is the same loop with empty drafts (m = 0).
-"""
+"""The engine: loads a target model and an optional draft model once, checks that they fit
+together, and runs generations (``fly_cpp.loop``) on their contexts, one at a time."""
 
 from __future__ import annotations
 
-import math
 import secrets
 import threading
 from collections.abc import Iterator, Sequence
-from time import perf_counter
 
-import numpy as np
-
-from fly_cpp import rows
+from fly_cpp import loop
 from fly_cpp._llama import Context, Model
-from fly_cpp.accept import AcceptPolicy, Verdict, entropy_needed, verify
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter, sync
+from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
-from fly_cpp.sampling import Sampler, rejection_verify
 from fly_cpp.step import Stats, Step
-from fly_cpp.text import Detokenizer, StopFilter
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -154,93 +137,7 @@ class Engine:
 
     def _run(self, gen: Generation) -> Iterator[Step]:
         with self._lock:
-            yield from self._loop(gen)
-
-    def _loop(self, gen: Generation) -> Iterator[Step]:
-        spec, stats, target = gen.spec, gen.stats, self.target
-        policy = AcceptPolicy(spec.window, spec.entropy_threshold) if spec.mode == "fly" else AcceptPolicy.exact()
-        sampler = Sampler(gen.sampling, gen.seed)
-        drafter = self._drafter(spec)
-        detok, stops = Detokenizer(self.target_model.piece), StopFilter(gen.stop)
-        committed = list(gen.prompt)
-
-        begin = perf_counter()
-        sync(target, committed)
-        start = perf_counter()
-        stats.prompt_seconds = start - begin
-        paused = 0.0  # time spent by the consumer between our yields, not ours to count
-        try:
-            while gen.finish_reason is None and stats.n_tokens < gen.max_tokens:
-                room = target.n_ctx - len(committed)  # drafted tokens that still fit the cache
-                if room < 0:
-                    gen.finish_reason, gen.context_full = "length", True
-                    break
-                assert target.tokens == committed[:-1] if len(committed) < 64 else len(target.tokens) == len(committed) - 1
-                limit = min(spec.k, room, gen.max_tokens - stats.n_tokens - 1)
-                t0 = perf_counter()
-                drafted = drafter.draft(committed, limit) if drafter is not None and limit > 0 else []
-                t1 = perf_counter()
-                logits = target.decode([committed[-1], *drafted], logits="all")  # (m+1, n_vocab) view
-                t2 = perf_counter()
-                verdict = self._verify(logits, drafted, committed, policy, sampler)
-                target.truncate(len(committed) + verdict.accepted)
-                stats.draft_seconds += t1 - t0
-                stats.target_seconds += t2 - t1
-                stats.n_rounds += 1
-                stats.n_drafted += len(drafted)
-                stats.n_exact += verdict.n_exact
-                stats.n_loose += len(verdict.loose)
-                stats.n_gate_rejected += verdict.gate_rejected
-                stats.accepted_lengths.append(verdict.accepted + 1)
-
-                released: list[Step] = []
-                for i, token in enumerate([*drafted[: verdict.accepted], verdict.next_token]):
-                    if self.target_model.is_eog(token):
-                        gen.finish_reason = "stop"
-                        break
-                    committed.append(token)
-                    stats.n_tokens += 1
-                    released += stops.push(Step(token, detok(token), i < verdict.accepted, i in verdict.loose, stats.n_rounds))
-                    if stops.stopped:
-                        gen.finish_reason = "stop"
-                        break
-                    if stats.n_tokens >= gen.max_tokens:
-                        break
-                if gen.finish_reason is None and stats.n_tokens >= gen.max_tokens:
-                    gen.finish_reason = "length"
-                if gen.finish_reason is not None:
-                    released += stops.flush()
-                t3 = perf_counter()
-                for step in released:
-                    yield step
-                paused += perf_counter() - t3
-            if gen.finish_reason is None:  # max_tokens == 0
-                gen.finish_reason = "length"
-        finally:
-            stats.seconds = perf_counter() - start - paused
-
-    def _verify(self, logits: np.ndarray, drafted: list[int], committed: list[int], policy: AcceptPolicy,
-                sampler: Sampler) -> Verdict:
-        m = len(drafted)
-        draft_ids = np.asarray(drafted, dtype=np.int64)  # (m,)
-
-        def history(i: int) -> list[int]:
-            return committed + drafted[:i]
-
-        if sampler.settings.greedy:
-            target = sampler.greedy(logits, history)  # (m+1,)
-            need = entropy_needed(draft_ids, target, policy)
-            entropy = None
-            if need.any():
-                entropy = np.zeros(m)
-                entropy[need] = rows.top_entropy(logits[:m][need])
-            return verify(draft_ids, target, entropy, policy)
-        if policy.window >= 1 and math.isfinite(policy.entropy_threshold):  # the authors' sampled rule
-            first = np.array([sampler.sample(logits[i], history(i)) for i in range(m + 1)])
-            second = np.array([sampler.sample(logits[i], history(i)) for i in range(m)])
-            return verify(draft_ids, first, rows.top_entropy(logits[:m]), policy, target_alt=second)
-        n, token = rejection_verify(drafted, lambda i: sampler.distribution(logits[i], history(i)), sampler)
-        return Verdict(accepted=n, loose=(), next_token=token, gate_rejected=False)
+            yield from loop.run(gen, self.target, self.target_model, self._drafter(gen.spec))
 
     def close(self) -> None:
         for part in (self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):

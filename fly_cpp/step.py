@@ -28,7 +28,13 @@ class Step:
 
 @dataclass
 class Stats:
-    """Counters of one generation. ``seconds`` is the decoding time after the prompt."""
+    """Counters of one generation. ``seconds`` is the decoding time after the prompt.
+
+    n_exact / n_loose count drafted tokens kept by exact match / loosely; with the cross-round
+    window, n_provisional mismatches were kept pending, n_confirmed of them were confirmed
+    (and counted in n_loose), n_refuted were rolled back, and n_refuted_rounds is the number of
+    rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
+    matches made inside them)."""
 
     mode: str
     n_prompt: int = 0
@@ -38,6 +44,10 @@ class Stats:
     n_exact: int = 0
     n_loose: int = 0
     n_gate_rejected: int = 0
+    n_provisional: int = 0
+    n_confirmed: int = 0
+    n_refuted: int = 0
+    n_refuted_rounds: int = 0
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -70,4 +80,7 @@ class Stats:
         if self.mode != "target":
             line += (f", {self.n_rounds} rounds, mean accepted {self.mean_accepted:.2f}, "
                      f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
+        if self.n_provisional:
+            line += (f", provisional {self.n_provisional} (confirmed {self.n_confirmed}, refuted {self.n_refuted}"
+                     f" costing {self.n_refuted_rounds} rounds)")
         return line

@@ -1,0 +1,201 @@
+"""The cross-round deferred window: hand-built tables for the rule, and real runs on llama.cpp
+contexts for the bookkeeping (holding, confirming, refuting, rolling both caches back)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp.accept import AcceptPolicy, entropy_needed, judge, verify
+
+W6 = AcceptPolicy(window=6, entropy_threshold=0.3)
+HIGH, LOW = 1.0, 0.1
+
+
+def j(drafted, target, entropy, left=0, policy=W6, cross=True):
+    return judge(np.array(drafted), np.array(target), np.array(entropy, float), policy,
+                 cross_round=cross, window_left=left)
+
+
+def test_tail_mismatch_is_kept_provisionally():
+    # k=5, W=6: a mismatch at 2 cannot be judged inside the draft (in-round: rejected)
+    v = j([1, 2, 9, 4, 5], [1, 2, 3, 4, 5, 6], [HIGH] * 5)
+    assert (v.accepted, v.provisional, v.window_left, v.next_token, v.loose) == (5, 2, 3, 6, ())
+    assert v.n_exact == 4
+    inround = j([1, 2, 9, 4, 5], [1, 2, 3, 4, 5, 6], [HIGH] * 5, cross=False)
+    assert (inround.accepted, inround.next_token, inround.provisional) == (2, 3, None)
+
+
+def test_tail_mismatch_needs_the_gate_and_only_exact_matches_after_it():
+    assert j([1, 2, 9, 4, 5], [1, 2, 3, 4, 5, 6], [HIGH, HIGH, LOW, HIGH, HIGH]).accepted == 2
+    assert j([1, 2, 9, 4, 5], [1, 2, 3, 4, 5, 6], [HIGH, HIGH, LOW, HIGH, HIGH]).gate_rejected
+    v = j([1, 2, 9, 4, 7], [1, 2, 3, 4, 5, 6], [HIGH] * 5)  # second mismatch kills it
+    assert (v.accepted, v.provisional, v.next_token) == (2, None, 3)
+
+
+def test_window_that_ends_exactly_at_the_draft_end_is_judged_at_once():
+    # mismatch at 0 with 5 exact matches after it in a draft of 6: the whole window is inside
+    v = j([9, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6], [HIGH] * 6)
+    assert (v.accepted, v.loose, v.provisional, v.next_token) == (6, (0,), None, 6)
+
+
+def test_pending_window_confirmed_then_rest_judged_normally():
+    # 3 exact matches still needed; they come, then a later mismatch is corrected
+    v = j([1, 2, 3, 8, 5, 6, 7, 8, 9, 10, 11, 12], list(range(1, 14)), [LOW] * 12, left=3)
+    assert v.confirmed and v.refuted_at is None and v.accepted == 3 and v.next_token == 4
+
+
+def test_pending_window_refuted_by_a_mismatch():
+    v = j([1, 7, 3, 4], [1, 2, 3, 4, 5], [HIGH] * 4, left=3)
+    assert v.refuted_at == 1 and not v.confirmed
+
+
+def test_pending_window_stays_open_on_a_short_all_exact_draft():
+    v = j([1, 2], [1, 2, 3], [LOW] * 2, left=4)
+    assert (v.accepted, v.window_left, v.next_token, v.confirmed) == (2, 2, 3, False)
+
+
+def test_mismatch_right_after_confirmation_can_itself_be_provisional():
+    v = j([1, 2, 9, 4], [1, 2, 3, 4, 5], [HIGH] * 4, left=2)
+    assert v.confirmed and v.provisional == 2 and v.window_left == 4
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_same_decisions_where_the_window_fits(seed):
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(0, 16))
+    target = rng.integers(0, 3, m + 1)
+    drafted = np.where(rng.random(m) < 0.85, target[:m], rng.integers(0, 3, m))
+    entropy = rng.random(m)
+    policy = AcceptPolicy(int(rng.integers(1, 8)), 0.4)
+    inround = verify(drafted, target, entropy, policy)
+    cross = judge(drafted, target, entropy, policy, cross_round=True)
+    n = inround.accepted
+    fits = n == m or n + policy.window < m or not (drafted[n + 1:] == target[n + 1:m]).all()
+    if fits:  # the stopping mismatch was judged inside the draft: same verdict
+        assert cross == inround
+    else:
+        assert cross.accepted >= inround.accepted and cross.loose[: len(inround.loose)] == inround.loose
+    need = entropy_needed(drafted, target, policy, cross_round=True)
+    scrambled = np.where(need, entropy, rng.random(m))
+    assert judge(drafted, target, scrambled, policy, cross_round=True) == cross
+
+
+class Scripted:
+    """A real drafter whose drafts are altered at chosen (round, position) pairs."""
+
+    def __init__(self, inner, edits):
+        self.inner, self.edits, self.round = inner, dict(edits), 0
+
+    def draft(self, committed, limit):
+        self.round += 1
+        out = self.inner.draft(committed, limit)
+        for (r, i), token in self.edits.items():
+            if r == self.round and i < len(out):
+                out[i] = token(out[i]) if callable(token) else token
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def self_pair(stories):
+    # the target drafts for itself: every draft token matches unless a script alters it
+    settings = ModelSettings(str(stories), n_ctx=512, n_ubatch=1)
+    with Engine(settings, settings) as e:
+        yield e
+
+
+def scripted_run(engine, monkeypatch, edits, k=4, cross=True, n=40):
+    made = engine._drafter
+    monkeypatch.setattr(engine, "_drafter", lambda spec: Scripted(made(spec), edits))
+    spec = SpecSettings(mode="fly", k=k, window=6, entropy_threshold=0.0, cross_round=cross)
+    gen = engine.generate("Once upon a time", spec=spec, max_tokens=n)
+    steps = list(gen)
+    monkeypatch.setattr(engine, "_drafter", made)
+    return gen, steps
+
+
+def other(token):
+    return token + 1 if token + 1 < 512 else token - 1
+
+
+def test_provisional_accept_confirmed_in_the_next_round(self_pair, monkeypatch):
+    target = self_pair.generate("Once upon a time", spec=SpecSettings(mode="target"), max_tokens=40).run().tokens
+    gen, steps = scripted_run(self_pair, monkeypatch, {(2, 7): other}, k=8)
+    s = gen.stats
+    assert (s.n_provisional, s.n_confirmed, s.n_refuted, s.n_loose) == (1, 1, 0, 1)
+    # round 1 emits 9 tokens (8 drafted + bonus); round 2's last drafted token was altered and
+    # kept pending (5 exact matches to go), which round 3's draft supplies
+    assert gen.tokens[:16] == target[:16] and gen.tokens[16] == other(target[16])
+    assert [i for i, st in enumerate(steps) if st.loose] == [16]
+    assert steps[16].round == 2
+    assert "".join(st.text for st in steps) == gen.text
+
+
+def test_refuted_provisional_falls_back_to_the_in_round_text(self_pair, monkeypatch):
+    target = self_pair.generate("Once upon a time", spec=SpecSettings(mode="target"), max_tokens=40).run().tokens
+    # round 2 keeps an altered tail token provisionally; round 3's first drafted token is altered too
+    gen, steps = scripted_run(self_pair, monkeypatch, {(2, 7): other, (3, 0): other}, k=8)
+    s = gen.stats
+    assert (s.n_provisional, s.n_confirmed, s.n_refuted) == (1, 0, 1) and s.n_refuted_rounds == 1
+    assert gen.tokens == target  # the in-round rule rejects the altered token and emits the target's
+    assert not any(st.loose for st in steps)
+    in_round, _ = scripted_run(self_pair, monkeypatch, {(2, 7): other}, k=8, cross=False)
+    assert in_round.tokens == target
+
+
+def test_refutation_rolls_both_caches_back(self_pair, monkeypatch, stories):
+    gen, _ = scripted_run(self_pair, monkeypatch, {(2, 3): other, (3, 0): other, (6, 2): other, (7, 1): other}, n=60)
+    assert gen.stats.n_refuted >= 1
+    again = self_pair.generate("Once upon a time", spec=SpecSettings(mode="fly", k=4, cross_round=True), max_tokens=60).run()
+    settings = ModelSettings(str(stories), n_ctx=512, n_ubatch=1)
+    with Engine(settings, settings) as fresh:
+        ref = fresh.generate("Once upon a time", spec=SpecSettings(mode="fly", k=4, cross_round=True), max_tokens=60).run()
+    assert again.tokens == ref.tokens
+
+
+@pytest.fixture(scope="module")
+def pair(stories, stories_draft):
+    with Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1), ModelSettings(str(stories_draft))) as e:
+        yield e
+
+
+PROMPTS = ["Once upon a time", "Tom had a big dog", "Lily and Tom went to the park", "The little bird",
+           "One day, a girl named Mia", "The cat was hungry"]
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_real_runs_stream_nothing_that_is_taken_back(pair, k):
+    provisional = 0
+    for prompt in PROMPTS:
+        gen = pair.generate(prompt, spec=SpecSettings(mode="fly", k=k, cross_round=True), max_tokens=80,
+                            stop=["\n\n"])
+        shown = ""
+        for step in gen:
+            shown += step.text
+            assert gen.text == shown  # what was shown is the text so far, never revised
+        assert shown == gen.text and pair.detokenize(gen.tokens).startswith(gen.text)
+        s = gen.stats
+        assert s.n_provisional == s.n_confirmed + s.n_refuted or s.n_provisional == s.n_confirmed + s.n_refuted + 1
+        provisional += s.n_provisional
+    assert provisional > 0  # the rule did act on these prompts
+
+
+def test_large_k_gives_the_in_round_decisions_until_a_tail_case(pair):
+    for prompt in PROMPTS:
+        inround = pair.generate(prompt, spec=SpecSettings(mode="fly", k=15), max_tokens=60).run()
+        cross = pair.generate(prompt, spec=SpecSettings(mode="fly", k=15, cross_round=True), max_tokens=60).run()
+        if cross.stats.n_provisional == 0 and cross.stats.n_loose == inround.stats.n_loose:
+            assert cross.tokens == inround.tokens, prompt
+
+
+def test_cross_round_with_gate_at_infinity_is_spd(pair):
+    for prompt in PROMPTS[:3]:
+        spec = SpecSettings(mode="fly", k=4, cross_round=True, entropy_threshold=math.inf)
+        assert pair.generate(prompt, spec=spec, max_tokens=50).run().tokens == \
+            pair.generate(prompt, spec=SpecSettings(mode="spd", k=4), max_tokens=50).run().tokens
