@@ -86,7 +86,7 @@ class Engine:
                 self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=d.threads,
                                      n_batch=d.n_batch, n_ubatch=d.n_ubatch)
         except BaseException:
-            self.close()
+            self._close()
             raise
 
     @staticmethod
@@ -140,6 +140,11 @@ class Engine:
             yield from loop.run(gen, self.target, self.target_model, self._drafter(gen.spec))
 
     def close(self) -> None:
+        """Free both contexts and models. Not locked: the caller makes sure no generation is
+        running (``fly_cpp.Fly.close`` takes the engine lock around this)."""
+        self._close()
+
+    def _close(self) -> None:
         for part in (self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
             if part is not None:
                 part.close()

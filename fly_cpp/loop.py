@@ -162,11 +162,14 @@ def _judge(logits: np.ndarray, drafted: list[int], committed: list[int], policy:
 
     if sampler.settings.greedy:
         chosen = sampler.greedy(logits, history)  # (m+1,)
-        need = entropy_needed(draft_ids, chosen, policy, cross_round=cross_round, window_left=window_left)
+        need = np.flatnonzero(entropy_needed(draft_ids, chosen, policy, cross_round=cross_round,
+                                             window_left=window_left))
         entropy = None
-        if need.any():
+        if need.size:
             entropy = np.zeros(m)
-            entropy[need] = rows.top_entropy(logits[:m][need])
+            # contiguous row slices are views of llama.cpp's buffer; fancy indexing would copy them
+            for i in need:
+                entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
         return judge(draft_ids, chosen, entropy, policy, cross_round=cross_round, window_left=window_left), chosen
     if policy.window >= 1 and math.isfinite(policy.entropy_threshold):  # the authors' sampled rule
         chosen = np.array([sampler.sample(logits[i], history(i)) for i in range(m + 1)])

@@ -27,6 +27,8 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     # FLy ablations: every gated mismatch kept (no window), and no entropy gate
     "fly-nowindow": lambda s: dataclasses.replace(s, mode="fly", window=1),
     "fly-nogate": lambda s: dataclasses.replace(s, mode="fly", entropy_threshold=0.0),
+    # FLy with the deferred window carried across rounds (gains for short drafts)
+    "fly+xr": lambda s: dataclasses.replace(s, mode="fly", cross_round=True),
 }
 
 
