@@ -128,6 +128,7 @@ class Model:
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(self.ptr)
         self._pieces: dict[int, bytes] = {}
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
+        self._spelled = self._spellable_characters()
 
     @property
     def name(self) -> str:
@@ -152,7 +153,22 @@ class Model:
     def token_text(self, token: int) -> bytes:
         return ll.llama_vocab_get_text(self.vocab, token) or b""
 
+    def _spellable_characters(self) -> frozenset[str] | None:
+        """For a SentencePiece vocabulary without byte-fallback tokens (<0x00>..<0xFF>), the
+        characters its tokens can spell: llama.cpp aborts the process on any other character
+        (an uncaught std::out_of_range in byte_to_token), so such text must be filtered first.
+        None when every character can be tokenized."""
+        if self.vocab_type != "SPM":
+            return None
+        texts = [self.token_text(t).decode("utf-8", errors="ignore") for t in range(self.n_vocab)]
+        if "<0x41>" in texts:
+            return None
+        return frozenset("".join(texts).replace("\u2581", " "))
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if self._spelled is not None and not self._spelled.issuperset(text):
+            fallback = "?" if "?" in self._spelled else " "
+            text = "".join(c if c in self._spelled else fallback for c in text)
         data = text.encode("utf-8")
         size = len(data) + 8
         buf = (ll.llama_token * size)()

@@ -114,3 +114,14 @@ def test_cli_convert_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "not supported" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(FlyError, match="no config.json"):
         convert.convert_hf_llama(tmp_path, tmp_path / "y.gguf")
+
+
+def test_characters_outside_a_byteless_vocabulary_do_not_crash(converted: Path) -> None:
+    """This vocabulary has no <0xNN> byte tokens; llama.cpp would abort the process on 'é'."""
+    from fly_cpp import Engine, ModelSettings
+
+    with Engine(ModelSettings(str(converted), n_ctx=256)) as engine:
+        tokens = engine.tokenize("Once upon a time, café #1 😀 and")
+        assert engine.detokenize(tokens).endswith("caf? ?1 ? and")
+        gen = engine.generate("Mia said: «¿qué?» 😀", max_tokens=8).run()
+        assert len(gen.tokens) == 8
