@@ -165,11 +165,16 @@ class Model:
             return None
         return frozenset("".join(texts).replace("\u2581", " "))
 
+    def spellable(self, text: str) -> str:
+        """``text`` with the characters this vocabulary cannot spell replaced by '?' (only for
+        byteless SentencePiece vocabularies; see ``_spellable_characters``)."""
+        if self._spelled is None or self._spelled.issuperset(text):
+            return text
+        fallback = "?" if "?" in self._spelled else " "
+        return "".join(c if c in self._spelled else fallback for c in text)
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        if self._spelled is not None and not self._spelled.issuperset(text):
-            fallback = "?" if "?" in self._spelled else " "
-            text = "".join(c if c in self._spelled else fallback for c in text)
-        data = text.encode("utf-8")
+        data = self.spellable(text).encode("utf-8")
         size = len(data) + 8
         buf = (ll.llama_token * size)()
         n = ll.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)

@@ -63,7 +63,8 @@ class Runner:
     def _generate(self, mode: Mode, rendered: Rendered, max_tokens: int) -> dict[str, Any]:
         if mode.peer is not None:
             assert self.peer is not None
-            run = self.peer.run(mode.peer, rendered.text, max_tokens, mode.k)
+            # llama.cpp's binaries abort on characters a byteless vocabulary cannot spell
+            run = self.peer.run(mode.peer, self.engine.target_model.spellable(rendered.text), max_tokens, mode.k)
             return {"stats": run.as_dict(), "text": run.text, "peer": True}
         assert mode.spec is not None
         self._prefill(rendered.tokens)
