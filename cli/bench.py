@@ -9,25 +9,10 @@ from typing import Any
 import click
 
 from fly_cpp.cli.models_opt import model_options, open_engine
-from fly_cpp.cli.options import pick, settings_options
+from fly_cpp.cli.options import NumberList, pick, settings_options
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
-
-
-class IntList(click.ParamType):
-    name = "INTS"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
-        if isinstance(value, tuple):
-            return value
-        try:
-            out = tuple(int(v) for v in str(value).split(",") if v.strip())
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
-        if not out or min(out) < 1:
-            self.fail(f"{value!r}: every k must be >= 1", param, ctx)
-        return out
 
 
 def _open_engine(options: dict[str, Any]) -> Engine:
@@ -47,7 +32,7 @@ def _open_engine(options: dict[str, Any]) -> Engine:
 @click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
 @click.option("--modes", default="target,spd,fly", show_default=True,
               help="comma-separated modes: target, spd, fly, spd-plain, fly-plain, fly-nowindow, fly-nogate")
-@click.option("--k", "ks", type=IntList(), help="tokens drafted per round; a list (3,5,8) sweeps k [default: 15]")
+@click.option("--k", "ks", type=NumberList(int, minimum=1), help="tokens drafted per round; a list (3,5,8) sweeps k [default: 15]")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="tokens generated per prompt")
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,

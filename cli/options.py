@@ -17,16 +17,23 @@ _CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES}
 _ALIASES = {"n_ctx": ["-c"], "n_threads": ["-t"], "n_gpu_layers": ["-ngl"], "seed": ["-s"]}
 
 
-class FloatList(click.ParamType):
-    name = "FLOATS"
+class NumberList(click.ParamType):
+    """A comma-separated list of numbers ("3,1" or "3,5,8"), optionally each >= ``minimum``."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+    def __init__(self, kind: type = float, minimum: float | None = None) -> None:
+        self.kind, self.minimum = kind, minimum
+        self.name = "INTS" if kind is int else "FLOATS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
         if isinstance(value, tuple):
             return value
         try:
-            return tuple(float(v) for v in str(value).split(",") if v.strip())
+            out = tuple(self.kind(v) for v in str(value).split(",") if v.strip())
         except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+            self.fail(f"{value!r} is not a comma-separated list of {self.kind.__name__}s", param, ctx)
+        if self.minimum is not None and (not out or min(out) < self.minimum):
+            self.fail(f"{value!r}: every value must be >= {self.minimum}", param, ctx)
+        return out
 
 
 class Threshold(click.ParamType):
@@ -48,7 +55,7 @@ def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
         return Threshold()
     args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
-        return FloatList()
+        return NumberList(float)
     if isinstance(hint, types.UnionType):
         hint = next(a for a in args if a is not type(None))
     return {int: int, float: float, str: str}.get(hint, str)

@@ -82,6 +82,15 @@ class Verdict:
         return self.accepted - len(self.loose) - (self.provisional is not None)
 
 
+def exact_matches(drafted: np.ndarray, target: np.ndarray, target_alt: np.ndarray | None = None) -> np.ndarray:
+    """(m,) bool: drafted tokens equal to the target's (or to its second draw, when given)."""
+    m = drafted.shape[0]
+    exact = drafted == target[:m]
+    if target_alt is not None:
+        exact |= drafted == np.asarray(target_alt)[:m]
+    return exact
+
+
 def window_ok(exact: np.ndarray, window: int) -> np.ndarray:
     """Per position: would a mismatch here pass the deferred window? (bool, shape (m,))"""
     m = exact.shape[0]
@@ -113,9 +122,7 @@ def verify(
     target = np.asarray(target)
     m = drafted.shape[0]
     assert target.shape[0] == m + 1, "target needs one token per drafted position plus the bonus"
-    exact = drafted == target[:m]
-    if target_alt is not None:
-        exact |= drafted == np.asarray(target_alt)[:m]
+    exact = exact_matches(drafted, target, target_alt)
 
     may_loosen = policy.window >= 1 and math.isfinite(policy.entropy_threshold) and entropy is not None
     if may_loosen and not exact.all():
@@ -188,9 +195,7 @@ def judge(
     drafted = np.asarray(drafted)
     target = np.asarray(target)
     m = drafted.shape[0]
-    exact = drafted == target[:m]
-    if target_alt is not None:
-        exact |= drafted == np.asarray(target_alt)[:m]
+    exact = exact_matches(drafted, target, target_alt)
     start, confirmed = 0, False
     if window_left > 0:
         state, n = _pending_progress(exact, window_left)
