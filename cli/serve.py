@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -12,6 +13,8 @@ from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
+
+GRACE = 10  # seconds open connections get to finish after SIGINT/SIGTERM
 
 
 @click.command()
@@ -54,8 +57,8 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, lo
         sock.close()
         raise
     app = create_app(fly, api_key=api_key, close_fly=True)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on")
-    server = uvicorn.Server(config)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE, lifespan="on")
+    server = _server(config, on_exit=app.state.stop_generations)
     bound_host, bound_port = sock.getsockname()[:2]
     draft = fly.engine.draft_model.name if fly.engine.draft_model is not None else "n-gram lookup only"
     click.echo(f"fly-cpp: serving {fly.model} (draft: {draft}) on http://{_url_host(bound_host)}:{bound_port}", err=True)
@@ -71,6 +74,19 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, lo
         fly.close()  # the lifespan closes it too (closing twice is fine); this covers a failed start
     if not server.started:
         raise FlyError(f"the server on {host}:{port} did not start (see the log above)")
+
+
+def _server(config: Any, on_exit: Callable[[], None]) -> Any:
+    """uvicorn's server, ending open generations as soon as a signal asks it to stop (so
+    streams finish within the grace period instead of being cancelled at its end)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -22,7 +22,9 @@ def create_app(fly: Fly, *, api_key: str | None = None, close_fly: bool = False)
 
     ``api_key``: every endpoint but /health then wants ``Authorization: Bearer KEY``.
     ``close_fly``: close the models when the app shuts down (the app owns ``fly``).
-    Generations run on one worker thread, one at a time; its state lives in this app only."""
+    Generations run on one worker thread, one at a time; its state lives in this app only.
+    ``app.state.stop_generations()`` ends open generations at once and refuses new ones (503):
+    call it when shutdown begins, so that streams end while the server drains its connections."""
     runs = Runs(Worker(), Metrics())
 
     @asynccontextmanager
@@ -40,5 +42,5 @@ def create_app(fly: Fly, *, api_key: str | None = None, close_fly: bool = False)
     if api_key:
         app.add_middleware(ApiKey, key=api_key)
     app.add_middleware(CountErrors, metrics=runs.metrics)  # outermost: 401s count too
-    app.state.fly, app.state.runs = fly, runs
+    app.state.fly, app.state.runs, app.state.stop_generations = fly, runs, runs.worker.stop
     return app

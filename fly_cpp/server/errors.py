@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from fly_cpp.errors import FlyError
+from fly_cpp.server.worker import ShuttingDown
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          405: "invalid_request_error", 500: "server_error", 503: "unavailable_error"}
@@ -63,6 +64,10 @@ def install(app: FastAPI, on_server_error: Any) -> None:
     @app.exception_handler(TypeError)
     async def refused(request: Request, exc: Exception) -> JSONResponse:
         return response(400, " ".join(str(exc).split()))
+
+    @app.exception_handler(ShuttingDown)
+    async def unavailable(request: Request, exc: ShuttingDown) -> JSONResponse:
+        return response(503, str(exc))
 
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:

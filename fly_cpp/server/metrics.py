@@ -56,7 +56,8 @@ class Metrics:
 
 
 class CountErrors:
-    """Pure ASGI middleware counting responses whose status is 4xx or 5xx."""
+    """Pure ASGI middleware counting responses whose status is 4xx or 5xx (not 499: the client
+    left, counted as an aborted request)."""
 
     def __init__(self, app: Any, metrics: Metrics) -> None:
         self.app = app
@@ -68,7 +69,7 @@ class CountErrors:
             return
 
         async def counting(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
+            if message["type"] == "http.response.start" and message["status"] >= 400 and message["status"] != 499:
                 self.metrics.count("errors")
             await send(message)
 

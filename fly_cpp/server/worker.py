@@ -19,10 +19,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from fly_cpp.errors import FlyError
-
 T = TypeVar("T")
 _ITEM, _ERROR, _END = "item", "error", "end"
+
+
+class ShuttingDown(Exception):
+    """A job arrived after shutdown began (HTTP 503)."""
 
 
 class Worker:
@@ -69,7 +71,7 @@ class Worker:
                     self.running -= 1
 
         if self.closed:
-            raise FlyError("the server is shutting down")
+            raise ShuttingDown("the server is shutting down")
         with self._lock:
             self.waiting += 1
             self._cancels.add(cancel)
@@ -78,7 +80,7 @@ class Worker:
         except RuntimeError:
             with self._lock:
                 self.waiting -= 1
-            raise FlyError("the server is shutting down") from None
+            raise ShuttingDown("the server is shutting down") from None
         try:
             while True:
                 kind, value = await items.get()
@@ -93,10 +95,15 @@ class Worker:
             with self._lock:
                 self._cancels.discard(cancel)
 
-    def close(self) -> None:
-        """Abandon every open generation and wait for the thread to finish."""
+    def stop(self) -> None:
+        """Take no more jobs and end every open generation early (shutdown begins): their
+        streams end, so their connections close while the server drains."""
         self.closed = True
         with self._lock:
             for cancel in self._cancels:
                 cancel.set()
+
+    def close(self) -> None:
+        """Stop, and wait for the thread to finish."""
+        self.stop()
         self._pool.shutdown(wait=True)
