@@ -219,6 +219,18 @@ def test_client_disconnect_frees_the_server(http):
     assert after["fly_cpp_tokens_predicted_total"] - before["fly_cpp_tokens_predicted_total"] < 1500
 
 
+def test_client_leaving_a_plain_request_frees_the_server(http):
+    before = counters(http)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        http.post("/completion", json={"prompt": "Once upon a time", "n_predict": 2000, "mode": "target"},
+                  timeout=httpx.Timeout(60, read=0.5))
+    out = http.post("/completion", json={"prompt": "The cat", "n_predict": 8}).json()
+    assert out["tokens_predicted"] == 8
+    after = counters(http)
+    assert after["fly_cpp_requests_aborted_total"] == before["fly_cpp_requests_aborted_total"] + 1
+    assert after["fly_cpp_tokens_predicted_total"] - before["fly_cpp_tokens_predicted_total"] < 2000
+
+
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Load a ``fly-cpp serve`` server with concurrent streaming clients; print requests/s and tokens/s.
+
+    python scripts/serve_load.py                        # starts a server on the bundled pair (-t 1)
+    python scripts/serve_load.py --clients 8 --requests 64 --max-tokens 64 -- -m T.gguf -d D.gguf
+    python scripts/serve_load.py --url http://127.0.0.1:8080 --api-key KEY
+
+Each client streams /v1/completions requests back to back (prompts vary per request). The server
+serves one generation at a time, so the numbers are the pair's throughput under a queue, plus
+the HTTP/SSE overhead; time to first token includes the wait in the queue. Arguments after
+``--`` go to ``fly-cpp serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+PROMPTS = ["Once upon a time", "The little dog", "Lily went to the park", "Tom had a red ball", "One day, a bird"]
+
+
+async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, out: list[dict]) -> None:
+    for i in range(n):
+        payload = {**body, "prompt": f"{PROMPTS[(cid + i) % len(PROMPTS)]}", "stream": True}
+        start = time.perf_counter()
+        first = None
+        usage = None
+        async with http.stream("POST", "/v1/completions", json=payload) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if first is None and chunk["choices"][0]["text"]:
+                    first = time.perf_counter() - start
+                usage = chunk.get("usage") or usage
+        out.append({"seconds": time.perf_counter() - start, "ttft": first or 0.0,
+                    "tokens": usage["completion_tokens"] if usage else 0})
+
+
+async def load(url: str, key: str | None, clients: int, requests: int, body: dict) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    results: list[dict] = []
+    per_client = [requests // clients + (c < requests % clients) for c in range(clients)]
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as http:
+        await http.post("/completion", json={"prompt": "warm up", "n_predict": 8})
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http, c, per_client[c], body, results) for c in range(clients)))
+        wall = time.perf_counter() - start
+        metrics = (await http.get("/metrics")).text
+    tokens = sum(r["tokens"] for r in results)
+    return {"clients": clients, "requests": len(results), "wall_seconds": wall, "requests_per_second": len(results) / wall,
+            "tokens": tokens, "tokens_per_second": tokens / wall,
+            "mean_latency_seconds": statistics.mean(r["seconds"] for r in results),
+            "mean_ttft_seconds": statistics.mean(r["ttft"] for r in results),
+            "mean_accepted": _mean_accepted(metrics)}
+
+
+def _mean_accepted(metrics: str) -> float | None:
+    values = dict(line.split() for line in metrics.splitlines() if line and not line.startswith("#"))
+    rounds = float(values.get("fly_cpp_rounds_total", 0))
+    return float(values["fly_cpp_tokens_predicted_total"]) / rounds if rounds else None
+
+
+def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("FLY_CPP_THREADS", "1")
+    proc = subprocess.Popen([sys.executable, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level",
+                             "warning", *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
+    deadline = time.monotonic() + 600
+    while not (m := re.search(r"on (http://\S+)", open(log.name).read())):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"server did not start:\n{open(log.name).read()}")
+        time.sleep(0.1)
+    return proc, m.group(1)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", help="an already running server (default: start one)")
+    p.add_argument("--api-key")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=32, help="requests in all, spread over the clients")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--mode", help="fly, spd or target (default: the server's)")
+    args = p.parse_args(argv)
+    body = {"max_tokens": args.max_tokens, **({"mode": args.mode} if args.mode else {})}
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = start_server(["-t", "1", *serve_args])
+    try:
+        print(json.dumps(asyncio.run(load(url, args.api_key, args.clients, args.requests, body)), indent=2))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()
