@@ -83,7 +83,9 @@ class Engine:
                         raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
                                        "drafted tokens, so it cannot take part in speculative decoding")
                 # the draft holds the same tokens as the target, so it gets the same context size
-                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=d.threads,
+                # like llama.cpp's -td, the draft's threads default to the target's
+                threads = d.threads if d.n_threads else t.threads
+                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=threads,
                                      n_batch=d.n_batch, n_ubatch=d.n_ubatch)
         except BaseException:
             self._close()
