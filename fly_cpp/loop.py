@@ -95,6 +95,9 @@ def run(gen: Generation, target: Context, model: Model, drafter: Drafter | None)
                         max(gen.max_tokens - stats.n_tokens - len(out.held) - 1, left))
             t0 = perf_counter()
             drafted = drafter.draft(committed, limit) if drafter is not None and limit > 0 else []
+            if pending is not None and not drafted:  # nothing left to complete the window with
+                refute()
+                continue
             t1 = perf_counter()
             logits = target.decode([committed[-1], *drafted], logits="all")  # (m+1, n_vocab) view
             t2 = perf_counter()

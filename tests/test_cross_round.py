@@ -199,3 +199,12 @@ def test_cross_round_with_gate_at_infinity_is_spd(pair):
         spec = SpecSettings(mode="fly", k=4, cross_round=True, entropy_threshold=math.inf)
         assert pair.generate(prompt, spec=spec, max_tokens=50).run().tokens == \
             pair.generate(prompt, spec=SpecSettings(mode="spd", k=4), max_tokens=50).run().tokens
+
+
+def test_ngram_only_drafting_refutes_when_no_draft_can_complete_a_window(stories):
+    with Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1)) as alone:
+        gen = alone.generate("Once upon a time", spec=SpecSettings(mode="fly", k=4, cross_round=True), max_tokens=120)
+        shown = "".join(step.text for step in gen)
+        s = gen.stats
+        assert shown == gen.text and len(gen.tokens) == 120
+        assert s.n_provisional >= s.n_confirmed + s.n_refuted and s.n_refuted > 0
