@@ -20,11 +20,12 @@ from fly_cpp.errors import FlyError
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=128, show_default=True, help="tokens to generate")
 @click.option("--stop", multiple=True, help="stop when this text appears (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help='print one JSON object {"text", "tokens", "stats"} instead of streaming')
+@click.option("--echo/--no-echo", default=True, show_default=True, help="print the prompt before the streamed text")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
 def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop: tuple[str, ...], as_json: bool,
-             **options: Any) -> None:
+             echo: bool, **options: Any) -> None:
     """Generate text from a prompt with a target model and a draft model.
 
     With no -m/-d, the bundled tiny story model and its draft are used.
@@ -40,6 +41,8 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
                                    "finish_reason": gen.finish_reason}))
         else:
             out = sys.stdout
+            if echo:
+                out.write(text)
             for step in gen:
                 out.write(step.text)
                 out.flush()
