@@ -188,10 +188,12 @@ def judge(
     *,
     cross_round: bool = False,
     window_left: int = 0,
+    max_left: int | None = None,
 ) -> Verdict:
     """``verify`` plus the cross-round window: first settle a window left pending by earlier
     rounds (``window_left`` exact matches still needed), then judge the rest of the draft, and,
-    with ``cross_round``, keep a gated tail mismatch provisionally. Arrays as in ``verify``."""
+    with ``cross_round``, keep a gated tail mismatch provisionally, if its window needs at most
+    ``max_left`` more exact matches (None: any). Arrays as in ``verify``."""
     drafted = np.asarray(drafted)
     target = np.asarray(target)
     m = drafted.shape[0]
@@ -213,6 +215,7 @@ def judge(
         left = (policy.window - 1) - (m - 1 - n)  # >= 0: n is among the last W positions
         if left == 0:  # the whole window is inside the draft: an ordinary loose accept
             return Verdict(m, (*loose, n), int(target[m]), False, confirmed=confirmed)
-        return Verdict(m, loose, int(target[m]), False, provisional=n, window_left=left, confirmed=confirmed)
+        if max_left is None or left <= max_left:
+            return Verdict(m, loose, int(target[m]), False, provisional=n, window_left=left, confirmed=confirmed)
     gate_rejected = rest.gate_rejected or bool(tail and np.asarray(entropy)[n] < policy.entropy_threshold)
     return Verdict(n, loose, int(target[n]), gate_rejected, confirmed=confirmed)

@@ -80,6 +80,9 @@ class SpecSettings:
     cross_round: bool = field(default=False, metadata=_help(
         "fly: keep a gated mismatch near the end of a draft provisionally and finish its window in the next round",
         flag="cross-round-window"))
+    cross_round_confidence: float = field(default=0.5, metadata=_help(
+        "cross-round: keep a tail mismatch only when the draft's running agreement makes completing its "
+        "window at least this likely; 0 = always"))
 
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -90,6 +93,8 @@ class SpecSettings:
         _require(self.ngram_max >= 1, f"ngram_max must be >= 1, got {self.ngram_max}")
         _require(self.ngram_tokens >= 1, f"ngram_tokens must be >= 1, got {self.ngram_tokens}")
         _require(0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}")
+        _require(0.0 <= self.cross_round_confidence < 1.0,
+                 f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
 
     @property
     def loose(self) -> bool:

@@ -57,6 +57,14 @@ def run(gen: Generation, target: Context, model: Model, drafter: Drafter | None)
     out = Output(model.piece, gen.stop, gen.max_tokens, stats)
     committed = list(gen.prompt)
     pending: Pending | None = None
+    hits = misses = 0  # drafted tokens matched / rounds ended by a mismatch: the draft's agreement
+
+    def max_left() -> int | None:
+        """The longest unfinished window worth keeping provisionally: with running agreement p
+        a window needing n more exact matches completes with probability about p**n."""
+        p = (hits + 1) / (hits + misses + 2)
+        confidence = spec.cross_round_confidence
+        return None if confidence <= 0 else int(math.log(confidence) / math.log(p))
 
     def refute() -> None:
         nonlocal pending
@@ -101,7 +109,8 @@ def run(gen: Generation, target: Context, model: Model, drafter: Drafter | None)
             t1 = perf_counter()
             logits = target.decode([committed[-1], *drafted], logits="all")  # (m+1, n_vocab) view
             t2 = perf_counter()
-            verdict, chosen = _judge(logits, drafted, committed, policy, sampler, cross_round, left)
+            verdict, chosen = _judge(logits, drafted, committed, policy, sampler, cross_round, left,
+                                     max_left() if cross_round else None)
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.n_rounds += 1
@@ -112,6 +121,8 @@ def run(gen: Generation, target: Context, model: Model, drafter: Drafter | None)
                 stats.accepted_lengths.append(1)
             else:
                 target.truncate(len(committed) + verdict.accepted)
+                hits += verdict.n_exact
+                misses += verdict.accepted < len(drafted)
                 stats.n_exact += verdict.n_exact
                 stats.n_loose += len(verdict.loose)
                 stats.n_gate_rejected += verdict.gate_rejected
@@ -154,7 +165,7 @@ def run(gen: Generation, target: Context, model: Model, drafter: Drafter | None)
 
 
 def _judge(logits: np.ndarray, drafted: list[int], committed: list[int], policy: AcceptPolicy, sampler: Sampler,
-           cross_round: bool, window_left: int) -> tuple[Verdict, np.ndarray | None]:
+           cross_round: bool, window_left: int, max_left: int | None) -> tuple[Verdict, np.ndarray | None]:
     """Turn one round's logits into a verdict; also returns the target's chosen token per row
     (argmax or first draw; None for lossless rejection sampling)."""
     m = len(drafted)
@@ -173,12 +184,14 @@ def _judge(logits: np.ndarray, drafted: list[int], committed: list[int], policy:
             # contiguous row slices are views of llama.cpp's buffer; fancy indexing would copy them
             for i in need:
                 entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
-        return judge(draft_ids, chosen, entropy, policy, cross_round=cross_round, window_left=window_left), chosen
+        verdict = judge(draft_ids, chosen, entropy, policy, cross_round=cross_round, window_left=window_left,
+                        max_left=max_left)
+        return verdict, chosen
     if policy.window >= 1 and math.isfinite(policy.entropy_threshold):  # the authors' sampled rule
         chosen = np.array([sampler.sample(logits[i], history(i)) for i in range(m + 1)])
         second = np.array([sampler.sample(logits[i], history(i)) for i in range(m)])
         verdict = judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second,
-                        cross_round=cross_round, window_left=window_left)
+                        cross_round=cross_round, window_left=window_left, max_left=max_left)
         return verdict, chosen
     n, token = rejection_verify(drafted, lambda i: sampler.distribution(logits[i], history(i)), sampler)
     return Verdict(accepted=n, loose=(), next_token=token, gate_rejected=False), None

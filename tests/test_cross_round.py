@@ -42,6 +42,15 @@ def test_window_that_ends_exactly_at_the_draft_end_is_judged_at_once():
     assert (v.accepted, v.loose, v.provisional, v.next_token) == (6, (0,), None, 6)
 
 
+def test_provisional_only_when_the_window_left_is_short_enough():
+    v = judge(np.array([1, 2, 9, 4, 5]), np.array([1, 2, 3, 4, 5, 6]), np.full(5, HIGH), W6, cross_round=True,
+              max_left=2)
+    assert (v.accepted, v.provisional, v.next_token) == (2, None, 3)  # needs 3 more: not kept
+    v = judge(np.array([1, 2, 9, 4, 5]), np.array([1, 2, 3, 4, 5, 6]), np.full(5, HIGH), W6, cross_round=True,
+              max_left=3)
+    assert (v.accepted, v.provisional, v.window_left) == (5, 2, 3)
+
+
 def test_pending_window_confirmed_then_rest_judged_normally():
     # 3 exact matches still needed; they come, then a later mismatch is corrected
     v = j([1, 2, 3, 8, 5, 6, 7, 8, 9, 10, 11, 12], list(range(1, 14)), [LOW] * 12, left=3)
@@ -113,7 +122,7 @@ def self_pair(stories):
 def scripted_run(engine, monkeypatch, edits, k=4, cross=True, n=40):
     made = engine._drafter
     monkeypatch.setattr(engine, "_drafter", lambda spec: Scripted(made(spec), edits))
-    spec = SpecSettings(mode="fly", k=k, window=6, entropy_threshold=0.0, cross_round=cross)
+    spec = SpecSettings(mode="fly", k=k, window=6, entropy_threshold=0.0, cross_round=cross, cross_round_confidence=0)
     gen = engine.generate("Once upon a time", spec=spec, max_tokens=n)
     steps = list(gen)
     monkeypatch.setattr(engine, "_drafter", made)
@@ -186,6 +195,14 @@ def test_real_runs_stream_nothing_that_is_taken_back(pair, k):
     assert provisional > 0  # the rule did act on these prompts
 
 
+def test_confidence_limits_provisional_accepts(pair):
+    counts = []
+    for confidence in (0.0, 0.5, 0.9):
+        spec = SpecSettings(mode="fly", k=4, cross_round=True, cross_round_confidence=confidence)
+        counts.append(sum(pair.generate(p, spec=spec, max_tokens=80).run().stats.n_provisional for p in PROMPTS))
+    assert counts[0] >= counts[1] >= counts[2] and counts[0] > counts[2]
+
+
 def test_large_k_gives_the_in_round_decisions_until_a_tail_case(pair):
     for prompt in PROMPTS:
         inround = pair.generate(prompt, spec=SpecSettings(mode="fly", k=15), max_tokens=60).run()
@@ -203,7 +220,8 @@ def test_cross_round_with_gate_at_infinity_is_spd(pair):
 
 def test_ngram_only_drafting_refutes_when_no_draft_can_complete_a_window(stories):
     with Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1)) as alone:
-        gen = alone.generate("Once upon a time", spec=SpecSettings(mode="fly", k=4, cross_round=True), max_tokens=120)
+        spec = SpecSettings(mode="fly", k=4, cross_round=True, cross_round_confidence=0)
+        gen = alone.generate("Once upon a time", spec=spec, max_tokens=120)
         shown = "".join(step.text for step in gen)
         s = gen.stats
         assert shown == gen.text and len(gen.tokens) == 120

@@ -29,6 +29,7 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     "fly-nogate": lambda s: dataclasses.replace(s, mode="fly", entropy_threshold=0.0),
     # FLy with the deferred window carried across rounds (gains for short drafts)
     "fly+xr": lambda s: dataclasses.replace(s, mode="fly", cross_round=True),
+    "fly+xr-always": lambda s: dataclasses.replace(s, mode="fly", cross_round=True, cross_round_confidence=0.0),
 }
 
 
