@@ -179,3 +179,13 @@ def test_metrics_move(client):
     assert after["fly_cpp_accepted_total"] == before["fly_cpp_accepted_total"] + accepted
     assert after["fly_cpp_errors_total"] == before["fly_cpp_errors_total"] + 1
     assert "fly_cpp_loosely_accepted_total" in after and "fly_cpp_requests_deferred" in after
+
+
+def test_json_body_without_json_content_type(client):
+    """`curl -d '{...}'` sends a form content type; like llama-server, the body is read as JSON."""
+    r = client.post("/completion", content=b'{"prompt": "Once upon a time", "n_predict": 5}',
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 5
+    bad = client.post("/completion", content=b'{"prompt": "a", "temperature": -1}',
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert bad.status_code == 400 and "temperature must be >= 0" in bad.json()["error"]["message"]

@@ -11,6 +11,7 @@ import fly_cpp
 from fly_cpp.api import Fly
 from fly_cpp.server import errors, llama, oai
 from fly_cpp.server.auth import ApiKey
+from fly_cpp.server.bodies import JsonBodies
 from fly_cpp.server.metrics import CountErrors, Metrics
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.worker import Worker
@@ -41,6 +42,7 @@ def create_app(fly: Fly, *, api_key: str | None = None, close_fly: bool = False)
     app.include_router(oai.router(fly, runs))
     if api_key:
         app.add_middleware(ApiKey, key=api_key)
+    app.add_middleware(JsonBodies)
     app.add_middleware(CountErrors, metrics=runs.metrics)  # outermost: 401s count too
     app.state.fly, app.state.runs, app.state.stop_generations = fly, runs, runs.worker.stop
     return app
