@@ -80,11 +80,6 @@ def cpu_has_amx() -> bool:
         return False
 
 
-def supports_gpu_offload() -> bool:
-    _init_backend()
-    return bool(ll.llama_supports_gpu_offload())
-
-
 class Model:
     """Weights and vocabulary of one GGUF file."""
 
@@ -158,11 +153,9 @@ class Model:
         characters its tokens can spell: llama.cpp aborts the process on any other character
         (an uncaught std::out_of_range in byte_to_token), so such text must be filtered first.
         None when every character can be tokenized."""
-        if self.vocab_type != "SPM":
+        if self.vocab_type != "SPM" or any(self.token_text(t) == b"<0x41>" for t in range(self.n_vocab)):
             return None
-        texts = [self.token_text(t).decode("utf-8", errors="ignore") for t in range(self.n_vocab)]
-        if "<0x41>" in texts:
-            return None
+        texts = (self.token_text(t).decode("utf-8", errors="ignore") for t in range(self.n_vocab))
         return frozenset("".join(texts).replace("\u2581", " "))
 
     def spellable(self, text: str) -> str:
@@ -234,7 +227,6 @@ class Context:
         """``precise``: an F32 KV cache and no flash attention, so that logits match a float64
         reference forward pass to ~1e-5 (for checking converted models; slower)."""
         self.model = model
-        self.n_batch = n_batch
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch

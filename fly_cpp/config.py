@@ -6,7 +6,6 @@ The CLI options and the server's request fields are derived from these fields (t
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -140,7 +139,3 @@ class SamplingSettings:
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
 
-
-def replace(settings: Any, **changes: Any) -> Any:
-    """``dataclasses.replace`` that ignores ``None`` values (unset options keep their default)."""
-    return dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})

@@ -69,7 +69,6 @@ class ModelDrafter:
         self.ctx = ctx
         self.n_vocab = n_vocab  # argmax only over ids the target knows
         self.spec = spec
-        self.forward_passes = 0
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
         spec, ctx, model = self.spec, self.ctx, self.ctx.model
@@ -80,7 +79,6 @@ class ModelDrafter:
             room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
             guess = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
             logits = ctx.decode([history[-1], *guess], logits="all")
-            self.forward_passes += 1
             best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
             agree = 0
             while agree < len(guess) and guess[agree] == best[agree]:

@@ -135,16 +135,7 @@ def accepts(x: np.ndarray) -> bool:
 
 def accepts_row(row: np.ndarray) -> bool:
     """Whether ``row`` is a (V>0,) contiguous float32 row the library can read; and it is in use."""
-    return (
-        isinstance(row, np.ndarray)
-        and row.ndim == 1
-        and row.dtype == np.float32
-        and row.shape[0] > 0
-        and (row.strides[0] == 4 or row.shape[0] == 1)
-        and row.dtype.isnative
-        and row.flags.aligned
-        and _library() is not None
-    )
+    return isinstance(row, np.ndarray) and row.ndim == 1 and accepts(row[None, :])
 
 
 def _need() -> ctypes.CDLL:
