@@ -35,6 +35,13 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def open_engine(options: dict[str, Any]) -> Engine:
     """Build the engine the options describe (the bundled pair when no model is named)."""
+    return Engine(*engine_settings(options))
+
+
+def engine_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSettings | None]:
+    """The target's and the draft's settings the options describe, validated and their files
+    checked, without loading anything (downloads happen here)."""
+    from fly_cpp._llama import check_gguf
     from fly_cpp.models import sources
 
     given = sources.resolve(
@@ -47,4 +54,7 @@ def open_engine(options: dict[str, Any]) -> Engine:
     draft = None
     if given.draft is not None:
         draft = ModelSettings(path=given.draft, n_ctx=target.n_ctx, **pick(options, ModelSettings, "draft_"))
-    return Engine(target, draft)
+    for settings in (target, draft):
+        if settings is not None:
+            check_gguf(settings.path)
+    return target, draft

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -48,7 +49,27 @@ class Threshold(click.ParamType):
             self.fail(f"{value!r} is not a number (use 'inf' for no loose accepts)", param, ctx)
 
 
+class LogitBias(click.ParamType):
+    """llama.cpp's ``--logit-bias TOKEN+BIAS`` / ``TOKEN-BIAS`` (``-inf`` bans), comma-separated."""
+
+    name = "TOKEN±BIAS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
+        if isinstance(value, tuple):
+            return value
+        out = []
+        for item in str(value).split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*", item)
+            if m is None:
+                self.fail(f"{item!r} is not TOKEN+BIAS or TOKEN-BIAS (e.g. 15043+1.5 or 2-inf)", param, ctx)
+            bias = float(m.group(3)) * (1 if m.group(2) == "+" else -1)
+            out.append((int(m.group(1)), bias))
+        return tuple(out)
+
+
 def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
+    if f.name == "logit_bias":
+        return LogitBias()
     if f.name in _CHOICES:
         return click.Choice(_CHOICES[f.name])
     if f.name == "entropy_threshold":
@@ -77,12 +98,16 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
             if default is not dataclasses.MISSING and default not in ((), None):
                 shown = "inf" if isinstance(default, float) and math.isinf(default) else default
                 help_text += f" [default: {shown}]"
+            envvar = f.metadata.get("envvar")
+            if envvar:
+                help_text += f" [env: {envvar}]"
             if hints[f.name] in (bool, bool | None):
                 decls = [f"--{dashed}/--no-{dashed}", prefix + f.name]
                 fn = click.option(*decls, default=None, help=help_text)(fn)
             else:
                 decls = [f"--{dashed}", *([] if prefix else _ALIASES.get(f.name, [])), prefix + f.name]
-                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text)(fn)
+                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text,
+                                  envvar=envvar)(fn)
         return fn
 
     return decorate

@@ -131,6 +131,22 @@ class Model:
         return self.path.name
 
     @property
+    def eog_ids(self) -> list[int]:
+        """The end-of-generation tokens (EOS, EOT, ...)."""
+        return np.flatnonzero(self._eog).tolist()
+
+    def kv_bytes_per_token(self) -> int:
+        """About what one position of this model's KV cache takes (F16 keys and values, every
+        layer), for refusing a context that cannot fit before llama.cpp tries to allocate it."""
+        n_head = max(ll.llama_model_n_head(self.ptr), 1)
+        n_head_kv = ll.llama_model_n_head_kv(self.ptr) or n_head
+        arch = self.meta("general.architecture") or ""
+        head = ll.llama_model_n_embd(self.ptr) // n_head
+        k = int(self.meta(f"{arch}.attention.key_length") or head)
+        v = int(self.meta(f"{arch}.attention.value_length") or head)
+        return ll.llama_model_n_layer(self.ptr) * n_head_kv * (k + v) * 2
+
+    @property
     def rolls_back(self) -> bool:
         """Whether the KV cache of this model can drop a suffix (recurrent state cannot)."""
         return not (ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
@@ -168,7 +184,7 @@ class Model:
         return "".join(c if c in self._spelled else fallback for c in text)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = self.spellable(text).encode("utf-8")
+        data = utf8(self.spellable(text))
         size = len(data) + 8
         buf = (ll.llama_token * size)()
         n = ll.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
@@ -220,6 +236,17 @@ class Model:
         self.close()
 
 
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8, or one clear error for text that is not valid Unicode (a lone
+    surrogate: a JSON escape like \\ud800 without its pair, or a byte that was not UTF-8)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = f"the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF else "a lone surrogate"
+        raise FlyError(f"the text is not valid Unicode: character {e.start} is U+{code:04X}, {what}") from None
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
@@ -243,10 +270,13 @@ class Context:
         """``precise``: an F32 KV cache and no flash attention, so that logits match a float64
         reference forward pass to ~1e-5 (for checking converted models; slower)."""
         self.model = model
+        # llama.cpp caps the batch at the context; so does the batch allocated here, which
+        # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill)
+        n_batch = max(1, min(n_batch, n_ctx or n_batch))
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = min(n_batch, n_ubatch)
+        params.n_ubatch = max(1, min(n_batch, n_ubatch))
         params.n_seq_max = 1
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -262,7 +292,7 @@ class Context:
         self.n_ctx: int = ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
         self._memory = ll.llama_get_memory(self.ptr)
-        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p
 
     def decode(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:

@@ -16,6 +16,9 @@ from fly_cpp.errors import FlyError
 
 MODES = ("fly", "spd", "target")
 SPLIT_MODES = ("none", "layer", "row")
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: ggml's thread pool holds at most this many
+MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
+MAX_SEED = 2**64 - 1
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
@@ -25,6 +28,43 @@ def _help(text: str, **extra: Any) -> dict[str, Any]:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise FlyError(message)
+
+
+def _number(name: str, value: Any, lo: float | None = None, hi: float | None = None, *, inf: bool = False,
+            above: bool = False, kind: str = "a finite number") -> None:
+    """``value`` is a finite number (or +inf where ``inf``) within [lo, hi] ((lo, hi] where
+    ``above``); otherwise a FlyError naming the setting and the range."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = ok and (math.isfinite(value) or (inf and value == math.inf))
+    if ok and lo is not None:
+        ok = value > lo if above else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        low = "" if lo is None else f"> {lo}" if above else f">= {lo}"
+        high = "" if hi is None else f"<= {hi}"
+        bound = " and ".join(b for b in (low, high) if b)
+        kind = "a number (or inf)" if inf else kind
+        raise FlyError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
+
+
+def _integer(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise FlyError(f"{name} must be an integer, got {value!r}")
+    _number(name, value, lo, hi, kind="an integer")
+
+
+def cpu_cores() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def max_threads() -> int:
+    """The most threads a context may use: what ggml supports and the machine has."""
+    return min(MAX_THREADS, max(cpu_cores(), os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -45,17 +85,42 @@ class ModelSettings:
         "let llama.cpp repack quantized weights for the CPU; unset = on, except on AMX CPUs where it crashes"))
 
     def __post_init__(self) -> None:
-        _require(self.n_ctx >= 0, f"n_ctx must be >= 0, got {self.n_ctx}")
-        _require(self.n_threads >= 0, f"n_threads must be >= 0, got {self.n_threads}")
-        _require(self.n_batch >= 1, f"n_batch must be >= 1, got {self.n_batch}")
-        _require(self.n_ubatch >= 1, f"n_ubatch must be >= 1, got {self.n_ubatch}")
+        _integer("n_ctx", self.n_ctx, 0, MAX_CTX)
+        _threads("n_threads", self.n_threads)
+        # llama.cpp caps both at n_ctx (so does fly-cpp's batch, see _llama.Context); here
+        # they only have to be counts a context could hold
+        _integer("n_batch", self.n_batch, 1, MAX_CTX)
+        _integer("n_ubatch", self.n_ubatch, 1, MAX_CTX)
+        _integer("n_gpu_layers", self.n_gpu_layers, -1, MAX_CTX)
         _require(self.split_mode in SPLIT_MODES, f"split_mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
-        _require(all(s >= 0 for s in self.tensor_split), "tensor_split entries must be >= 0")
-        _require(self.main_gpu >= 0, f"main_gpu must be >= 0, got {self.main_gpu}")
+        for share in self.tensor_split:
+            _number("tensor_split entries", share, 0)
+        _integer("main_gpu", self.main_gpu, 0, 4096)
+        if self.n_threads == 0 and os.environ.get("FLY_CPP_THREADS"):
+            self.threads  # noqa: B018 -- a bad $FLY_CPP_THREADS fails here, where settings are made
 
     @property
     def threads(self) -> int:
-        return self.n_threads or int(os.environ.get("FLY_CPP_THREADS") or 0) or os.cpu_count() or 1
+        """n_threads, else $FLY_CPP_THREADS, else every core."""
+        if self.n_threads:
+            return self.n_threads
+        env = os.environ.get("FLY_CPP_THREADS", "").strip()
+        if env:
+            try:
+                n = int(env)
+            except ValueError:
+                raise FlyError(f"FLY_CPP_THREADS must be an integer, got {env!r}") from None
+            _threads("FLY_CPP_THREADS", n)
+            if n:
+                return n
+        return cpu_cores()
+
+
+def _threads(name: str, n: Any) -> None:
+    limit = max_threads()
+    _integer(name, n, 0)
+    _require(n <= limit, f"{name} must be at most {limit} (" + (
+        f"the CPU cores of this machine), got {n}" if limit < MAX_THREADS else f"ggml's thread limit), got {n}"))
 
 
 @dataclass(frozen=True)
@@ -87,13 +152,13 @@ class SpecSettings:
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         _require(self.k >= 1, f"k must be >= 1, got {self.k}")
-        _require(self.window >= 0, f"window must be >= 0, got {self.window}")
-        _require(not math.isnan(self.entropy_threshold) and self.entropy_threshold >= 0,
-                 f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
-        _require(self.ngram_max >= 1, f"ngram_max must be >= 1, got {self.ngram_max}")
-        _require(self.ngram_tokens >= 1, f"ngram_tokens must be >= 1, got {self.ngram_tokens}")
-        _require(0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}")
-        _require(0.0 <= self.cross_round_confidence < 1.0,
+        _integer("window", self.window, 0, MAX_CTX)
+        _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
+        _integer("ngram_max", self.ngram_max, 1, MAX_CTX)
+        _integer("ngram_tokens", self.ngram_tokens, 1, MAX_CTX)
+        _require(isinstance(self.p_min, (int, float)) and 0.0 <= self.p_min <= 1.0,
+                 f"p_min must be in [0, 1], got {self.p_min}")
+        _require(isinstance(self.cross_round_confidence, (int, float)) and 0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
 
     def policy(self) -> AcceptPolicy:
@@ -118,20 +183,38 @@ class SamplingSettings:
     presence_penalty: float = field(default=0.0, metadata=_help("subtract once from every recent token; 0 = off"))
     frequency_penalty: float = field(default=0.0, metadata=_help("subtract per occurrence of a recent token; 0 = off"))
     seed: int | None = field(default=None, metadata=_help("random seed; unset = a fresh one per generation"))
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_help(
+        "add to token logits, target and draft alike: TOKEN+BIAS or TOKEN-BIAS, comma-separated "
+        "(e.g. 15043+1.5,2-inf; -inf bans the token)"))
+    ignore_eos: bool = field(default=False, metadata=_help(
+        "never end the text with an end-of-generation token (they are banned); it ends at max tokens"))
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.temperature) and self.temperature >= 0,
-                 f"temperature must be >= 0, got {self.temperature}")
-        _require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
-        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _require(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
-        _require(self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        _require(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
-        _require(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        _number("temperature", self.temperature, 0)
+        _integer("top_k", self.top_k, 0)
+        _number("top_p", self.top_p, 0.0, 1.0, above=True)
+        _number("min_p", self.min_p, 0.0, 1.0)
+        _number("repeat_penalty", self.repeat_penalty, 0.0, above=True)
+        _integer("repeat_last_n", self.repeat_last_n, 0)
+        _number("presence_penalty", self.presence_penalty)
+        _number("frequency_penalty", self.frequency_penalty)
+        _require(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
+                 f"seed must be >= 0 and < 2**64, got {self.seed}")
+        for pair in self.logit_bias:
+            _require(isinstance(pair, tuple) and len(pair) == 2, f"logit_bias entries must be (token, bias) pairs, got {pair!r}")
+            _integer("logit_bias token", pair[0], 0)
+            bias = pair[1]
+            if bias != -math.inf:
+                _number(f"logit_bias of token {pair[0]}", bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def biased(self) -> bool:
+        """Whether logits are changed before the sampler chain (logit_bias, ignore_eos)."""
+        return bool(self.logit_bias) or self.ignore_eos
 
     @property
     def penalised(self) -> bool:
@@ -139,3 +222,56 @@ class SamplingSettings:
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
 
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """``fly-cpp serve``: where it listens, who may call it, and the limits that keep it up
+    under hostile or heavy traffic."""
+
+    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0: every interface)"))
+    port: int = field(default=8080, metadata=_help("TCP port (0: any free one)"))
+    api_key: str | None = field(default=None, repr=False, metadata=_help(
+        "require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every endpoint but /health and the chat page",
+        envvar="FLY_CPP_API_KEY"))
+    strict: bool = field(default=False, metadata=_help(
+        "refuse (HTTP 400) request fields fly-cpp would ignore: unknown ones, and llama-server's samplers it "
+        "does not implement; by default they are ignored and logged once per name"))
+    cors_origins: str = field(default="*", metadata=_help(
+        "origins web pages may call from: *, 'localhost' (pages on this machine only), or a comma-separated list"))
+    cors_methods: str = field(default="GET,POST", metadata=_help("methods allowed from other origins, comma-separated"))
+    cors_headers: str = field(default="*", metadata=_help("request headers allowed from other origins, comma-separated"))
+    cors_credentials: bool = field(default=False, metadata=_help("allow credentials (cookies) from other origins"))
+    max_body: int = field(default=8 * 2**20, metadata=_help("largest request body in bytes (HTTP 413 beyond)"))
+    header_timeout: float = field(default=10.0, metadata=_help(
+        "seconds a connection gets to send a request's headers, new or kept alive, before it is closed"))
+    body_timeout: float = field(default=60.0, metadata=_help("seconds a request gets to send its body (HTTP 408 after)"))
+    keep_alive: float = field(default=5.0, metadata=_help("seconds an idle keep-alive connection stays open"))
+    max_connections: int = field(default=512, metadata=_help(
+        "open connections at most (also kept under the open-file limit): a new one displaces the longest idle "
+        "one, else it gets HTTP 503"))
+    max_queue: int = field(default=128, metadata=_help("generation requests waiting for the engine at most (HTTP 503 beyond)"))
+    grace: float = field(default=10.0, metadata=_help(
+        "seconds open requests get to end after SIGINT/SIGTERM (generations stop at once and say so)"))
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.host, str) and bool(self.host.strip()), "host must not be empty")
+        _integer("port", self.port, 0, 65535)
+        if self.api_key is not None:
+            key = self.api_key.strip()
+            _require(bool(key), "the API key is empty: give a non-empty --api-key (or FLY_CPP_API_KEY), or none "
+                     "for a server without authentication")
+            _require(key.isascii() and key.isprintable() and " " not in key,
+                     "the API key must be printable ASCII without spaces (HTTP headers carry it)")
+            object.__setattr__(self, "api_key", key)
+        _integer("max_body", self.max_body, 1024, 2**40)
+        _number("header_timeout", self.header_timeout, 0, 86400, above=True)
+        _number("body_timeout", self.body_timeout, 0, 86400, above=True)
+        _number("keep_alive", self.keep_alive, 0, 86400, above=True)
+        _integer("max_connections", self.max_connections, 4, 2**20)
+        _integer("max_queue", self.max_queue, 0, 2**20)
+        _number("grace", self.grace, 0, 86400)
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

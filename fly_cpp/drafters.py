@@ -17,6 +17,7 @@ import numpy as np
 from fly_cpp import ngram, rows
 from fly_cpp._llama import Context
 from fly_cpp.config import SpecSettings
+from fly_cpp.sampling import NO_BIAS, LogitBias
 
 
 class Drafter(Protocol):
@@ -24,24 +25,28 @@ class Drafter(Protocol):
 
 
 class NgramDrafter:
-    """Prompt lookup alone: guesses copied from earlier in the context, no model."""
+    """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
+    ends before a token the logit bias bans)."""
 
-    def __init__(self, spec: SpecSettings) -> None:
+    def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.spec = spec
+        self.bias = bias
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
-        return ngram.lookup(committed, self.spec.ngram_max, min(self.spec.ngram_tokens, limit))
+        return self.bias.cut(ngram.lookup(committed, self.spec.ngram_max, min(self.spec.ngram_tokens, limit)))
 
 
 class ModelDrafter:
     """Greedy drafting with a draft model, optionally multi-level: an n-gram guess is first
     checked by the draft model in one forward pass (exact match, plus the draft's own next
-    token), so one draft forward pass can yield several draft tokens."""
+    token), so one draft forward pass can yield several draft tokens. The draft's choices see
+    the generation's logit bias, as the target's do."""
 
-    def __init__(self, ctx: Context, n_vocab: int, spec: SpecSettings) -> None:
+    def __init__(self, ctx: Context, n_vocab: int, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.ctx = ctx
         self.n_vocab = n_vocab  # argmax only over ids the target knows
         self.spec = spec
+        self.bias = bias
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
         spec, ctx, model = self.spec, self.ctx, self.ctx.model
@@ -52,6 +57,8 @@ class ModelDrafter:
             room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
             guess = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
             logits = ctx.decode([history[-1], *guess], logits="all")
+            if self.bias:
+                logits = self.bias.apply(logits[:, : self.n_vocab])
             best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
             agree = 0
             while agree < len(guess) and guess[agree] == best[agree]:

@@ -22,10 +22,31 @@ from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
 from fly_cpp.request import Request
+from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.step import Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
 
 
 def _settings(model: ModelSettings | str) -> ModelSettings:
@@ -64,18 +85,19 @@ class Engine:
         self.draft_ctx: Context | None = None
         self.target_model = self._load(self.target_settings)
         try:
-            t = self.target_settings
-            n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
-                                  n_ubatch=t.n_ubatch)
-            if self.draft_settings is not None:
-                d = self.draft_settings
+            t, d = self.target_settings, self.draft_settings
+            if d is not None:
                 self.draft_model = self._load(d)
                 check_compatible(self.target_model, self.draft_model)
                 for model in (self.target_model, self.draft_model):
                     if not model.rolls_back:
                         raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
                                        "drafted tokens, so it cannot take part in speculative decoding")
+            n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+            self._check_context(n_ctx)
+            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
+                                  n_ubatch=t.n_ubatch)
+            if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
@@ -84,6 +106,23 @@ class Engine:
         except BaseException:
             self._close()
             raise
+
+    def _check_context(self, n_ctx: int) -> None:
+        """Refuse, before llama.cpp allocates anything, a context the model was not trained for
+        or whose KV caches cannot fit in this machine's memory (CPU-only engines)."""
+        trained = self.target_model.n_ctx_train
+        if trained > 0 and n_ctx > trained:
+            raise FlyError(f"n_ctx {n_ctx} is more than {self.target_model.name} supports (trained for {trained} tokens)")
+        models = [(self.target_model, self.target_settings)]
+        if self.draft_model is not None and self.draft_settings is not None:
+            models.append((self.draft_model, self.draft_settings))
+        if any(s.n_gpu_layers != 0 for _, s in models):
+            return  # the caches live on the devices: llama.cpp reports what does not fit there
+        need = sum(n_ctx * m.kv_bytes_per_token() + min(s.n_batch, n_ctx) * m.n_vocab * 4 for m, s in models)
+        free = available_memory()
+        if free is not None and need > free:
+            raise FlyError(f"n_ctx {n_ctx} needs about {_size(need)} for the KV caches and logits, more than the "
+                           f"{_size(free)} of memory available; lower -c/--n-ctx")
 
     @staticmethod
     def _load(s: ModelSettings) -> Model:
@@ -129,9 +168,9 @@ class Engine:
         """``text`` as the target's vocabulary can spell it (see ``Model.spellable``)."""
         return self.target_model.spellable(text)
 
-    def check_tokens(self, tokens: Sequence[int]) -> None:
+    def check_tokens(self, tokens: Sequence[int], what: str = "token id") -> None:
         if bad := [t for t in tokens if not 0 <= t < self.n_vocab]:
-            raise FlyError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+            raise FlyError(f"{what} {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
 
     # -- generating ------------------------------------------------------------------------
 
@@ -144,9 +183,14 @@ class Engine:
         max_tokens: int = 128,
         stop: Sequence[str] = (),
         drafter: Drafter | None = None,
+        n_probs: int = 0,
+        cache_prompt: bool = True,
     ) -> Generation:
         """Prepare a generation (errors about the request are raised here, before any token).
-        ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``)."""
+        ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
+        ``n_probs``: give every emitted Step the target's top-n log-probabilities (``Step.probs``).
+        ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
+        common with the prompt (slower; the same numbers whatever ran before)."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise FlyError("the prompt is empty")
@@ -157,26 +201,36 @@ class Engine:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
         if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
+        if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
+            raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
+        self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
+        bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
-        request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed)
+        request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
+                          min(n_probs, self.n_vocab), cache_prompt)
         if spec.mode == "target":
             drafter = None
         elif drafter is None:
-            drafter = self.drafter(spec)
+            drafter = self.drafter(spec, bias)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
-        gen = Generation(request, out, self._locked(loop.run(request, self.target, drafter, out)))
+        steps = loop.run(request, self.target, drafter, out)
+        gen = Generation(request, out, self._locked(steps, fresh=not cache_prompt))
         self._open.add(gen)
         return gen
 
-    def drafter(self, spec: SpecSettings) -> Drafter:
+    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), or n-gram lookup alone when there is no draft model."""
         if self.draft_ctx is not None:
-            return ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
-        return NgramDrafter(spec)
+            return ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec, bias)
+        return NgramDrafter(spec, bias)
 
-    def _locked(self, steps: Iterator[Step]) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step], fresh: bool = False) -> Iterator[Step]:
         with self._lock:
+            if fresh:  # cache_prompt off: nothing carried over from earlier generations
+                for ctx in (self.target, self.draft_ctx):
+                    if ctx is not None:
+                        ctx.truncate(0)
             yield from steps
 
     def prefill(self, prompt: Sequence[int]) -> None:

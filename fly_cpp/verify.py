@@ -30,7 +30,7 @@ class Verifier:
 
     def __init__(self, request: Request) -> None:
         self.policy = request.spec.policy()
-        self.sampler = Sampler(request.sampling, request.seed)
+        self.sampler = Sampler(request.sampling, request.seed, request.bias)
 
     def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, cross_round: bool = False,
                  window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray | None]:
