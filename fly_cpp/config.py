@@ -34,18 +34,25 @@ def _number(name: str, value: Any, lo: float | None = None, hi: float | None = N
             above: bool = False, kind: str = "a finite number") -> None:
     """``value`` is a finite number (or +inf where ``inf``) within [lo, hi] ((lo, hi] where
     ``above``); otherwise a FlyError naming the setting and the range."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-    ok = ok and (math.isfinite(value) or (inf and value == math.inf))
-    if ok and lo is not None:
-        ok = value > lo if above else value >= lo
-    if ok and hi is not None:
-        ok = value <= hi
-    if not ok:
-        low = "" if lo is None else f"> {lo}" if above else f">= {lo}"
-        high = "" if hi is None else f"<= {hi}"
-        bound = " and ".join(b for b in (low, high) if b)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    number = number and (math.isfinite(value) or (inf and value == math.inf))
+    ok = number and (lo is None or (value > lo if above else value >= lo)) and (hi is None or value <= hi)
+    if ok:
+        return
+    if lo is not None and hi is not None:
+        bound = f"in {'(' if above else '['}{_g(lo)}, {_g(hi)}]"
+    elif lo is not None:
+        bound = f"{'>' if above else '>='} {_g(lo)}"
+    else:
+        bound = f"<= {_g(hi)}" if hi is not None else ""
+    if not number:
         kind = "a number (or inf)" if inf else kind
         raise FlyError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
+    raise FlyError(f"{name} must be {bound}, got {value!r}")
+
+
+def _g(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _integer(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -152,10 +159,10 @@ class SpecSettings:
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         _require(self.k >= 1, f"k must be >= 1, got {self.k}")
-        _integer("window", self.window, 0, MAX_CTX)
+        _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
-        _integer("ngram_max", self.ngram_max, 1, MAX_CTX)
-        _integer("ngram_tokens", self.ngram_tokens, 1, MAX_CTX)
+        _integer("ngram_max", self.ngram_max, 1)
+        _integer("ngram_tokens", self.ngram_tokens, 1)
         _require(isinstance(self.p_min, (int, float)) and 0.0 <= self.p_min <= 1.0,
                  f"p_min must be in [0, 1], got {self.p_min}")
         _require(isinstance(self.cross_round_confidence, (int, float)) and 0.0 <= self.cross_round_confidence < 1.0,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +26,33 @@ ANY = object()  # a field with no effect whatever its value (it only tunes anoth
 @dataclass(frozen=True)
 class Rule:
     why: str
-    neutral_values: tuple[Any, ...] | object = (None,)
+    neutral_values: tuple[Any, ...] | object | Callable[[Any], bool] = (None,)
 
     def neutral(self, value: Any) -> bool:
         """Whether ``value`` changes nothing (false is not 0 here)."""
         if self.neutral_values is ANY:
             return True
+        if callable(self.neutral_values):
+            return bool(self.neutral_values(value))
         return any(isinstance(value, bool) == isinstance(n, bool) and value == n
                    for n in self.neutral_values)  # type: ignore[union-attr]
+
+
+def _same_chain(samplers: Any) -> bool:
+    """A llama.cpp sampler order that runs fly-cpp's samplers (top-k, top-p, min-p, temperature)
+    in fly-cpp's order; the others it names are ignored on their own fields."""
+    if samplers is None:
+        return True
+    if isinstance(samplers, str):
+        names = list(samplers)
+        want = ["k", "p", "m", "t"]
+    elif isinstance(samplers, list) and all(isinstance(n, str) for n in samplers):
+        names = [n.replace("-", "_") for n in samplers]
+        want = ["top_k", "top_p", "min_p", "temperature"]
+    else:
+        return False
+    found = [n for n in names if n in want]
+    return found == want
 
 
 _SAMPLER = "a llama.cpp sampler fly-cpp does not implement (its chain: penalties, top-k, top-p, min-p, temperature)"
@@ -54,9 +74,11 @@ IGNORED: dict[str, Rule] = {
     "xtc_probability": Rule(_SAMPLER, (None, 0, 0.0)),
     "xtc_threshold": Rule(_TUNES, ANY),
     "top_n_sigma": Rule(_SAMPLER, (None, -1, -1.0, 0, 0.0)),
+    "tfs_z": Rule(_SAMPLER, (None, 1, 1.0)),
     "min_keep": Rule("samplers keep at least one token", (None, 0, 1)),
     "penalize_nl": Rule("penalties apply to every token alike", ANY),
-    "samplers": Rule("fly-cpp's sampler chain has a fixed order (penalties, top-k, top-p, min-p, temperature)", ANY),
+    "samplers": Rule("fly-cpp's sampler chain has a fixed order (penalties, top-k, top-p, min-p, temperature)",
+                     _same_chain),
     # constrained output and tools
     "grammar": Rule("no grammar-constrained sampling (the target's verification has no grammar stage)", (None, "")),
     "json_schema": Rule("no grammar-constrained sampling", (None, {})),
@@ -74,6 +96,8 @@ IGNORED: dict[str, Rule] = {
     "t_max_prompt_ms": Rule("no time limit on prompt processing", (None, 0, -1)),
     "n_indent": Rule("no indentation stop", (None, 0)),
     "n_cmpl": Rule("one completion per request", (None, 1)),
+    "api_key": Rule("the key goes in the Authorization header", ANY),
+    "slot_id": Rule("fly-cpp has one slot (llama-server's older name of id_slot)", (None, -1, 0)),
     "lora": Rule("no LoRA adapters", (None, [])),
     "image_data": Rule("text only: no multimodal input", (None, [])),
     "multimodal_data": Rule("text only: no multimodal input", (None, [])),

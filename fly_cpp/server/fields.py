@@ -124,6 +124,8 @@ Stop = str | list[str] | None
 class _Generation(_Body):
     """Fields every generation endpoint shares (llama-server takes them on all of them)."""
 
+    n_predict: int | None = Field(None, ge=-1, description="tokens to generate; -1 = until end of text or the "
+                                                           "context is full (wins over max_tokens)")
     stop: Stop = None
     stream: bool = False
     cache_prompt: bool = Field(True, description="reuse the KV caches' common prefix with the prompt; false: "
@@ -140,8 +142,6 @@ class _Completion(_Generation):
     """llama-server's ``POST /completion``."""
 
     prompt: str | list[int]
-    n_predict: int | None = Field(None, ge=-1, description="tokens to generate; -1 = until end of text or the "
-                                                           "context is full")
     max_tokens: int | None = Field(None, ge=-1, description="llama-server's alias of n_predict")
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS, description="the target's top-n log-probabilities with "
                                                               "every generated token, streamed per token")
@@ -149,8 +149,8 @@ class _Completion(_Generation):
 
 class _OpenAI(_Generation):
     model: str | None = Field(None, description="accepted; the served pair answers whatever the name")
-    max_tokens: int | None = Field(None, ge=0, description="tokens to generate; unset = until end of text or the "
-                                                           "context is full")
+    max_tokens: int | None = Field(None, ge=-1, description="tokens to generate; unset or -1 = until end of text "
+                                                            "or the context is full")
     stream_options: dict[str, Any] | None = Field(None, description="accepted; usage is always in the last chunk")
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     user: str | None = None
@@ -164,7 +164,7 @@ class _TextCompletion(_OpenAI):
 
 class _ChatCompletion(_OpenAI):
     messages: list[dict[str, Any]]
-    max_completion_tokens: int | None = Field(None, ge=0, description="the newer name of max_tokens")
+    max_completion_tokens: int | None = Field(None, ge=-1, description="the newer name of max_tokens")
     logprobs: bool = Field(False, description="the target's log-probability of every generated token")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_N_PROBS, description="and its n most likely tokens")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")

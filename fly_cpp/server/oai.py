@@ -43,7 +43,8 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
         compat.check(body, "/v1/completions")
         fly = served.ready
         shown = body.logprobs
-        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, max_tokens=body.max_tokens,
+        max_tokens = _limit(body.n_predict, body.max_tokens)
+        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, max_tokens=max_tokens,
                                                     n_probs=0 if shown is None else max(shown, 1)))
         gen, piece = prepared.gen, fly.engine.piece
         top = oai.head("text_completion", fly.model)
@@ -58,7 +59,7 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
         if body.top_logprobs is not None and not body.logprobs:
             raise FlyError("top_logprobs needs logprobs: true")
         shown = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        max_tokens = _limit(body.n_predict, body.max_completion_tokens, body.max_tokens)
         prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
                                                     n_probs=0 if shown is None else max(shown, 1)))
         gen, piece = prepared.gen, fly.engine.piece
@@ -67,6 +68,13 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
                              lambda: oai.chat_completion(gen, top, shown, piece))
 
     return r
+
+
+def _limit(*given: int | None) -> int | None:
+    """The first limit given (llama-server's n_predict wins, as there); -1 or none: no limit
+    (until end of text or the context is full)."""
+    n = next((n for n in given if n is not None), None)
+    return None if n == -1 else n
 
 
 async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chunks: Callable[[], Iterator[Chunk]],
