@@ -16,6 +16,7 @@ import click
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import ModelSettings
 from fly_cpp.engine import Engine
+from fly_cpp.errors import FlyError
 
 DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu")
 
@@ -53,7 +54,10 @@ def engine_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSettin
     target = ModelSettings(path=given.target, **pick(options, ModelSettings))
     draft = None
     if given.draft is not None:
-        draft = ModelSettings(path=given.draft, n_ctx=target.n_ctx, **pick(options, ModelSettings, "draft_"))
+        try:
+            draft = ModelSettings(path=given.draft, n_ctx=target.n_ctx, **pick(options, ModelSettings, "draft_"))
+        except FlyError as e:
+            raise FlyError(f"draft model: {e}") from None
     for settings in (target, draft):
         if settings is not None:
             check_gguf(settings.path)

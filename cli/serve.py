@@ -60,6 +60,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
     target, draft = engine_settings(options)  # checked (and downloaded) before the port is bound
+    Engine.preflight(target, draft)  # context size and memory, without loading the weights
     cap, backlog = limits(settings.max_connections)
     _log_to_stderr(log_level)
     sock = _listen(settings.host, settings.port, backlog)
@@ -82,7 +83,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", http=protocol(cap, settings.header_timeout),
                             timeout_graceful_shutdown=settings.grace,  # type: ignore[arg-type]
                             timeout_keep_alive=settings.keep_alive,  # type: ignore[arg-type]
-                            limit_concurrency=cap + 1, backlog=backlog)
+                            limit_concurrency=cap + backlog, backlog=backlog)
     server = _server(config, on_exit=app.state.stop_generations)
     click.echo(f"fly-cpp: listening on {url}, loading the models", err=True)
     # uvicorn re-raises the signal that stopped it once it is done; after a clean shutdown that

@@ -12,10 +12,12 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import struct
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -69,6 +71,84 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     if magic != GGUF_MAGIC:
         raise FlyError(f"not a GGUF file (bad magic {magic!r}): {p}")
     return p
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+HPARAMS = ("context_length", "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+           "attention.key_length", "attention.value_length")
+
+
+def gguf_hparams(path: str | os.PathLike[str]) -> dict[str, int]:
+    """The model's size hyperparameters (``HPARAMS``, without the architecture prefix) read
+    straight from the GGUF header, in milliseconds and without llama.cpp (which would load the
+    vocabulary); absent or non-scalar ones are left out."""
+    p = check_gguf(path)
+    out: dict[str, int] = {}
+    with p.open("rb") as f:
+        data = f.read(1 << 20)
+        pos = 4
+
+        def take(n: int) -> bytes:
+            nonlocal data, pos
+            while pos + n > len(data):
+                more = f.read(max(1 << 20, n))
+                if not more:
+                    raise FlyError(f"truncated GGUF header: {p}")
+                data = data[pos:] + more
+                pos = 0
+            pos += n
+            return data[pos - n:pos]
+
+        def unpack(fmt: str) -> Any:
+            return struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
+
+        try:
+            version = unpack("<I")
+            if version < 2:
+                return out
+            unpack("<Q")  # tensors
+            arch = ""
+            for _ in range(unpack("<Q")):
+                key = take(unpack("<Q")).decode("utf-8", "replace")
+                kind = unpack("<I")
+                if kind == 8:
+                    value: Any = take(unpack("<Q")).decode("utf-8", "replace")
+                elif kind == 9:
+                    item, count = unpack("<I"), unpack("<Q")
+                    for _ in range(count):
+                        if item == 8:
+                            take(unpack("<Q"))
+                        elif item in _SCALARS:
+                            take(struct.calcsize(_SCALARS[item]) * count)
+                            break
+                        else:
+                            return out  # nested arrays: not worth walking for these values
+                    continue
+                elif kind in _SCALARS:
+                    value = unpack(_SCALARS[kind])
+                else:
+                    return out
+                if key == "general.architecture":
+                    arch = value
+                elif arch and key.startswith(arch + ".") and key[len(arch) + 1:] in HPARAMS:
+                    out[key[len(arch) + 1:]] = int(value)
+                    if len(out) == len(HPARAMS):
+                        break
+        except (struct.error, OverflowError, MemoryError, ValueError):
+            raise FlyError(f"malformed GGUF header: {p}") from None
+    return out
+
+
+def kv_bytes_per_token(hparams: dict[str, int]) -> int:
+    """About what one position of a model's KV cache takes (F16 keys and values, every layer);
+    0 when the header does not say."""
+    n_head = hparams.get("attention.head_count", 0)
+    if not n_head:
+        return 0
+    head = hparams.get("embedding_length", 0) // n_head
+    k = hparams.get("attention.key_length") or head
+    v = hparams.get("attention.value_length") or head
+    return hparams.get("block_count", 0) * (hparams.get("attention.head_count_kv") or n_head) * (k + v) * 2
 
 
 def cpu_has_amx() -> bool:
@@ -134,17 +214,6 @@ class Model:
     def eog_ids(self) -> list[int]:
         """The end-of-generation tokens (EOS, EOT, ...)."""
         return np.flatnonzero(self._eog).tolist()
-
-    def kv_bytes_per_token(self) -> int:
-        """About what one position of this model's KV cache takes (F16 keys and values, every
-        layer), for refusing a context that cannot fit before llama.cpp tries to allocate it."""
-        n_head = max(ll.llama_model_n_head(self.ptr), 1)
-        n_head_kv = ll.llama_model_n_head_kv(self.ptr) or n_head
-        arch = self.meta("general.architecture") or ""
-        head = ll.llama_model_n_embd(self.ptr) // n_head
-        k = int(self.meta(f"{arch}.attention.key_length") or head)
-        v = int(self.meta(f"{arch}.attention.value_length") or head)
-        return ll.llama_model_n_layer(self.ptr) * n_head_kv * (k + v) * 2
 
     @property
     def rolls_back(self) -> bool:

@@ -13,9 +13,10 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from fly_cpp import loop, scoring
-from fly_cpp._llama import Context, Model
+from fly_cpp._llama import Context, Model, gguf_hparams, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
@@ -47,6 +48,29 @@ def _size(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} PiB"
+
+
+def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
+    """The context size ``target`` asks for (0: the model's trained context, at most 4096), or a
+    FlyError before llama.cpp allocates anything: more than the target was trained for, or KV
+    caches that cannot fit in this machine's memory (CPU-only engines)."""
+    models = [(target, gguf_hparams(target.path))]
+    if draft is not None:
+        models.append((draft, gguf_hparams(draft.path)))
+    trained = models[0][1].get("context_length", 0)
+    n_ctx = target.n_ctx or min(trained or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+    if trained > 0 and n_ctx > trained:
+        raise FlyError(f"n_ctx {n_ctx} is more than {Path(target.path).name} supports (trained for {trained} tokens)")
+    if any(s.n_gpu_layers != 0 for s, _ in models):
+        return n_ctx  # the caches live on the devices: llama.cpp reports what does not fit there
+    # the KV caches, and the attention scores of one micro-batch against the whole context
+    need = sum(n_ctx * kv_bytes_per_token(h) + min(s.n_ubatch, s.n_batch, n_ctx) * n_ctx * 4 *
+               h.get("attention.head_count", 1) for s, h in models)
+    free = available_memory()
+    if free is not None and need > free:
+        raise FlyError(f"n_ctx {n_ctx} needs about {_size(need)} for the KV caches, more than the "
+                       f"{_size(free)} of memory available; lower -c/--n-ctx")
+    return n_ctx
 
 
 def _settings(model: ModelSettings | str) -> ModelSettings:
@@ -83,6 +107,7 @@ class Engine:
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
+        n_ctx = _check_context(self.target_settings, self.draft_settings)  # before any weights load
         self.target_model = self._load(self.target_settings)
         try:
             t, d = self.target_settings, self.draft_settings
@@ -93,8 +118,6 @@ class Engine:
                     if not model.rolls_back:
                         raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
                                        "drafted tokens, so it cannot take part in speculative decoding")
-            n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self._check_context(n_ctx)
             self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
                                   n_ubatch=t.n_ubatch)
             if d is not None and self.draft_model is not None:
@@ -107,22 +130,12 @@ class Engine:
             self._close()
             raise
 
-    def _check_context(self, n_ctx: int) -> None:
-        """Refuse, before llama.cpp allocates anything, a context the model was not trained for
-        or whose KV caches cannot fit in this machine's memory (CPU-only engines)."""
-        trained = self.target_model.n_ctx_train
-        if trained > 0 and n_ctx > trained:
-            raise FlyError(f"n_ctx {n_ctx} is more than {self.target_model.name} supports (trained for {trained} tokens)")
-        models = [(self.target_model, self.target_settings)]
-        if self.draft_model is not None and self.draft_settings is not None:
-            models.append((self.draft_model, self.draft_settings))
-        if any(s.n_gpu_layers != 0 for _, s in models):
-            return  # the caches live on the devices: llama.cpp reports what does not fit there
-        need = sum(n_ctx * m.kv_bytes_per_token() + min(s.n_batch, n_ctx) * m.n_vocab * 4 for m, s in models)
-        free = available_memory()
-        if free is not None and need > free:
-            raise FlyError(f"n_ctx {n_ctx} needs about {_size(need)} for the KV caches and logits, more than the "
-                           f"{_size(free)} of memory available; lower -c/--n-ctx")
+    @staticmethod
+    def preflight(target: ModelSettings, draft: ModelSettings | None = None) -> None:
+        """The checks of loading that need no weights (files, context size against the model
+        and this machine's memory), from the GGUF headers alone: a server refuses bad settings
+        this way before it binds its port."""
+        _check_context(target, draft)
 
     @staticmethod
     def _load(s: ModelSettings) -> Model:

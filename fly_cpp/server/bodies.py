@@ -38,7 +38,7 @@ class Bodies:
                 message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
             except asyncio.TimeoutError:
                 await errors.response(408, f"the request body did not arrive within {self.timeout:g} s "
-                                           "(--body-timeout)")(scope, receive, send)
+                                           "(--body-timeout)", close=True)(scope, receive, send)
                 return
             if message["type"] == "http.disconnect":
                 return  # the client left: nobody to answer
@@ -68,4 +68,4 @@ class Bodies:
 
     async def _too_large(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await errors.response(413, f"the request body is larger than {self.max_body} bytes "
-                                   "(--max-body)")(scope, receive, send)
+                                   "(--max-body)", close=True)(scope, receive, send)

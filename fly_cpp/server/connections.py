@@ -68,8 +68,10 @@ def protocol(cap: int, header_timeout: float) -> type[H11Protocol]:
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._idle()
-            if len(self.connections) > cap:
-                idle = [c for c in self.connections if isinstance(c, Guarded) and c is not self and not c.busy]
+            # connections being closed are still in the set until their close completes
+            open_ = [c for c in self.connections if isinstance(c, Guarded) and not c.transport.is_closing()]
+            if len(open_) > cap:
+                idle = [c for c in open_ if c is not self and not c.busy]
                 if idle:
                     min(idle, key=lambda c: c._idle_since).drop()
                 else:

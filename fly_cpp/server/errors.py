@@ -39,9 +39,12 @@ def body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "code": status}}
 
 
-def response(status: int, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body(status, message), status_code=status, headers=headers)
+def response(status: int, message: str, close: bool = False) -> JSONResponse:
+    """An error response; ``close``: end the connection after it (a body was left unread)."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if close:
+        headers["Connection"] = "close"
+    return JSONResponse(body(status, message), status_code=status, headers=headers or None)
 
 
 def describe(errors: list[Any]) -> str:
