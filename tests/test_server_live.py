@@ -127,7 +127,7 @@ def test_metrics_counters_move(http):
 
 MALFORMED = [
     ("/completion", b"{oops"), ("/completion", b'"text"'), ("/completion", {"prompt": ["a"]}),
-    ("/completion", {"prompt": "a", "unknown": True}), ("/completion", {"prompt": "a", "temperature": -1}),
+    ("/completion", {"prompt": "a", "cache_prompt": "no"}), ("/completion", {"prompt": "a", "temperature": -1}),
     ("/completion", {"prompt": "a", "n_predict": -5}), ("/completion", {"prompt": "a", "top_k": 1.5}),
     ("/completion", {"prompt": "a", "window": -1}), ("/completion", {"prompt": "word " * 3000}),
     ("/v1/completions", {"prompt": "a", "max_tokens": "many"}), ("/v1/chat/completions", {"messages": "hi"}),
