@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.costs import Costs, calibrate
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
+from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
 from fly_cpp.step import Step
 from fly_cpp.vocab import check_compatible
@@ -60,6 +62,8 @@ class Engine:
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
+        self._costs: Costs | None = None
+        self._pacers: dict[tuple[object, ...], Pacer] = {}
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self.target_model = self._load(self.target_settings)
@@ -164,19 +168,39 @@ class Engine:
         elif drafter is None:
             drafter = self.drafter(spec)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
-        gen = Generation(request, out, self._locked(loop.run(request, self.target, drafter, out)))
+        steps = loop.run(request, self.target, drafter, out)
+        gen = Generation(request, out, self._locked(steps, calibrate=isinstance(drafter, PacedDrafter)))
         self._open.add(gen)
         return gen
 
     def drafter(self, spec: SpecSettings) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
-        ``spec.ngram``), or n-gram lookup alone when there is no draft model."""
+        ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
+        paced by the engine's cost-aware controller for this mode."""
         if self.draft_ctx is not None:
-            return ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
-        return NgramDrafter(spec)
+            base: Drafter = ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
+        else:
+            base = NgramDrafter(spec)
+        if not spec.auto:
+            return base
+        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
+        if key not in self._pacers:
+            self._pacers[key] = Pacer(self.costs, spec.k_max)
+        return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
-    def _locked(self, steps: Iterator[Step]) -> Iterator[Step]:
+    def costs(self, *, refresh: bool = False) -> Costs:
+        """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
+        first use. Called inside a generation, or by a caller that holds no generation open."""
+        if self._costs is None or refresh:
+            token = self.target_model.bos if self.target_model.bos >= 0 else 0
+            self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
+                                          token, refresh=refresh)
+        return self._costs
+
+    def _locked(self, steps: Iterator[Step], calibrate: bool = False) -> Iterator[Step]:
         with self._lock:
+            if calibrate:  # once per pair and machine (cached on disk), before the clock starts
+                self.costs()
             yield from steps
 
     def prefill(self, prompt: Sequence[int]) -> None:
