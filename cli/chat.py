@@ -28,7 +28,7 @@ from fly_cpp.api import Fly
 from fly_cpp.chat_format import BUILTIN
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
-from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
 from fly_cpp.generation import Generation
 from fly_cpp.errors import FlyError
 from fly_cpp.step import Stats
@@ -299,6 +299,8 @@ class Session:
 
 def _parse(key: str, value: str) -> Any:
     hint = _TYPES[key]
+    if key == "k":
+        return value if value == AUTO else int(value)
     if hint is bool:
         if value.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
             raise ValueError(f"{key} takes on or off, got {value!r}")

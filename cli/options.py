@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from fly_cpp.config import MODES, SPLIT_MODES
+from fly_cpp.config import AUTO, MODES, SPLIT_MODES
 
 _CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES}
 _ALIASES = {"n_ctx": ["-c"], "n_threads": ["-t"], "n_gpu_layers": ["-ngl"], "seed": ["-s"]}
@@ -49,6 +49,34 @@ class Threshold(click.ParamType):
             self.fail(f"{value!r} is not a number (use 'inf' for no loose accepts)", param, ctx)
 
 
+class DraftLength(click.ParamType):
+    """k: 'auto' or a number >= 1."""
+
+    name = "auto|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == AUTO:
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither 'auto' nor a number", param, ctx)
+
+
+class DraftLengths(click.ParamType):
+    """A comma-separated list of draft lengths: 'auto' or numbers >= 1 ("auto,3,5,8")."""
+
+    name = "auto|N,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
+        if isinstance(value, tuple):
+            return value
+        out = tuple(DraftLength().convert(v.strip(), param, ctx) for v in str(value).split(",") if v.strip())
+        if not out or any(isinstance(k, int) and k < 1 for k in out):
+            self.fail(f"{value!r}: every value must be >= 1 (or 'auto')", param, ctx)
+        return out
+
+
 class LogitBias(click.ParamType):
     """llama.cpp's ``--logit-bias TOKEN+BIAS`` / ``TOKEN-BIAS`` (``-inf`` bans), comma-separated."""
 
@@ -70,6 +98,8 @@ class LogitBias(click.ParamType):
 def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
     if f.name == "logit_bias":
         return LogitBias()
+    if f.name == "k":
+        return DraftLength()
     if f.name in _CHOICES:
         return click.Choice(_CHOICES[f.name])
     if f.name == "entropy_threshold":

@@ -151,6 +151,13 @@ def kv_bytes_per_token(hparams: dict[str, int]) -> int:
     return hparams.get("block_count", 0) * (hparams.get("attention.head_count_kv") or n_head) * (k + v) * 2
 
 
+def backend_version() -> str:
+    """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
+    _init_backend()
+    info = ll.llama_print_system_info()
+    return f"{ll.__version__} {info.decode('utf-8', 'replace') if isinstance(info, bytes) else info}"
+
+
 def cpu_has_amx() -> bool:
     """llama.cpp's AMX weight repacking crashed (segfault in the first decode) on every
     quantized model we tried on AMX CPUs, so repacking defaults to off there."""
@@ -358,33 +365,38 @@ class Context:
         if not self.ptr:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
+        self.n_threads = n_threads
         self.n_ctx: int = ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p
 
-    def decode(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:
-        """Append ``tokens`` to the KV cache. ``logits``: "none", "last" or "all" (rows of the
-        final chunk, at most n_batch). Returns a (rows, n_vocab) float32 view of llama.cpp's
-        buffer, valid until this context decodes again."""
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
+        """Append ``tokens`` to the KV cache. ``logits``: "none", "last", "all", or a number n
+        (the last n rows); the rows asked for must fit one batch (n_batch). Returns a
+        (rows, n_vocab) float32 view of llama.cpp's buffer, valid until this context decodes
+        again. Tokens are decoded in batches of n_batch, the last batch holding every row with
+        logits, so that one call can both catch up and verify."""
         if not tokens:
             return None
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise FlyError(f"context full: {len(self.tokens) + len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
-        if logits == "all" and len(tokens) > self.n_batch:
+        want = {"none": 0, "last": 1, "all": len(tokens)}[logits] if isinstance(logits, str) else min(logits, len(tokens))
+        if want > self.n_batch:
             raise ValueError("logits for every row need the tokens to fit one batch")
         batch = self._batch
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            last_chunk = start + self.n_batch >= len(tokens)
+        last = max(len(tokens) - self.n_batch, 0)  # start of the final batch
+        starts = [*range(0, last, self.n_batch), last]
+        for start, end in zip(starts, [*starts[1:], len(tokens)]):
+            chunk = tokens[start:end]
             base = len(self.tokens)
             for i, tok in enumerate(chunk):
                 batch.token[i] = tok
                 batch.pos[i] = base + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = last_chunk and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
+                batch.logits[i] = start + i >= len(tokens) - want
             batch.n_tokens = len(chunk)
             rc = ll.llama_decode(self.ptr, batch)
             if rc != 0:
@@ -392,10 +404,9 @@ class Context:
                 what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
                 raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
             self.tokens.extend(chunk)
-        if logits == "none":
+        if want == 0:
             return None
-        rows = len(chunk) if logits == "all" else 1
-        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(rows, self.model.n_vocab))
+        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(want, self.model.n_vocab))
 
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common

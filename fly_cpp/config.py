@@ -15,6 +15,7 @@ from fly_cpp.accept import AcceptPolicy
 from fly_cpp.errors import FlyError
 
 MODES = ("fly", "spd", "target")
+AUTO = "auto"  # k: the cost-aware controller picks each round's draft length
 SPLIT_MODES = ("none", "layer", "row")
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: ggml's thread pool holds at most this many
 MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
@@ -142,7 +143,9 @@ class SpecSettings:
     """
 
     mode: str = field(default="fly", metadata=_help("fly (loose acceptance), spd (exact match) or target (no drafting)"))
-    k: int = field(default=15, metadata=_help("tokens drafted per round"))
+    k: int | str = field(default=AUTO, metadata=_help(
+        "tokens drafted per round: a number, or 'auto' (each round drafts what pays most on this machine, "
+        "measured: 0 = a plain target decode)"))
     window: int = field(default=6, metadata=_help("deferred window, counting the mismatch itself; 0 = no loose accepts"))
     entropy_threshold: float = field(default=0.3, metadata=_help("entropy gate in nats (top-3 entropy); 'inf' = never loose"))
     ngram: bool = field(default=True, metadata=_help("speed up the drafter with n-gram lookup"))
@@ -152,13 +155,16 @@ class SpecSettings:
     cross_round: bool = field(default=False, metadata=_help(
         "fly: keep a gated mismatch near the end of a draft provisionally and finish its window in the next round",
         flag="cross-round-window"))
+    k_max: int = field(default=16, metadata=_help("with k auto: the longest draft a round may make"))
     cross_round_confidence: float = field(default=0.5, metadata=_help(
         "cross-round: keep a tail mismatch only when the draft's running agreement makes completing its "
         "window at least this likely; 0 = always"))
 
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        _require(self.k >= 1, f"k must be >= 1, got {self.k}")
+        _require(self.k == AUTO or (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1),
+                 f"k must be >= 1 (or 'auto'), got {self.k!r}")
+        _integer("k_max", self.k_max, 1)
         _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
         _integer("ngram_max", self.ngram_max, 1)
@@ -167,6 +173,16 @@ class SpecSettings:
                  f"p_min must be in [0, 1], got {self.p_min}")
         _require(isinstance(self.cross_round_confidence, (int, float)) and 0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
+
+    @property
+    def auto(self) -> bool:
+        """Whether each round's draft length is chosen by the cost-aware controller."""
+        return self.k == AUTO
+
+    @property
+    def max_draft(self) -> int:
+        """The longest draft of a round: k, or k_max with k auto."""
+        return self.k_max if self.k == AUTO else int(self.k)
 
     def policy(self) -> AcceptPolicy:
         """The accept rule's knobs for this mode: FLy's window and gate, or exact matching."""

@@ -18,10 +18,12 @@ from pathlib import Path
 from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model, gguf_hparams, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.costs import Costs, calibrate
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
+from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.step import Step
@@ -105,6 +107,8 @@ class Engine:
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
+        self._costs: Costs | None = None
+        self._pacers: dict[tuple[object, ...], Pacer] = {}
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         n_ctx = _check_context(self.target_settings, self.draft_settings)  # before any weights load
@@ -227,19 +231,39 @@ class Engine:
             drafter = self.drafter(spec, bias)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
         steps = loop.run(request, self.target, drafter, out)
-        gen = Generation(request, out, self._locked(steps, fresh=not cache_prompt))
+        gen = Generation(request, out, self._locked(steps, calibrate=isinstance(drafter, PacedDrafter),
+                                                    fresh=not cache_prompt))
         self._open.add(gen)
         return gen
 
     def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
-        ``spec.ngram``), or n-gram lookup alone when there is no draft model."""
+        ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
+        paced by the engine's cost-aware controller for this mode."""
         if self.draft_ctx is not None:
-            return ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec, bias)
-        return NgramDrafter(spec, bias)
+            base: Drafter = ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec, bias)
+        else:
+            base = NgramDrafter(spec, bias)
+        if not spec.auto:
+            return base
+        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
+        if key not in self._pacers:
+            self._pacers[key] = Pacer(self.costs, spec.k_max)
+        return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
-    def _locked(self, steps: Iterator[Step], fresh: bool = False) -> Iterator[Step]:
+    def costs(self, *, refresh: bool = False) -> Costs:
+        """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
+        first use. Called inside a generation, or by a caller that holds no generation open."""
+        if self._costs is None or refresh:
+            token = self.target_model.bos if self.target_model.bos >= 0 else 0
+            self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
+                                          token, refresh=refresh)
+        return self._costs
+
+    def _locked(self, steps: Iterator[Step], calibrate: bool = False, fresh: bool = False) -> Iterator[Step]:
         with self._lock:
+            if calibrate:  # once per pair and machine (cached on disk), before the clock starts
+                self.costs()
             if fresh:  # cache_prompt off: nothing carried over from earlier generations
                 for ctx in (self.target, self.draft_ctx):
                     if ctx is not None:

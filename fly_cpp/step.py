@@ -72,6 +72,7 @@ class Stats:
     target_seconds: float = 0.0
     seconds: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list, repr=False)
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # tokens drafted -> rounds
 
     @property
     def mean_accepted(self) -> float:

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,8 +77,9 @@ class Tally:
         self.examples.setdefault(kind, detail[:300])
 
 
-def body(kind: str, prompt: str, mode: str, max_tokens: int, cold: bool) -> tuple[str, dict[str, Any]]:
-    common: dict[str, Any] = {"mode": mode, "temperature": 0, "stream": kind.endswith("stream")}
+def body(kind: str, prompt: str, mode: str, max_tokens: int, cold: bool, k: str) -> tuple[str, dict[str, Any]]:
+    common: dict[str, Any] = {"mode": mode, "temperature": 0, "stream": kind.endswith("stream"),
+                              "k": k if k == "auto" else int(k)}
     if cold:
         common["cache_prompt"] = False
     if kind.startswith("completion"):
@@ -138,12 +140,12 @@ def normalise(kind: str, text: str) -> str:
 
 
 async def references(http: httpx.AsyncClient, pool: list[str], modes: list[str], max_tokens: int,
-                     cold: bool) -> dict[tuple[str, int, str], str]:
+                     cold: bool, k: str) -> dict[tuple[str, int, str], str]:
     refs = {}
     for i, prompt in enumerate(pool):
         for mode in modes:
             for kind in ("completion", "chat"):
-                path, payload = body(kind, prompt, mode, max_tokens, cold)
+                path, payload = body(kind, prompt, mode, max_tokens, cold, k)
                 outcome, text = await ask(http, kind, path, payload, None)
                 if outcome != "ok" or text is None:
                     sys.exit(f"reference request failed: {outcome}: {text}")
@@ -169,7 +171,7 @@ async def client(http: httpx.AsyncClient, rng: random.Random, deadline: float, p
             continue
         kind = rng.choice(KINDS)
         i, mode = rng.randrange(len(pool)), rng.choice(modes)
-        path, payload = body(kind, pool[i], mode, args.max_tokens, args.cold)
+        path, payload = body(kind, pool[i], mode, args.max_tokens, args.cold, args.k)
         leave = rng.random() < args.disconnects
         tally.requests[kind] += 1
         try:
@@ -241,7 +243,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
     limits = httpx.Limits(max_connections=args.clients * 2 + 4)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=args.timeout, limits=limits) as http:
         t0 = time.monotonic()
-        refs = await references(http, pool, modes, args.max_tokens, args.cold)
+        refs = await references(http, pool, modes, args.max_tokens, args.cold, args.k)
         ref_seconds = time.monotonic() - t0
         before = (await http.get("/metrics")).text
         tally = Tally()
@@ -255,14 +257,14 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         wall = time.monotonic() - start
         rss.append((round(time.monotonic() - start, 1), round(rss_mb(pid) or 0.0, 1)))
         # after the storm: the same references again, one at a time (nothing left behind)
-        again = await references(http, pool, modes, args.max_tokens, args.cold)
+        again = await references(http, pool, modes, args.max_tokens, args.cold, args.k)
         after = (await http.get("/metrics")).text
         health = (await http.get("/health")).status_code
     drift = sum(1 for k in refs if refs[k] != again[k])
     done = sum(tally.completed.values())
     return {
         "clients": args.clients, "minutes": args.minutes, "prompts": len(pool), "modes": modes,
-        "max_tokens": args.max_tokens, "cold": args.cold, "reference_seconds": round(ref_seconds, 1),
+        "max_tokens": args.max_tokens, "k": args.k, "cold": args.cold, "reference_seconds": round(ref_seconds, 1),
         "wall_seconds": round(wall, 1), "requests": sum(tally.requests.values()), "requests_by_kind": dict(tally.requests),
         "completed": done, "completed_by_kind": dict(tally.completed), "deliberate_disconnects": sum(tally.disconnects.values()),
         "deliberate_malformed_by_status": dict(tally.malformed), "errors_by_kind": dict(tally.errors),
@@ -315,6 +317,8 @@ def main() -> None:
     p.add_argument("--disconnects", type=float, default=0.1, help="share of requests the client abandons")
     p.add_argument("--malformed", type=float, default=0.05, help="share of requests that are malformed on purpose")
     p.add_argument("--cold", action="store_true", help="cache_prompt: false on every request")
+    p.add_argument("--k", default="8", help="k on every request; 'auto' adapts to measured timings, so fly "
+                                            "answers are then not a function of the request alone")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--rss-every", type=float, default=15)
@@ -324,6 +328,7 @@ def main() -> None:
     if url is None:
         proc, url = start_server(["-t", "1", *serve_args])
         pid = proc.pid
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below stops the server
     try:
         report = asyncio.run(soak(url, pid, args))
     finally:

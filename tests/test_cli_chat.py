@@ -41,7 +41,7 @@ def saved(child: pexpect.spawn, path) -> dict:
 
 
 def test_chat_in_a_terminal(env, tmp_path):
-    child = spawn(env, "--system", "You tell stories.", "-n", "30", "--show-accepts")
+    child = spawn(env, "--system", "You tell stories.", "-n", "30", "--show-accepts", "--k", "8")
     child.sendline("Tell me a story.")
     child.expect(FOOTER)
     answer = child.before

@@ -126,7 +126,7 @@ def test_n_probs_stream_per_token(client):
 
 
 def test_probabilities_match_the_teacher_forced_pass(fly):
-    gen = fly.generate(PROMPT, max_tokens=120, n_probs=4, window=1, entropy_threshold=0.0)
+    gen = fly.generate(PROMPT, max_tokens=120, n_probs=4, window=1, entropy_threshold=0.0, k=8)
     steps = list(gen)
     score = fly.engine.score(gen.prompt, gen.tokens, top_n=4)
     assert gen.stats.n_loose > 0  # loosely accepted tokens are scored too
@@ -166,7 +166,7 @@ def test_timings_on_every_endpoint(client):
 
 def test_chunks_say_how_each_token_was_accepted(client):
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "A story"}], "max_tokens": 30,
-                                                  "stream": True, "window": 1, "entropy_threshold": 0})
+                                                  "stream": True, "window": 1, "entropy_threshold": 0, "k": 8})
     flags = [c["fly_token"] for c in (json.loads(e) for e in sse(r.text)[:-1]) if "fly_token" in c]
     assert flags and any(f["drafted"] for f in flags) and any(f["loose"] for f in flags)
 

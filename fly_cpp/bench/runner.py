@@ -51,7 +51,7 @@ class Runner:
         if any(m.peer for m in modes) and peer is None:
             raise ValueError("peer modes need a Peer")
         self.engine, self.modes, self.config, self.peer = engine, list(modes), config, peer
-        reserve = config.max_tokens + max((m.k or 0) for m in modes) + 2
+        reserve = config.max_tokens + max(m.max_draft for m in modes) + 2
         self.renderer = PromptRenderer(engine, template=config.template, reserve=reserve)
 
     def _generate(self, mode: Mode, rendered: Rendered, max_tokens: int) -> dict[str, Any]:

@@ -17,11 +17,11 @@ import math
 import types
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
 
-from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
 from fly_cpp.server.compat import IGNORED
 
@@ -34,6 +34,8 @@ def _inf(value: Any) -> Any:
 
 
 def _field_type(name: str, hint: Any) -> Any:
+    if name == "k":  # a number, or the controller's "auto"
+        return int | Literal[AUTO]  # type: ignore[valid-type]
     if name == "logit_bias":  # llama-server's and OpenAI's shapes, resolved by logit_bias() below
         return dict[str, Any] | list[Any]
     if isinstance(hint, types.UnionType):  # X | None: the request's None already means "unset"
