@@ -146,15 +146,17 @@ class _Result:
     async def stream(self, items: AsyncIterator[Step | None]) -> AsyncIterator[bytes]:
         gen, body = self.gen, self.body
         pending: list[Step] = []
+        sent = 0  # tokens so far (the generation itself may be ahead of this stream)
         async for step in items:
             if step is None:
                 break
             pending.append(step)
+            sent += 1
             if not step.text:
                 continue  # its text comes with a later token; so do its probabilities
             event: dict[str, Any] = {
                 "index": 0, "content": step.text, "tokens": [s.token for s in pending], "stop": False,
-                "id_slot": 0, "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
+                "id_slot": 0, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
                 "fly_token": step_flags(step)}
             if body.n_probs:
                 event["completion_probabilities"] = self._probs(pending)
