@@ -66,8 +66,7 @@ class Engine:
         try:
             t = self.target_settings
             n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
-                                  n_ubatch=t.n_ubatch)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads)
             if self.draft_settings is not None:
                 d = self.draft_settings
                 self.draft_model = self._load(d)
@@ -79,8 +78,7 @@ class Engine:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=threads,
-                                         n_batch=d.n_batch, n_ubatch=d.n_ubatch)
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
         except BaseException:
             self._close()
             raise
@@ -88,7 +86,12 @@ class Engine:
     @staticmethod
     def _load(s: ModelSettings) -> Model:
         return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack)
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+
+    @staticmethod
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
+        return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
 
     # -- what is loaded --------------------------------------------------------------------
 

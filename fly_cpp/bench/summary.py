@@ -70,7 +70,7 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str
         "tokens_per_second": n_tokens / seconds if seconds > 0 else None,
         "speedup_median": median(r.get("speedup") for r in recs),
         "speedup_geomean": geomean(r.get("speedup") for r in recs),
-        "n_rounds": rounds, "mean_accepted": n_tokens / rounds if rounds else None,
+        "n_rounds": rounds, "mean_accepted": (n_tokens + total("n_eog")) / rounds if rounds else None,
         "n_drafted": total("n_drafted"),
     }
     if out["peer"]:
