@@ -42,8 +42,9 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def open_engine(options: dict[str, Any]) -> Engine:
-    """Build the engine the options describe (the bundled pair when no model is named)."""
+def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSettings | None]:
+    """The target's and the draft's settings the options describe (the bundled pair when no
+    model is named); the draft follows the target unless its own options say otherwise."""
     from fly_cpp.models import sources
 
     given = sources.resolve(
@@ -56,4 +57,9 @@ def open_engine(options: dict[str, Any]) -> Engine:
     draft = None
     if given.draft is not None:
         draft = target.for_draft(given.draft, **pick(options, ModelSettings, "draft_"))
-    return Engine(target, draft)
+    return target, draft
+
+
+def open_engine(options: dict[str, Any]) -> Engine:
+    """Build the engine the options describe."""
+    return Engine(*model_settings(options))

@@ -292,6 +292,7 @@ class Context:
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
         self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
+        self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p

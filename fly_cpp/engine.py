@@ -42,7 +42,8 @@ class EngineInfo:
     draft_name: str | None
     n_ctx: int
     n_vocab: int
-    n_threads: int
+    n_threads: int  # threads of the target's context, and of the draft's (None: no draft model)
+    draft_n_threads: int | None
     bos: int
     eos: int
     add_bos: bool
@@ -112,7 +113,8 @@ class Engine:
         return EngineInfo(
             target=self.target_settings, draft=self.draft_settings, target_name=m.name,
             draft_name=self.draft_model.name if self.draft_model is not None else None,
-            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target_settings.threads,
+            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target.n_threads,
+            draft_n_threads=self.draft_ctx.n_threads if self.draft_ctx is not None else None,
             bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
             chat_template=m.meta("tokenizer.chat_template"))
 

@@ -234,7 +234,7 @@ def test_bad_arguments_raise_clear_errors(fly, stories, tmp_path):
         Fly(stories, model_path=stories)
     with pytest.raises(FlyError, match="needs a target"):
         Fly(draft=stories)
-    with pytest.raises(FlyError, match="hf_repo and hf_file go together"):
+    with pytest.raises(FlyError, match="hf_file needs hf_repo"):
         Fly(hf_file="model.gguf")
     with pytest.raises(TypeError, match="not both"):
         Fly(stories, hf_repo="owner/name", hf_file="model.gguf")
@@ -284,6 +284,41 @@ def test_abandoned_stream_leaves_a_usable_instance(fly):
         pass
     stream.close()
     assert fly.create_completion("Mom said,", 30)["choices"][0]["text"] == expected
+
+
+def test_draft_follows_the_target_settings(stories, stories_draft):
+    with Fly(stories, stories_draft, n_ctx=256, n_threads=2, type_k="f32", type_v="f32", flash_attn="off") as f:
+        info = f.engine.info()
+        assert info.n_threads == 2 and info.draft_n_threads == 2  # the draft's context got the target's threads
+        assert (info.draft.type_k, info.draft.type_v, info.draft.flash_attn) == ("f32", "f32", "off")
+        assert f.create_completion("Once", max_tokens=4)["usage"]["completion_tokens"] == 4
+    with Fly(stories, stories_draft, n_ctx=256, n_threads=2, draft_n_threads=1, draft_type_k="f32") as f:
+        info = f.engine.info()
+        assert info.n_threads == 2 and info.draft_n_threads == 1 and info.draft.type_k == "f32"
+        assert info.target.type_k == "f16"
+
+
+def test_llama_cpp_python_habits(stories, capfd):
+    """verbose= is accepted (True echoes llama.cpp's log); chat_format names llama-cpp-python knows."""
+    with Fly(stories, n_ctx=256, n_threads=1, verbose=False, chat_format="llama-3") as f:
+        assert f.chat_format.name == "llama-3"
+    assert "llama_model_loader" not in capfd.readouterr().err
+    from fly_cpp import _llama
+
+    try:
+        with Fly(stories, n_ctx=256, n_threads=1, verbose=True):
+            pass
+        assert "llama_model_loader" in capfd.readouterr().err
+    finally:
+        _llama.set_verbose(False)
+
+
+def test_small_context_is_honoured(stories):
+    with Fly(stories, n_ctx=64, n_threads=1) as f:  # llama.cpp allocates 256; the context still holds 64
+        assert f.n_ctx == 64
+        gen = f.generate("Once upon a time", max_tokens=None)
+        gen.run()
+        assert gen.context_full and gen.stats.n_prompt + gen.stats.n_tokens == 65
 
 
 def test_bundled_pair_by_default():
