@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,7 +64,7 @@ def list_() -> None:
         click.echo(f"      {where}")
 
 
-def _list_local(heading: str, files: list) -> None:  # type: ignore[type-arg]
+def _list_local(heading: str, files: list[Any]) -> None:
     click.echo(f"\n{heading}")
     if not files:
         click.echo("  (no GGUF files)")

@@ -32,6 +32,8 @@ from fly_cpp.generation import Generation
 
 PathLike = str | os.PathLike[str]
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name != "path")
+# llama-cpp-python's keywords for model settings (Llama(use_mmap=False)), from the fields' metadata
+_PY_NAMES = {f.metadata["python"]: f.name for f in dataclasses.fields(ModelSettings) if "python" in f.metadata}
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(SpecSettings))
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingSettings))
 _CALL_FIELDS = _SPEC_FIELDS + _SAMPLING_FIELDS
@@ -113,6 +115,9 @@ class Fly:
         draft_changes: dict[str, Any] = {}
         call: dict[str, Any] = {}
         for name, value in settings.items():
+            bare = name[6:] if name.startswith("draft_") else name
+            if bare in _PY_NAMES:
+                name = name[: len(name) - len(bare)] + _PY_NAMES[bare]
             if name in _MODEL_FIELDS:
                 target_changes[name] = value
             elif name.startswith("draft_") and name[6:] in _MODEL_FIELDS:

@@ -24,7 +24,8 @@ FLASH_ATTN = ("auto", "on", "off")
 def _help(text: str, *, aliases: tuple[str, ...] = (), draft: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
     """A field's metadata: its help text, and the spellings llama.cpp gives the option
     (``aliases``; ``draft``: those of the draft model's copy, e.g. ``-td``), which the command
-    line accepts besides the field's own name."""
+    line accepts besides the field's own name (``extra`` may name llama-cpp-python's keyword for
+    it, ``python="use_mmap"``, which the Python API accepts)."""
     return {"help": text, "aliases": aliases, "draft_aliases": draft, **extra}
 
 
@@ -65,8 +66,9 @@ class ModelSettings:
     flash_attn: str = field(default="auto", metadata=_help(
         "flash attention: on, off or auto (a bare -fa means on)", aliases=("-fa",), bare="on"))
     mmap: bool | None = field(default=None, metadata=_help(
-        "memory-map the model file; unset = llama.cpp's choice (mmap unless a device cannot)"))
-    mlock: bool = field(default=False, metadata=_help("keep the model in RAM (no swapping or compressing)"))
+        "memory-map the model file; unset = llama.cpp's choice (mmap unless a device cannot)", python="use_mmap"))
+    mlock: bool = field(default=False, metadata=_help("keep the model in RAM (no swapping or compressing)",
+                                                      python="use_mlock"))
     repack: bool | None = field(default=None, metadata=_help(
         "let llama.cpp repack quantized weights for the CPU; unset = on, except on AMX CPUs where it crashes"))
 

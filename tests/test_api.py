@@ -300,8 +300,10 @@ def test_draft_follows_the_target_settings(stories, stories_draft):
 
 def test_llama_cpp_python_habits(stories, capfd):
     """verbose= is accepted (True echoes llama.cpp's log); chat_format names llama-cpp-python knows."""
-    with Fly(stories, n_ctx=256, n_threads=1, verbose=False, chat_format="llama-3") as f:
+    with Fly(stories, n_ctx=256, n_threads=1, verbose=False, chat_format="llama-3", use_mmap=False,
+             flash_attn=True) as f:
         assert f.chat_format.name == "llama-3"
+        assert f.info.target.mmap is False and f.info.target.flash_attn == "on"
     assert "llama_model_loader" not in capfd.readouterr().err
     from fly_cpp import _llama
 
