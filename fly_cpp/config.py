@@ -127,7 +127,8 @@ class SpecSettings:
         "stop a draft when the draft's top probability falls below this",
         aliases=("--draft-p-min", "--spec-draft-p-min")))
     n_min: int = field(default=0, metadata=_help(
-        "drop drafts shorter than this (the target then decodes one token alone that round)",
+        "drop drafts shorter than this (the target then decodes one token alone that round); a round that "
+        "may draft fewer (near the end of -n or of the context) keeps a draft of that length",
         aliases=("--draft-min", "--draft-n-min", "--spec-draft-n-min")))
     cross_round: bool = field(default=False, metadata=_help(
         "fly: keep a gated mismatch near the end of a draft provisionally and finish its window in the next round",
@@ -146,6 +147,7 @@ class SpecSettings:
         _require(self.ngram_tokens >= 1, f"ngram_tokens must be >= 1, got {self.ngram_tokens}")
         _require(0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}")
         _require(self.n_min >= 0, f"n_min must be >= 0, got {self.n_min}")
+        _require(not isinstance(self.k, int) or self.n_min <= self.k, f"n_min ({self.n_min}) must be <= k ({self.k})")
         _require(0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
 

@@ -315,6 +315,26 @@ def test_llama_cpp_python_habits(stories, capfd):
         _llama.set_verbose(False)
 
 
+def test_draft_min_drops_short_drafts(fly):
+    class TwoTokens:
+        """Always drafts two tokens (the last one, twice)."""
+
+        def draft(self, committed, limit):
+            return [committed[-1]] * min(2, limit)
+
+    prompt = fly.tokenize("Once upon a time")
+    spec = SpecSettings(mode="spd", k=4, n_min=3)
+    dropped = fly.engine.generate(prompt, spec=spec, max_tokens=12, drafter=TwoTokens()).run()
+    # every draft is too short, except in the last two rounds: there the token budget leaves room for only
+    # 2 and 1 drafted tokens, and a draft as long as the round allows is kept
+    assert dropped.stats.n_drafted == 2 + 1 and dropped.stats.n_rounds == 12
+    kept = fly.engine.generate(prompt, spec=SpecSettings(mode="spd", k=4, n_min=2), max_tokens=12,
+                               drafter=TwoTokens()).run()
+    assert kept.stats.n_drafted > 0 and kept.tokens == dropped.tokens  # spd: the target's text either way
+    with pytest.raises(FlyError, match=r"n_min \(5\) must be <= k \(4\)"):
+        SpecSettings(k=4, n_min=5)
+
+
 def test_small_context_is_honoured(stories):
     with Fly(stories, n_ctx=64, n_threads=1) as f:  # llama.cpp allocates 256; the context still holds 64
         assert f.n_ctx == 64
