@@ -9,24 +9,24 @@ from typing import Any
 import click
 
 from fly_cpp.cli.models_opt import model_options, open_engine
-from fly_cpp.cli.options import DraftLengths, NumberList, pick, settings_options
+from fly_cpp.cli.options import DraftLengths, NumberList, field_aliases, max_tokens_option, pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
 
 
 @click.command()
-@click.option("--dataset", required=True,
-              help="spec_bench, mt_bench, gsm8k, humaneval, mbpp, or a JSONL file with a prompt field per line")
+@click.option("--dataset", default="spec_bench", show_default=True,
+              help="spec_bench (the speculative-decoding benchmark's mix of tasks), mt_bench, gsm8k, humaneval, mbpp, "
+                   "or a JSONL file with a prompt field per line")
 @click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
 @click.option("--modes", default="target,spd,fly", show_default=True,
               help="comma-separated modes: target, spd, fly, spd-plain, fly-plain, fly-nowindow, fly-nogate")
-@click.option("--k", "ks", type=DraftLengths(),
+@click.option("--k", *field_aliases(SpecSettings, "k"), "ks", type=DraftLengths(),
               help="tokens drafted per round, 'auto' or a number; a list (auto,3,5,8) sweeps k [default: auto]")
 @click.option("--peer-k", "peer_ks", type=NumberList(int, minimum=1),
               help="llama.cpp's draft lengths (--spec-draft-n-max) with --llama-cpp-bin, e.g. 3,5,8,16 "
                    "[default: the numbers among --k, else 3]")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="tokens generated per prompt")
+@max_tokens_option(type=click.IntRange(min=1), default=128, show_default=True, help="tokens generated per prompt")
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,
               help="directory for results.json, summary.md and the plots")
 @click.option("--llama-cpp-bin", type=click.Path(),
@@ -88,5 +88,5 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int | str, ...]
             result = run_benchmark(engine, data, mode_list, config, limit=limit, peer=peer, progress=step)
     out_dir = Path(out)
     files = report.write(result, out_dir, with_plots=plots)
-    click.echo(report.markdown(result))
+    click.echo(report.terminal(result))
     click.echo(f"wrote {', '.join(str(out_dir / f) for f in files)}", err=True)

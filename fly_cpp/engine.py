@@ -44,7 +44,8 @@ class EngineInfo:
     draft_name: str | None
     n_ctx: int
     n_vocab: int
-    n_threads: int
+    n_threads: int  # threads of the target's context, and of the draft's (None: no draft model)
+    draft_n_threads: int | None
     bos: int
     eos: int
     add_bos: bool
@@ -70,8 +71,7 @@ class Engine:
         try:
             t = self.target_settings
             n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
-                                  n_ubatch=t.n_ubatch)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads)
             if self.draft_settings is not None:
                 d = self.draft_settings
                 self.draft_model = self._load(d)
@@ -83,8 +83,7 @@ class Engine:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=threads,
-                                         n_batch=d.n_batch, n_ubatch=d.n_ubatch)
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
         except BaseException:
             self._close()
             raise
@@ -92,7 +91,12 @@ class Engine:
     @staticmethod
     def _load(s: ModelSettings) -> Model:
         return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack)
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+
+    @staticmethod
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
+        return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -113,7 +117,8 @@ class Engine:
         return EngineInfo(
             target=self.target_settings, draft=self.draft_settings, target_name=m.name,
             draft_name=self.draft_model.name if self.draft_model is not None else None,
-            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target_settings.threads,
+            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target.n_threads,
+            draft_n_threads=self.draft_ctx.n_threads if self.draft_ctx is not None else None,
             bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
             chat_template=m.meta("tokenizer.chat_template"))
 

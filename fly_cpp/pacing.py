@@ -217,4 +217,5 @@ class PacedDrafter:
         costs = self.pacer.costs
         costs.observe_target(target_rows, target_seconds)
         costs.observe_host(round_seconds - draft_seconds - target_seconds)
-        self.pacer.observe(self.kind, self.confidences, kept, emitted, round_seconds)
+        verified = self.confidences[: target_rows - 1]  # a draft may have been dropped (n_min)
+        self.pacer.observe(self.kind if verified else "target", verified, kept, emitted, round_seconds)
