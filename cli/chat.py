@@ -162,6 +162,8 @@ class Session:
         elif gen.context_full:
             footer += ", context full"
         note(footer + "]", dim=True)
+        if not self.stop_requested and (slower := self.fly.engine.slower_note(gen)) is not None:
+            note(f"fly-cpp: note: {slower}", dim=True)
 
     def write(self, gen: Generation) -> list[Step]:
         """Stream the answer to stdout until it ends or Ctrl-C asks it to stop; returns the

@@ -52,6 +52,8 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
             out.write("\n")
             out.flush()
             click.echo(gen.stats.summary(), err=True)
+        if (note := engine.slower_note(gen)) is not None:
+            click.echo(f"fly-cpp: note: {note}", err=True)
         if gen.context_full:
             click.echo(f"fly-cpp: note: the context is full (n_ctx={engine.n_ctx}); generation stopped", err=True)
 

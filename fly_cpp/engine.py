@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, calibrate
+from fly_cpp.costs import Costs, calibrate, slower_note
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
 from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
-from fly_cpp.step import Step
+from fly_cpp.step import Stats, Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -174,7 +174,8 @@ class Engine:
             drafter = self.drafter(spec)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
         steps = loop.run(request, self.target, drafter, out)
-        gen = Generation(request, out, self._locked(steps, calibrate=isinstance(drafter, PacedDrafter)))
+        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
+        gen = Generation(request, out, self._locked(steps, out.stats, pacer))
         self._open.add(gen)
         return gen
 
@@ -190,23 +191,31 @@ class Engine:
             return base
         key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
         if key not in self._pacers:
-            self._pacers[key] = Pacer(self.costs, spec.k_max)
+            self._pacers[key] = Pacer(self._cost_model, spec.k_max)
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
-        first use. Called inside a generation, or by a caller that holds no generation open."""
+        first use; ``refresh`` measures again. Waits for a running generation."""
+        with self._lock:
+            return self._cost_model(refresh=refresh)
+
+    def _cost_model(self, *, refresh: bool = False) -> Costs:
         if self._costs is None or refresh:
             token = self.target_model.bos if self.target_model.bos >= 0 else 0
             self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
                                           token, refresh=refresh)
         return self._costs
 
-    def _locked(self, steps: Iterator[Step], calibrate: bool = False) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None) -> Iterator[Step]:
         with self._lock:
-            if calibrate:  # once per pair and machine (cached on disk), before the clock starts
-                self.costs()
-            yield from steps
+            if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
+                self._cost_model()
+            try:
+                yield from steps
+            finally:
+                if pacer is not None:
+                    stats.pacing = pacer.as_dict()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
@@ -221,6 +230,16 @@ class Engine:
         generations: it waits for a running one)."""
         with self._lock:
             return scoring.score(self.target, prompt, output, top_n)
+
+    def slower_note(self, gen: Generation) -> str | None:
+        """One line when ``gen`` (finished) ran slower than the target alone would have here,
+        with the measured reason and what to try; None otherwise (or when it was too short to
+        tell). Measures the pair's costs if no generation did yet (cached on disk)."""
+        s = gen.stats
+        if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
+            return None
+        model = self.costs()
+        return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)
 
     # -- lifetime --------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class Stats:
     seconds: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list, repr=False)
     draft_lengths: dict[int, int] = field(default_factory=dict)  # tokens drafted -> rounds
+    pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
 
     @property
     def mean_accepted(self) -> float:

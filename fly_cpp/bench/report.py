@@ -74,11 +74,34 @@ def _has_peer(result: dict[str, Any]) -> bool:
 def notes(result: dict[str, Any]) -> list[str]:
     """Findings about the run as a whole, under the table (here and in summary.md)."""
     lines = []
+    rows = {r["mode"]: r for r in result["summary"]}
+    target = rows.get("target")
+    slow = [r for r in result["summary"] if not r["peer"] and r["mode"] != "target"
+            and (r.get("speedup_geomean") or 1.0) < 1.0]
+    if slow and target and target.get("target_ms_per_round"):
+        lines += ["", "Slower than the target alone, measured:", ""]
+        for r in slow:
+            lines.append(f"- {r['mode']}: {r['speedup_geomean']:.2f}x. {slower_reason(r, target)}")
+    for r in (r for r in result["summary"] if r.get("k") == "auto"):
+        hist = ", ".join(f"{k}: {v}" for k, v in (r.get("draft_length_histogram") or {}).items())
+        lines += ["", f"{r['mode']} (k auto) drafted per round (length: rounds): {hist}"]
     if result.get("comparisons"):
         lines += ["", "fly-cpp vs llama.cpp (tokens/s ratio per prompt, geometric mean):", ""]
         for c in result["comparisons"]:
             lines.append(f"- {c['ours']} / {c['peer']}: {_cell(c['tokens_per_second_ratio'], '{:.3f}')}")
     return lines
+
+
+def slower_reason(row: dict[str, Any], target: dict[str, Any]) -> str:
+    """Why a mode was slower than the target, from the bench's own per-round times."""
+    t1 = target["target_ms_per_round"]  # the target alone: one decode per token
+    drafted = row.get("mean_draft_length") or 0.0
+    per_draft = row["draft_ms_per_round"] / drafted if drafted else 0.0
+    verify = row["target_ms_per_round"]
+    return (f"A round spent {row['draft_ms_per_round']:.1f} ms drafting ({per_draft / t1:.2f} of a target "
+            f"token per drafted token) and {verify:.1f} ms verifying {drafted + 1:.1f} rows "
+            f"({verify / t1:.1f} target tokens) for {row['mean_accepted']:.2f} tokens. Try k auto "
+            "(it drafts only where that pays), a cheaper draft, or the target alone.")
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -87,6 +87,9 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str
     host_s = total("host_seconds")
     per_round = lambda x: 1000.0 * x / rounds if rounds else None  # noqa: E731
     hist = Counter(n for s in stats for n in s.get("accepted_lengths", []))
+    drafts: Counter[int] = Counter()
+    for s in stats:
+        drafts.update({int(k): v for k, v in (s.get("draft_lengths") or {}).items()})
     loose = Counter(s["accepted_lengths"][r - 1] for s in stats for r in s.get("loose_rounds", []))
     nll = mean(r.get("nll") for r in recs)
     out.update(
@@ -100,6 +103,8 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str
         nll=nll, nll_ratio=_ratio(nll, ref_nll),
         accepted_length_histogram={str(k): hist[k] for k in sorted(hist)},
         accepted_length_histogram_loose={str(k): loose[k] for k in sorted(loose)},  # rounds with a loose accept
+        draft_length_histogram={str(k): drafts[k] for k in sorted(drafts)},  # tokens drafted -> rounds
+        mean_draft_length=total("n_drafted") / rounds if rounds else None,
     )
     out["efficiency"] = _ratio(out["speedup_geomean"], out["ideal_speedup_geomean"])
     checks = [r["check"]["passed"] for r in recs if "check" in r]
