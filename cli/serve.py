@@ -14,7 +14,8 @@ from typing import Any
 
 import click
 
-from fly_cpp.cli.models_opt import engine_settings, model_options
+from fly_cpp.chat_format import BUILTIN, is_builtin
+from fly_cpp.cli.models_opt import model_options, model_settings
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, ServerSettings, SpecSettings
 from fly_cpp.errors import FlyError
@@ -24,14 +25,16 @@ API_KEY_ENV = "FLY_CPP_API_KEY"
 
 @click.command()
 @settings_options(ServerSettings)
-@click.option("--chat-format", help="plain, chatml, or a Jinja template file [default: the model's "
+@click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
               "tokenizer.chat_template, else plain]")
+@click.option("-a", "--alias", help="the model name /v1/models and every response report [default: the target's "
+              "file name]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="server log level (info logs each request)")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
-def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
+def serve(chat_format: str | None, alias: str | None, log_level: str, **options: Any) -> None:
     """Serve a target/draft pair over HTTP: llama-server's /completion, /tokenize, /detokenize,
     /apply-template, /props, /slots, /health, /metrics, OpenAI's /v1/completions,
     /v1/chat/completions, /v1/models, and a chat page at / (open it in a browser).
@@ -51,7 +54,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     if API_KEY_ENV in os.environ and options.get("api_key") is None:
         options["api_key"] = os.environ[API_KEY_ENV]  # set but empty: refused below, never "no key"
     settings = ServerSettings(**pick(options, ServerSettings))
-    if chat_format is not None and chat_format not in ("plain", "chatml"):
+    if chat_format is not None and not is_builtin(chat_format):
         try:
             with open(chat_format, encoding="utf-8") as f:
                 chat_format = f.read()
@@ -59,7 +62,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
             raise FlyError(f"cannot read chat template {chat_format}: {e.strerror}") from None
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
-    target, draft = engine_settings(options)  # checked (and downloaded) before the port is bound
+    target, draft = model_settings(options)  # checked (and downloaded) before the port is bound
     Engine.preflight(target, draft)  # context size and memory, without loading the weights
     cap, backlog = limits(settings.max_connections)
     _log_to_stderr(log_level)
@@ -69,7 +72,10 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     failure: list[BaseException] = []
 
     def load() -> Fly:
-        return Fly.from_engine(Engine(target, draft), chat_format=chat_format, spec=spec, sampling=sampling)
+        fly = Fly.from_engine(Engine(target, draft), chat_format=chat_format, spec=spec, sampling=sampling)
+        if alias:
+            fly.model = alias
+        return fly
 
     def ready(fly: Fly) -> None:
         note = fly.info.draft_name or "n-gram lookup only"

@@ -26,19 +26,42 @@ from fly_cpp.errors import FlyError
 
 GGUF_MAGIC = b"GGUF"
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
+_FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+_GGML_BF16 = 30  # ggml's id for bf16 (llama-cpp-python names no constant for it)
 _VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLAMO2"}
 
 _log_tail: collections.deque[str] = collections.deque(maxlen=32)
 _init_lock = threading.Lock()
 _initialised = False
+_verbose = False
 
 
 @ll.llama_log_callback
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     _log_tail.append(message)
-    if os.environ.get("FLY_CPP_VERBOSE"):
+    if _verbose or os.environ.get("FLY_CPP_VERBOSE"):
         sys.stderr.write(message)
+
+
+def set_verbose(on: bool) -> None:
+    """Echo llama.cpp's log to stderr (process-wide, as llama.cpp's log is), as FLY_CPP_VERBOSE=1 does."""
+    global _verbose
+    _verbose = on
+
+
+def _ggml_type(name: str) -> int:
+    return _GGML_BF16 if name == "bf16" else getattr(ll, f"GGML_TYPE_{name.upper()}")
+
+
+def _load_mode(mmap: bool | None, mlock: bool) -> int:
+    """llama.cpp's load mode for the mmap/mlock pair (None: llama.cpp's own choice)."""
+    if mmap is None and not mlock:
+        return ll.LLAMA_LOAD_MODE_AUTO
+    if mlock:
+        return ll.LLAMA_LOAD_MODE_MLOCK if mmap is False else ll.LLAMA_LOAD_MODE_MMAP_MLOCK
+    return ll.LLAMA_LOAD_MODE_MMAP if mmap else ll.LLAMA_LOAD_MODE_NONE
 
 
 def _init_backend() -> None:
@@ -54,7 +77,7 @@ def last_log_error() -> str:
     """The most recent llama.cpp log line that looks like an error, for error messages."""
     for line in reversed(_log_tail):
         line = line.strip()
-        if line and ("error" in line.lower() or "failed" in line.lower()):
+        if line and any(word in line.lower() for word in ("error", "failed", "does not", "not supported", "invalid")):
             return line
     return ""
 
@@ -181,6 +204,8 @@ class Model:
         tensor_split: Sequence[float] = (),
         vocab_only: bool = False,
         repack: bool | None = None,
+        mmap: bool | None = None,
+        mlock: bool = False,
     ) -> None:
         self.path = check_gguf(path)
         _init_backend()
@@ -189,6 +214,7 @@ class Model:
         params.split_mode = _SPLIT[split_mode]
         params.main_gpu = main_gpu
         params.vocab_only = vocab_only
+        params.load_mode = _load_mode(mmap, mlock)
         params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
         if tensor_split:
             n_dev = ll.llama_max_devices()
@@ -342,9 +368,12 @@ class Context:
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
-                 precise: bool = False) -> None:
-        """``precise``: an F32 KV cache and no flash attention, so that logits match a float64
-        reference forward pass to ~1e-5 (for checking converted models; slower)."""
+                 type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False) -> None:
+        """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
+        256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
+        ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
+        and no flash attention, so that logits match a float64 reference forward pass to ~1e-5
+        (for checking converted models; slower)."""
         self.model = model
         # llama.cpp caps the batch at the context; so does the batch allocated here, which
         # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill)
@@ -357,6 +386,8 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        params.type_k, params.type_v = _ggml_type(type_k), _ggml_type(type_v)
+        params.flash_attn_type = _FLASH_ATTN[flash_attn]
         if precise:
             params.type_k = params.type_v = ll.GGML_TYPE_F32
             params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -366,8 +397,9 @@ class Context:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
         self.n_threads = n_threads
-        self.n_ctx: int = ll.llama_n_ctx(self.ptr)
+        self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
+        self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p

@@ -201,3 +201,32 @@ def _store(key: str, target: Curve, draft: Curve | None) -> None:
             tmp.replace(path)
         except OSError:
             pass  # a read-only home: measure again next time
+
+
+def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,
+                auto: bool) -> str | None:
+    """One line when a generation ran slower than the target alone would here (measured costs),
+    saying why (draft cost and verification cost against one target decode) and what to try;
+    None when it did not."""
+    single = costs.host + costs.target(1)
+    alone = 1.0 / single
+    if tokens_per_second <= 0 or tokens_per_second >= 0.95 * alone or mean_drafted <= 0:
+        return None
+    rows = max(int(round(mean_drafted)) + 1, 2)
+    advice = ("k auto was still exploring whether drafting pays on this text" if auto else
+              "try --k auto (it drafts only where that pays)") + ", or --mode target"
+    return (f"{tokens_per_second:.1f} tok/s is slower than the target alone would be here (~{alone:.1f} tok/s): "
+            f"a drafted token costs {costs.draft(1) / single:.2f} of a target decode and verifying {rows} rows "
+            f"costs {costs.target(rows) / costs.target(1):.1f} decodes, for {mean_accepted:.2f} tokens per round; "
+            f"{advice}")
+
+
+def format_curve(costs: Costs) -> str:
+    """The calibrated curves as a table: ms by rows, and each as a multiple of one target decode."""
+    single = costs.target_curve(1)
+    lines = [f"{'rows':>5} {'target ms':>10} {'x 1 row':>8} {'draft ms':>9} {'x target':>9}"]
+    for r in sorted({*costs.target_curve.rows, *(costs.draft_curve.rows if costs.draft_curve else ())}):
+        t = costs.target_curve(r)
+        d = f"{costs.draft_curve(r) * 1e3:9.2f} {costs.draft_curve(r) / single:9.2f}" if costs.draft_curve else ""
+        lines.append(f"{r:>5} {t * 1e3:10.2f} {t / single:8.2f} {d}")
+    return "\n".join(lines)

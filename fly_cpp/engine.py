@@ -18,7 +18,7 @@ from pathlib import Path
 from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model, gguf_hparams, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, calibrate
+from fly_cpp.costs import Costs, calibrate, slower_note
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
@@ -26,7 +26,7 @@ from fly_cpp.output import Output
 from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
 from fly_cpp.sampling import NO_BIAS, LogitBias
-from fly_cpp.step import Step
+from fly_cpp.step import Stats, Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -52,6 +52,10 @@ def _size(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
+KV_SIZE = {"f32": 2.0, "f16": 1.0, "bf16": 1.0, "q8_0": 0.53, "q5_1": 0.38, "q5_0": 0.34, "q4_1": 0.31,
+           "q4_0": 0.28, "iq4_nl": 0.28}  # bytes per KV element, relative to F16
+
+
 def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
     """The context size ``target`` asks for (0: the model's trained context, at most 4096), or a
     FlyError before llama.cpp allocates anything: more than the target was trained for, or KV
@@ -66,8 +70,8 @@ def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
     if any(s.n_gpu_layers != 0 for s, _ in models):
         return n_ctx  # the caches live on the devices: llama.cpp reports what does not fit there
     # the KV caches, and the attention scores of one micro-batch against the whole context
-    need = sum(n_ctx * kv_bytes_per_token(h) + min(s.n_ubatch, s.n_batch, n_ctx) * n_ctx * 4 *
-               h.get("attention.head_count", 1) for s, h in models)
+    need = sum(n_ctx * kv_bytes_per_token(h) * (KV_SIZE.get(s.type_k, 1.0) + KV_SIZE.get(s.type_v, 1.0)) / 2
+               + min(s.n_ubatch, s.n_batch, n_ctx) * n_ctx * 4 * h.get("attention.head_count", 1) for s, h in models)
     free = available_memory()
     if free is not None and need > free:
         raise FlyError(f"n_ctx {n_ctx} needs about {_size(need)} for the KV caches, more than the "
@@ -89,7 +93,8 @@ class EngineInfo:
     draft_name: str | None
     n_ctx: int
     n_vocab: int
-    n_threads: int
+    n_threads: int  # threads of the target's context, and of the draft's (None: no draft model)
+    draft_n_threads: int | None
     bos: int
     eos: int
     add_bos: bool
@@ -122,14 +127,12 @@ class Engine:
                     if not model.rolls_back:
                         raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
                                        "drafted tokens, so it cannot take part in speculative decoding")
-            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
-                                  n_ubatch=t.n_ubatch)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=threads,
-                                         n_batch=d.n_batch, n_ubatch=d.n_ubatch)
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
         except BaseException:
             self._close()
             raise
@@ -144,7 +147,12 @@ class Engine:
     @staticmethod
     def _load(s: ModelSettings) -> Model:
         return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack)
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+
+    @staticmethod
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
+        return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -165,7 +173,8 @@ class Engine:
         return EngineInfo(
             target=self.target_settings, draft=self.draft_settings, target_name=m.name,
             draft_name=self.draft_model.name if self.draft_model is not None else None,
-            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target_settings.threads,
+            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target.n_threads,
+            draft_n_threads=self.draft_ctx.n_threads if self.draft_ctx is not None else None,
             bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
             chat_template=m.meta("tokenizer.chat_template"))
 
@@ -248,27 +257,24 @@ class Engine:
             return base
         key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
         if key not in self._pacers:
-            self._pacers[key] = Pacer(self.costs, spec.k_max)
+            self._pacers[key] = Pacer(self._cost_model, spec.k_max)
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
-        first use. Called inside a generation, or by a caller that holds no generation open."""
+        first use; ``refresh`` measures again. Waits for a running generation."""
+        with self._lock:
+            return self._cost_model(refresh=refresh)
+
+    def _cost_model(self, *, refresh: bool = False) -> Costs:
         if self._costs is None or refresh:
             token = self.target_model.bos if self.target_model.bos >= 0 else 0
             self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
                                           token, refresh=refresh)
         return self._costs
 
-    def _locked(self, steps: Iterator[Step], calibrate: bool = False, fresh: bool = False) -> Iterator[Step]:
-        with self._lock:
-            if calibrate:  # once per pair and machine (cached on disk), before the clock starts
-                self.costs()
-            if fresh:  # cache_prompt off: nothing carried over from earlier generations
-                for ctx in (self.target, self.draft_ctx):
-                    if ctx is not None:
-                        ctx.truncate(0)
-            yield from steps
+        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
+        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
@@ -283,6 +289,16 @@ class Engine:
         generations: it waits for a running one)."""
         with self._lock:
             return scoring.score(self.target, prompt, output, top_n)
+
+    def slower_note(self, gen: Generation) -> str | None:
+        """One line when ``gen`` (finished) ran slower than the target alone would have here,
+        with the measured reason and what to try; None otherwise (or when it was too short to
+        tell). Measures the pair's costs if no generation did yet (cached on disk)."""
+        s = gen.stats
+        if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
+            return None
+        model = self.costs()
+        return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)
 
     # -- lifetime --------------------------------------------------------------------------
 

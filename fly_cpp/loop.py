@@ -56,6 +56,8 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             drafted = drafter.draft(committed, limit) if drafter is not None and limit > 0 else []
+            if len(drafted) < min(spec.n_min, limit) and window.pending is None:
+                drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
             if window.pending is not None and not drafted:  # nothing left to complete the window with
                 _refute(window, committed, target, out)
                 continue

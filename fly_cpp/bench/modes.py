@@ -40,6 +40,7 @@ class Mode:
     spec: SpecSettings | None  # None for a peer
     peer: str | None = None  # "speculative" or "target" for llama.cpp's binaries
     k: int | str | None = None  # a number, "auto", or None (no drafting)
+    p_min: float = 0.0  # llama.cpp's speculative decoding: its --spec-draft-p-min
 
     @property
     def max_draft(self) -> int:
@@ -53,15 +54,24 @@ class Mode:
         return self.peer == "speculative" or (self.spec is not None and self.spec.mode != "target")
 
 
+def _number(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise FlyError(f"--modes: {name!r} names no draft length (use NAME@kN or NAME@kauto)") from None
+
+
 def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
-                peer_ks: Sequence[int] = ()) -> list[Mode]:
+                peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,)) -> list[Mode]:
     """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
     run first. With ``peer``, llama.cpp's target-only run and its speculative decoding at each of
-    ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3)."""
+    ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3) and each of
+    ``peer_p_mins``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
-    unknown = [n for n in names if n not in VARIANTS]
+    pinned = {n: n.partition("@k")[2] for n in names if "@k" in n}  # "fly+xr@k5": that mode at that k only
+    unknown = [n.partition("@k")[0] for n in names if n.partition("@k")[0] not in VARIANTS]
     if unknown:
         raise FlyError(f"unknown mode {unknown[0]!r} in --modes: use some of {', '.join(VARIANTS)}")
     if len(set(names)) != len(names):
@@ -75,13 +85,19 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     for name in names:
         if name == REFERENCE:
             continue
+        if name in pinned:
+            k = pinned[name] if pinned[name] == "auto" else _number(pinned[name], name)
+            modes.append(Mode(name, VARIANTS[name.partition("@k")[0]](dataclasses.replace(base, k=k)), k=k))
+            continue
         for k in ks:
             spec = VARIANTS[name](dataclasses.replace(base, k=k))
             modes.append(Mode(f"{name}@k{k}" if sweep else name, spec, k=k))
     if peer:
         numbers = list(peer_ks) or [k for k in ks if isinstance(k, int)] or [PEER_DEFAULT_K]
         modes.append(Mode("llama.cpp-target", None, peer="target"))
-        for k in numbers:
-            label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
-            modes.append(Mode(label, None, peer="speculative", k=k))
+        for p_min in peer_p_mins:
+            for k in numbers:
+                label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
+                label += f"p{p_min:g}" if len(peer_p_mins) > 1 or p_min else ""
+                modes.append(Mode(label, None, peer="speculative", k=k, p_min=p_min))
     return modes
