@@ -82,6 +82,13 @@ def max_threads() -> int:
     return min(MAX_THREADS, max(cpu_cores(), os.cpu_count() or 1))
 
 
+def _threads(name: str, n: Any) -> None:
+    limit = max_threads()
+    _integer(name, n, 0)
+    _require(n <= limit, f"{name} must be at most {limit} (" + (
+        f"the CPU cores of this machine), got {n}" if limit < MAX_THREADS else f"ggml's thread limit), got {n}"))
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """How one GGUF model is loaded and how its llama.cpp context is made."""
@@ -158,13 +165,6 @@ class ModelSettings:
             if n:
                 return n
         return cpu_cores()
-
-
-def _threads(name: str, n: Any) -> None:
-    limit = max_threads()
-    _integer(name, n, 0)
-    _require(n <= limit, f"{name} must be at most {limit} (" + (
-        f"the CPU cores of this machine), got {n}" if limit < MAX_THREADS else f"ggml's thread limit), got {n}"))
 
     def for_draft(self, path: str, **changes: Any) -> ModelSettings:
         """The draft model's settings: this (the target's) settings, its own ``path``, and the

@@ -240,8 +240,8 @@ class Engine:
             drafter = self.drafter(spec, bias)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
         steps = loop.run(request, self.target, drafter, out)
-        gen = Generation(request, out, self._locked(steps, calibrate=isinstance(drafter, PacedDrafter),
-                                                    fresh=not cache_prompt))
+        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
+        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
         self._open.add(gen)
         return gen
 
@@ -273,8 +273,19 @@ class Engine:
                                           token, refresh=refresh)
         return self._costs
 
-        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
-        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
+        with self._lock:
+            if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
+                self._cost_model()
+            if fresh:  # cache_prompt off: nothing carried over from earlier generations
+                for ctx in (self.target, self.draft_ctx):
+                    if ctx is not None:
+                        ctx.truncate(0)
+            try:
+                yield from steps
+            finally:
+                if pacer is not None:
+                    stats.pacing = pacer.as_dict()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
