@@ -36,6 +36,17 @@ class NumberList(click.ParamType):
         return out
 
 
+class TextList(click.ParamType):
+    """A comma-separated list of strings ("a:1,b:2")."""
+
+    name = "LIST"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        return tuple(v.strip() for v in str(value).split(","))
+
+
 class Threshold(click.ParamType):
     """A float that also accepts 'inf'."""
 
@@ -55,7 +66,7 @@ def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
         return Threshold()
     args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
-        return NumberList(float)
+        return TextList() if args[0] is str else NumberList(float)
     if isinstance(hint, types.UnionType):
         hint = next(a for a in args if a is not type(None))
     return {int: int, float: float, str: str}.get(hint, str)
@@ -82,7 +93,8 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
                 fn = click.option(*decls, default=None, help=help_text)(fn)
             else:
                 decls = [f"--{dashed}", *([] if prefix else _ALIASES.get(f.name, [])), prefix + f.name]
-                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text)(fn)
+                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text,
+                                  metavar=f.metadata.get("metavar"))(fn)
         return fn
 
     return decorate

@@ -36,10 +36,15 @@ class ModelSettings:
     n_batch: int = field(default=512, metadata=_help("largest batch handed to llama_decode"))
     n_ubatch: int = field(default=512, metadata=_help(
         "physical batch size; 1 makes batched verification numerically identical to one-token decoding (slow)"))
-    n_gpu_layers: int = field(default=0, metadata=_help("layers to offload to the GPU; -1 = all"))
+    n_gpu_layers: int = field(default=0, metadata=_help(
+        "layers to offload to the GPUs or rpc servers; -1 = all; 0 = none, or all when rpc servers are given"))
     split_mode: str = field(default="layer", metadata=_help("multi-GPU split: none, layer or row"))
-    tensor_split: tuple[float, ...] = field(default=(), metadata=_help("share of the model per GPU, e.g. 3,1"))
+    tensor_split: tuple[float, ...] = field(default=(), metadata=_help(
+        "share of the offloaded layers per device (rpc servers first, then GPUs), e.g. 3,1"))
     main_gpu: int = field(default=0, metadata=_help("GPU used when split_mode is none"))
+    rpc: tuple[str, ...] = field(default=(), metadata=_help(
+        "llama.cpp rpc-servers that hold the offloaded layers, as devices before the local GPUs "
+        "(no authentication: trusted networks only)", metavar="HOST:PORT[,HOST:PORT...]"))
     repack: bool | None = field(default=None, metadata=_help(
         "let llama.cpp repack quantized weights for the CPU; unset = on, except on AMX CPUs where it crashes"))
 
@@ -51,10 +56,38 @@ class ModelSettings:
         _require(self.split_mode in SPLIT_MODES, f"split_mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
         _require(all(s >= 0 for s in self.tensor_split), "tensor_split entries must be >= 0")
         _require(self.main_gpu >= 0, f"main_gpu must be >= 0, got {self.main_gpu}")
+        rpc = self.rpc
+        if isinstance(rpc, str):
+            rpc = tuple(s.strip() for s in rpc.split(","))
+        _require(isinstance(rpc, (tuple, list)) and all(isinstance(s, str) for s in rpc),
+                 f"rpc must be 'HOST:PORT' strings, got {self.rpc!r}")
+        for endpoint in rpc:
+            _require(_endpoint_error(endpoint) is None, f"rpc: {endpoint!r}: {_endpoint_error(endpoint)}")
+        _require(len(set(rpc)) == len(rpc), f"rpc names a server twice: {', '.join(rpc)}")
+        object.__setattr__(self, "rpc", tuple(rpc))
 
     @property
     def threads(self) -> int:
         return self.n_threads or int(os.environ.get("FLY_CPP_THREADS") or 0) or os.cpu_count() or 1
+
+    @property
+    def offloaded_layers(self) -> int:
+        """``n_gpu_layers`` as llama.cpp takes it: all layers go to the rpc servers unless told
+        otherwise (``--rpc`` alone must not leave the model local)."""
+        return -1 if self.rpc and self.n_gpu_layers == 0 else self.n_gpu_layers
+
+
+def _endpoint_error(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a HOST:PORT llama.cpp's RPC client can dial (IPv4 or a host name:
+    it splits at the first colon), or None."""
+    host, colon, port = endpoint.partition(":")
+    if not colon or not host:
+        return "expected HOST:PORT"
+    if ":" in port or host.startswith("["):
+        return "IPv6 addresses are not supported by llama.cpp's RPC client; use an IPv4 address or a host name"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"the port must be a number in 1..65535, got {port!r}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,8 @@ class Engine:
 
     @staticmethod
     def _load(s: ModelSettings) -> Model:
-        return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack)
+        return Model(s.path, n_gpu_layers=s.offloaded_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
+                     tensor_split=s.tensor_split, repack=s.repack, rpc=s.rpc)
 
     @property
     def n_ctx(self) -> int:

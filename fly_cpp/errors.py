@@ -8,3 +8,8 @@ CLI prints it as ``error: <message>``; the server turns it into an HTTP 400.
 
 class FlyError(ValueError):
     """A user-facing error: one clear line, no traceback needed."""
+
+
+class RpcServerLost(FlyError):
+    """An rpc-server holding model layers stopped answering: the models on it are gone until
+    the process restarts (the server answers HTTP 503)."""
