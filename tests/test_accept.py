@@ -5,14 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from fly_cpp.accept import AcceptPolicy, entropy_needed, verify, window_ok
+from fly_cpp.accept import AcceptPolicy, entropy_needed, judge, window_ok
 
 FLY = AcceptPolicy(window=6, entropy_threshold=0.3)
 HIGH, LOW = 1.0, 0.1  # entropies: gate open / gate closed
 
 
 def run(drafted, target, entropy, policy=FLY, alt=None):
-    return verify(np.array(drafted), np.array(target), None if entropy is None else np.array(entropy, float),
+    return judge(np.array(drafted), np.array(target), None if entropy is None else np.array(entropy, float),
                   policy, None if alt is None else np.array(alt))
 
 

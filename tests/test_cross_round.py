@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
-from fly_cpp.accept import AcceptPolicy, entropy_needed, judge, verify
+from fly_cpp.accept import AcceptPolicy, entropy_needed, judge
 
 W6 = AcceptPolicy(window=6, entropy_threshold=0.3)
 HIGH, LOW = 1.0, 0.1
@@ -80,7 +80,7 @@ def test_same_decisions_where_the_window_fits(seed):
     drafted = np.where(rng.random(m) < 0.85, target[:m], rng.integers(0, 3, m))
     entropy = rng.random(m)
     policy = AcceptPolicy(int(rng.integers(1, 8)), 0.4)
-    inround = verify(drafted, target, entropy, policy)
+    inround = judge(drafted, target, entropy, policy)
     cross = judge(drafted, target, entropy, policy, cross_round=True)
     n = inround.accepted
     fits = n == m or n + policy.window < m or not (drafted[n + 1:] == target[n + 1:m]).all()
@@ -120,12 +120,9 @@ def self_pair(stories):
 
 
 def scripted_run(engine, monkeypatch, edits, k=4, cross=True, n=40):
-    made = engine._drafter
-    monkeypatch.setattr(engine, "_drafter", lambda spec: Scripted(made(spec), edits))
     spec = SpecSettings(mode="fly", k=k, window=6, entropy_threshold=0.0, cross_round=cross, cross_round_confidence=0)
-    gen = engine.generate("Once upon a time", spec=spec, max_tokens=n)
+    gen = engine.generate("Once upon a time", spec=spec, max_tokens=n, drafter=Scripted(engine.drafter(spec), edits))
     steps = list(gen)
-    monkeypatch.setattr(engine, "_drafter", made)
     return gen, steps
 
 
