@@ -22,6 +22,8 @@ DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu")
 
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = settings_options(ModelSettings, prefix="draft_", only=DRAFT_FIELDS)(fn)
+    fn = click.option("--rpc-draft", is_flag=True, default=None,
+                      help="put the draft's layers on the --rpc servers too [default: the draft runs here]")(fn)
     fn = settings_options(ModelSettings, skip=("path",))(fn)
     fn = click.option("--pair", help="a named target/draft pair: see 'fly-cpp models list' (downloaded or built once)")(fn)
     fn = click.option("--hf-draft-file", help="draft GGUF file in --hf-draft-repo (or in --hf-repo)")(fn)
@@ -45,6 +47,9 @@ def open_engine(options: dict[str, Any]) -> Engine:
     options = {**given.defaults, **{k: v for k, v in options.items() if v is not None}}
     target = ModelSettings(path=given.target, **pick(options, ModelSettings))
     draft = None
+    if options.get("rpc_draft") and not target.rpc:
+        raise click.UsageError("--rpc-draft puts the draft on the --rpc servers: give --rpc too")
     if given.draft is not None:
-        draft = ModelSettings(path=given.draft, n_ctx=target.n_ctx, **pick(options, ModelSettings, "draft_"))
+        draft = ModelSettings(path=given.draft, n_ctx=target.n_ctx, **pick(options, ModelSettings, "draft_"),
+                              **({"rpc": target.rpc} if options.get("rpc_draft") else {}))
     return Engine(target, draft)

@@ -154,6 +154,10 @@ class Model:
             raise FlyError(f"llama.cpp could not load {self.path}" + (f": {reason}" if reason else ""))
         return ptr
 
+    def check(self) -> None:
+        """Raise RpcServerLost when an rpc-server connection has failed (the model is unusable)."""
+        self.call.check()
+
     @property
     def name(self) -> str:
         return self.path.name

@@ -157,6 +157,9 @@ class Engine:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
         if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
+        for model in (self.target_model, self.draft_model):
+            if model is not None:
+                model.check()  # a lost rpc-server: refuse before any token (HTTP 503 in the server)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed)
         if spec.mode == "target":

@@ -277,8 +277,7 @@ class Runner:
 
     def __call__(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the runner thread; RpcServerLost once a server connection failed."""
-        if _loss is not None:
-            raise _lost_error(self.endpoints)
+        self.check()
         call = _Call(fn, args)
         self._calls.put(call)
         with _changed:
@@ -288,6 +287,10 @@ class Runner:
         if call.error is not None:
             raise call.error
         return call.value
+
+    def check(self) -> None:
+        if _loss is not None:
+            raise _lost_error(self.endpoints)
 
     def release(self, fn: Callable[..., Any], *args: Any) -> None:
         """Free something of the model; after a loss it stays allocated (freeing would block)."""
@@ -336,6 +339,9 @@ class Local:
         return fn(*args)
 
     release = __call__
+
+    def check(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
