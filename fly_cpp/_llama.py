@@ -138,7 +138,8 @@ class Model:
         params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
         n_dev = ll.llama_max_devices()
         if self.call.endpoints:
-            self._devices = _rpc.device_array(ll.llama_cpp._lib, self.call.devices(ll.llama_cpp._lib))
+            lib = library()
+            self._devices = _rpc.device_array(lib, self.call.devices(lib))
             params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
             n_dev = min(n_dev, len(self._devices) - 1)
         if tensor_split:

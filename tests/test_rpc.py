@@ -68,8 +68,9 @@ class RpcServer:
 
 
 def llama_cpp_rpc_server() -> Path | None:
-    path = Path(LLAMA_BIN) / "rpc-server" if LLAMA_BIN else None
-    return path if path is not None and path.is_file() else None
+    """llama.cpp's rpc-server in FLY_CPP_LLAMA_BIN (its build target is ggml-rpc-server)."""
+    found = [Path(LLAMA_BIN) / name for name in ("ggml-rpc-server", "rpc-server")] if LLAMA_BIN else []
+    return next((path for path in found if path.is_file()), None)
 
 
 @pytest.fixture(scope="module", params=["fly-cpp", "llama.cpp"])
@@ -79,7 +80,7 @@ def servers(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     if request.param == "llama.cpp":
         binary = llama_cpp_rpc_server()
         if binary is None:
-            pytest.skip("set FLY_CPP_LLAMA_BIN to a directory with llama.cpp's rpc-server "
+            pytest.skip("set FLY_CPP_LLAMA_BIN to a directory with llama.cpp's ggml-rpc-server "
                         "(scripts/build-llama-cpp.sh)")
     started = [RpcServer(binary) for _ in range(2)]
     yield started[0].endpoint, started[1].endpoint

@@ -45,7 +45,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"target `{meta['target']}`, draft `{meta['draft']}`; {meta['n_prompts']} prompts, "
         f"max {meta['max_tokens']} tokens, k = {', '.join(map(str, meta['k']))}, "
-        f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}.",
+        f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}"
+        + "".join(f"; {who} on rpc-servers {', '.join(meta[key])}"
+                  for who, key in (("target", "rpc"), ("draft", "draft_rpc")) if meta.get(key)) + ".",
         "",
         "| " + " | ".join(c[0] for c in cols) + " |",
         "|" + "|".join("---" for _ in cols) + "|",
