@@ -1,0 +1,74 @@
+"""The target's side of a round on hand-built logits (no model needed): greedy verdicts with
+entropies computed only where they matter, the authors' two-draw rule, and sampled exact
+matching against the target's own position-keyed draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.request import Request
+from fly_cpp.verify import Verifier
+
+V = 8
+
+
+def logits(best: list[int], flat: list[bool]) -> np.ndarray:
+    """(len(best), V) rows peaked at ``best`` (flat rows: a near-tie, high entropy)."""
+    rows = np.full((len(best), V), -5.0, dtype=np.float32)
+    for i, (b, f) in enumerate(zip(best, flat)):
+        rows[i, b] = 1.0 if f else 10.0
+        if f:
+            rows[i, (b + 1) % V] = 0.9
+            rows[i, (b + 2) % V] = 0.8
+    return rows
+
+
+def verifier(mode: str = "fly", **sampling) -> Verifier:
+    spec = SpecSettings(mode=mode, k=8, window=2, entropy_threshold=0.3)
+    return Verifier(Request((1,), spec, SamplingSettings(**sampling), 16, (), seed=0))
+
+
+def test_greedy_exact_loose_and_gate():
+    target = [1, 2, 3, 4, 5]
+    # d_1 mismatches where the target is unsure, then the window (2) sees an exact match
+    verdict, chosen = verifier()(logits(target, [False, True, False, False, False]), [1, 7, 3, 4], [0])
+    assert list(chosen) == target and (verdict.accepted, verdict.loose, verdict.next_token) == (4, (1,), 5)
+    # the same mismatch where the target is sure: the gate refuses it
+    verdict, _ = verifier()(logits(target, [False] * 5), [1, 7, 3, 4], [0])
+    assert (verdict.accepted, verdict.next_token, verdict.gate_rejected) == (1, 2, True)
+    # spd never loosens
+    verdict, _ = verifier("spd")(logits(target, [False, True, False, False, False]), [1, 7, 3, 4], [0])
+    assert (verdict.accepted, verdict.loose, verdict.next_token) == (1, (), 2)
+
+
+def test_sampled_rules():
+    target = [1, 2, 3]
+    rows = logits(target, [False] * 3)
+    verdict, chosen = verifier("fly", temperature=0.5)(rows, [1, 2], [0])  # peaked rows: every draw is the top
+    assert list(chosen) == target and (verdict.accepted, verdict.next_token) == (2, 3)
+    verdict, chosen = verifier("spd", temperature=0.5)(rows, [1, 6], [0])
+    assert list(chosen[:2]) == [1, 2] and (verdict.accepted, verdict.next_token) == (1, 2)
+
+
+def test_a_draw_is_an_exact_sample_that_depends_only_on_its_place():
+    sampler = verifier("spd", temperature=1.0).sampler
+    ids, p = np.arange(3), np.array([0.6, 0.3, 0.1])
+    counts = np.bincount([sampler.draw(ids, p, position) for position in range(20000)], minlength=3)
+    assert counts / counts.sum() == pytest.approx(p, abs=0.015)  # over positions: distributed as p
+    assert sampler.draw(ids, p, 7) == sampler.draw(ids, p, 7)  # the same place: the same token
+    streams = [sampler.draw(ids, p, 7, stream) for stream in range(40)]
+    assert len(set(streams)) > 1  # streams are independent draws
+
+
+def test_sampled_spd_keeps_exactly_the_target_draws():
+    """Whatever was drafted, what a sampled spd round emits is the target's own draws."""
+    rows = logits([1, 2, 3, 4], [True] * 4)  # flat rows: draws vary
+    v = verifier("spd", temperature=1.0)
+    committed = [0]
+    own = [v.sampler.sample(rows[i], committed + [None] * i) for i in range(4)]  # type: ignore[list-item]
+    for drafted in ([own[0], own[1], own[2]], [own[0], 7, 5], [6, 6, 6]):
+        verdict, chosen = v(rows, drafted, committed)
+        emitted = [*drafted[: verdict.accepted], verdict.next_token]
+        assert emitted == own[: len(emitted)]
