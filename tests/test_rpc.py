@@ -156,6 +156,13 @@ def test_rpc_setting_is_parsed_and_checked():
             settings(rpc=bad)
 
 
+def test_the_draft_stays_here_unless_given_servers():
+    target = settings(rpc=("a:1", "b:2"), tensor_split=(3, 1), n_threads=2)
+    draft = target.for_draft("draft.gguf")
+    assert (draft.rpc, draft.tensor_split, draft.n_threads) == ((), (), 2)
+    assert target.for_draft("draft.gguf", rpc=("a:1",)).rpc == ("a:1",)
+
+
 # -- command line ---------------------------------------------------------------------------
 
 
