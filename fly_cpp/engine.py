@@ -67,8 +67,8 @@ def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
     n_ctx = target.n_ctx or min(trained or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
     if trained > 0 and n_ctx > trained:
         raise FlyError(f"n_ctx {n_ctx} is more than {Path(target.path).name} supports (trained for {trained} tokens)")
-    if any(s.n_gpu_layers != 0 for s, _ in models):
-        return n_ctx  # the caches live on the devices: llama.cpp reports what does not fit there
+    if any(s.offloaded_layers != 0 for s, _ in models):
+        return n_ctx  # the caches live on the devices (GPUs, rpc-servers): llama.cpp reports what does not fit
     # the KV caches, and the attention scores of one micro-batch against the whole context
     need = sum(n_ctx * kv_bytes_per_token(h) * (KV_SIZE.get(s.type_k, 1.0) + KV_SIZE.get(s.type_v, 1.0)) / 2
                + min(s.n_ubatch, s.n_batch, n_ctx) * n_ctx * 4 * h.get("attention.head_count", 1) for s, h in models)
@@ -146,8 +146,8 @@ class Engine:
 
     @staticmethod
     def _load(s: ModelSettings) -> Model:
-        return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+        return Model(s.path, n_gpu_layers=s.offloaded_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc)
 
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
@@ -227,6 +227,9 @@ class Engine:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
         if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
+        for model in (self.target_model, self.draft_model):
+            if model is not None:
+                model.check()  # a lost rpc-server: refuse before any token (HTTP 503 in the server)
         if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
             raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
         self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")

@@ -2,7 +2,7 @@
 
 Every request error is a 400 with type ``invalid_request_error`` (FastAPI's 422 included); the
 server keeps serving after any of them. A request the server cannot take now (models loading,
-queue full, shutting down) is a 503 ``unavailable_error``.
+queue full, shutting down, a lost rpc-server) is a 503 ``unavailable_error``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import FlyError
+from fly_cpp.errors import FlyError, RpcServerLost
 from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -24,11 +24,9 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_fo
 
 def status_of(exc: BaseException) -> int:
     """The HTTP status an exception raised while serving a request stands for."""
-    if isinstance(exc, (FlyError, TypeError)):
-        return 400
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, (Unavailable, RpcServerLost)):
         return 503
-    return 500
+    return 400 if isinstance(exc, (FlyError, TypeError)) else 500
 
 
 def one_line(exc: BaseException) -> str:
@@ -86,7 +84,8 @@ def install(app: FastAPI, on_server_error: Any) -> None:
         return response(400, one_line(exc))
 
     @app.exception_handler(Unavailable)
-    async def unavailable(request: Request, exc: Unavailable) -> JSONResponse:
+    @app.exception_handler(RpcServerLost)
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         return response(503, one_line(exc))
 
     @app.exception_handler(HTTPException)

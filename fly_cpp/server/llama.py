@@ -10,8 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
+from fly_cpp import rpc
 from fly_cpp.oai import step_flags
-from fly_cpp.server import sse
+from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
@@ -33,7 +34,10 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
 
     @r.get("/health")
     @r.get("/v1/health")
-    async def health() -> dict[str, str]:
+    async def health() -> Any:
+        if (loss := rpc.lost()) is not None:  # no generation can succeed: tell load balancers
+            return JSONResponse(errors.body(503, f"an rpc-server stopped answering ({loss}): restart it, then "
+                                                 "this server"), status_code=503)
         return {"status": "ok"}
 
     @r.get("/props")
