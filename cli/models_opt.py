@@ -47,9 +47,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSettings | None]:
     """The target's and the draft's settings the options describe (the bundled pair when no
-    model is named), validated and their files checked without loading anything (downloads
-    happen here); the draft follows the target unless its own options say otherwise."""
-    from fly_cpp._llama import check_gguf
+    model is named), validated without loading anything (downloads happen here); the draft
+    follows the target unless its own options say otherwise."""
     from fly_cpp.models import sources
 
     given = sources.resolve(
@@ -68,9 +67,6 @@ def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSetting
             draft = target.for_draft(given.draft, **on_servers, **pick(options, ModelSettings, "draft_"))
         except FlyError as e:
             raise FlyError(f"draft model: {e}") from None
-    for settings in (target, draft):
-        if settings is not None:
-            check_gguf(settings.path)
     return target, draft
 
 

@@ -63,7 +63,7 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
     target, draft = model_settings(options)  # checked (and downloaded) before the port is bound
-    Engine.preflight(target, draft)  # context size and memory, without loading the weights
+    Engine.preflight(target, draft)  # files, context size and memory, from the GGUF headers
     cap, backlog = limits(settings.max_connections)
     _log_to_stderr(log_level)
     sock = _listen(settings.host, settings.port, backlog)

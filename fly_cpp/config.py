@@ -77,16 +77,22 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+THREADS_PER_CPU = 4  # beyond a few threads per logical CPU llama.cpp only slows down (and at tens of
+                     # thousands it takes minutes to start, or crashes)
+
+
 def max_threads() -> int:
-    """The most threads a context may use: what ggml supports and the machine has."""
-    return min(MAX_THREADS, max(cpu_cores(), os.cpu_count() or 1))
+    """The most threads a context may use: what ggml supports (512) and what the machine can
+    run (a few per logical CPU)."""
+    return min(MAX_THREADS, THREADS_PER_CPU * max(cpu_cores(), os.cpu_count() or 1))
 
 
 def _threads(name: str, n: Any) -> None:
     limit = max_threads()
     _integer(name, n, 0)
     _require(n <= limit, f"{name} must be at most {limit} (" + (
-        f"the CPU cores of this machine), got {n}" if limit < MAX_THREADS else f"ggml's thread limit), got {n}"))
+        f"{THREADS_PER_CPU} per CPU of this machine's {limit // THREADS_PER_CPU}), got {n}" if limit < MAX_THREADS
+        else f"ggml's thread limit), got {n}"))
 
 
 @dataclass(frozen=True)
