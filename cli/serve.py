@@ -89,7 +89,7 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", http=protocol(cap, settings.header_timeout),
                             timeout_graceful_shutdown=settings.grace,  # type: ignore[arg-type]
                             timeout_keep_alive=settings.keep_alive,  # type: ignore[arg-type]
-                            limit_concurrency=cap + backlog, backlog=backlog)
+                            limit_concurrency=cap + 1, backlog=backlog)
     server = _server(config, on_exit=app.state.stop_generations)
     click.echo(f"fly-cpp: listening on {url}, loading the models", err=True)
     # uvicorn re-raises the signal that stopped it once it is done; after a clean shutdown that

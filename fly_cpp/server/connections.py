@@ -5,9 +5,10 @@ uvicorn closes an idle keep-alive connection after ``timeout_keep_alive`` (``--k
 but only when nothing at all arrives: a connection that sends half a request line and then
 waits, or a fresh one that sends nothing, would stay open for ever and hold a file descriptor.
 Here every connection must complete a request's headers within ``--header-timeout`` seconds
-of opening (or of its previous response), and at most ``cap`` connections are open: one past
-the cap displaces the longest idle connection (none is busy with a request), or, when every
-connection is busy, is answered 503 and closed. Bodies have their own limits
+of opening (or of its previous response), and a connection past the ``cap`` displaces the
+longest idle one (idle: not busy with a request, for at least ``SETTLE`` seconds). When every connection is busy, the new one
+stays until its request arrives, which uvicorn's own ``limit_concurrency`` (cap + 1, the
+connection itself counted) answers with 503 and a close. Bodies have their own limits
 (``fly_cpp.server.bodies``).
 """
 
@@ -22,8 +23,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from fly_cpp.errors import FlyError
 
 RESERVE = 64  # descriptors kept free for model files, logs, and the engine's own needs
-FULL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        b"content-length: %d\r\n\r\n%s")
+SETTLE = 0.5  # seconds a new or just-answered connection gets before it counts as idle
 
 
 def limits(max_connections: int) -> tuple[int, int]:
@@ -71,11 +71,12 @@ def protocol(cap: int, header_timeout: float) -> type[H11Protocol]:
             # connections being closed are still in the set until their close completes
             open_ = [c for c in self.connections if isinstance(c, Guarded) and not c.transport.is_closing()]
             if len(open_) > cap:
-                idle = [c for c in open_ if c is not self and not c.busy]
-                if idle:
-                    min(idle, key=lambda c: c._idle_since).drop()
-                else:
-                    self._refuse()
+                # a connection that has just opened is about to send its request: not idle yet
+                now = self.loop.time()
+                idle = sorted((c for c in open_ if c is not self and not c.busy and now - c._idle_since >= SETTLE),
+                              key=lambda c: c._idle_since)
+                for c in idle[: len(open_) - cap]:  # back to the cap, longest idle first
+                    c.drop()
 
         def handle_events(self) -> None:
             super().handle_events()
@@ -110,10 +111,5 @@ def protocol(cap: int, header_timeout: float) -> type[H11Protocol]:
             self._timer = None
             if not self.busy:
                 self.drop()
-
-        def _refuse(self) -> None:
-            body = b'{"error":{"message":"too many open connections; retry later","type":"unavailable_error","code":503}}'
-            self.transport.write(FULL % (len(body), body))
-            self.drop()
 
     return Guarded
