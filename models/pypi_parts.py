@@ -61,8 +61,9 @@ class PartedFile:
     note: str = ""
 
 
-def load(path: Path = SOURCES) -> dict[str, PartedFile]:
-    """The parted files of ``pypi_parts.toml``, by file name."""
+def load(path: Path | None = None) -> dict[str, PartedFile]:
+    """The parted files of ``path`` (default: ``SOURCES``, the pinned table), by file name."""
+    path = path or SOURCES
     with open(path, "rb") as f:
         data = tomllib.load(f)
     out = {}
@@ -144,6 +145,16 @@ def fetch(src: PartedFile, out: Path, work: Path, *, progress: bool | None = Non
     """
     out, work = Path(out), Path(work)
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _fetch(src, out, work, progress)
+    finally:
+        try:
+            work.rmdir()  # only when empty: verified parts stay for the next try
+        except OSError:
+            pass
+
+
+def _fetch(src: PartedFile, out: Path, work: Path, progress: bool | None) -> Path:
     have = [work / Path(p.member).name for p in src.parts]
     done = sum(p.size for p, f in zip(src.parts, have) if f.exists() and f.stat().st_size == p.size)
     with _bar(src.size, done, f"fetch {src.file}", progress) as bar:
@@ -178,10 +189,6 @@ def fetch(src: PartedFile, out: Path, work: Path, *, progress: bool | None = Non
         raise
     for path in have:
         path.unlink()
-    try:
-        work.rmdir()
-    except OSError:
-        pass  # not empty: something else lives there
     return out
 
 
