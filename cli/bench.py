@@ -10,20 +10,8 @@ import click
 
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import NumberList, pick, settings_options
-from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.engine import Engine
+from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
-
-
-def _open_engine(options: dict[str, Any]) -> Engine:
-    """``open_engine``, except that the draft's settings must not pick up ``draft_path`` as its
-    ``path`` (pick(..., "draft_") does, which breaks -d)."""
-    if options.get("target_path") is None or options.get("draft_path") is None:
-        return open_engine(options)
-    target = ModelSettings(path=str(options["target_path"]), **pick(options, ModelSettings))
-    draft_opts = {k: v for k, v in pick(options, ModelSettings, "draft_").items() if k != "path"}
-    draft = ModelSettings(path=str(options["draft_path"]), n_ctx=target.n_ctx, **draft_opts)
-    return Engine(target, draft)
 
 
 @click.command()
@@ -77,12 +65,12 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | Non
     config = BenchConfig(max_tokens=max_tokens, sampling=sampling, checker=data.checker, template=template,
                          warmup=warmup, fidelity=fidelity)
     n_prompts = len(datasets.select(data.prompts, limit))
-    with _open_engine(options) as engine:
+    with open_engine(options) as engine:
         peer = None
         if llama_cpp_bin is not None:
-            draft = engine.draft_settings.path if engine.draft_settings is not None else None
-            peer = Peer(llama_cpp_bin, engine.target_settings.path, draft, n_ctx=engine.n_ctx,
-                        n_threads=engine.target_settings.threads, repack=engine.target_settings.repack)
+            info = engine.info()
+            peer = Peer(llama_cpp_bin, info.target.path, info.draft.path if info.draft is not None else None,
+                        n_ctx=info.n_ctx, n_threads=info.n_threads, repack=info.target.repack)
         from tqdm import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress

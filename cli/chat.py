@@ -28,7 +28,7 @@ from fly_cpp.chat_format import BUILTIN
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.engine import Generation
+from fly_cpp.generation import Generation
 from fly_cpp.errors import FlyError
 from fly_cpp.step import Stats
 
@@ -93,8 +93,7 @@ class Session:
     def run(self) -> None:
         history = _history() if self.interactive else None
         if self.interactive:
-            e = self.fly.engine
-            draft = e.draft_model.name if e.draft_model is not None else "none (n-gram lookup)"
+            draft = self.fly.info.draft_name or "none (n-gram lookup)"
             note(f"fly-cpp chat: target {self.fly.model}, draft {draft}, chat format {self.fly.chat_format.name}, "
                  f"n_ctx {self.fly.n_ctx}. /help for commands, Ctrl-D to quit.")
         try:
@@ -270,9 +269,8 @@ class Session:
         if not path:
             note("usage: /save FILE")
             return
-        e = self.fly.engine
-        data = {"target": str(e.target_settings.path),
-                "draft": str(e.draft_settings.path) if e.draft_settings is not None else None,
+        info = self.fly.info
+        data = {"target": str(info.target.path), "draft": str(info.draft.path) if info.draft is not None else None,
                 "chat_format": self.fly.chat_format.name,
                 "settings": {**dataclasses.asdict(self.fly.spec), **dataclasses.asdict(self.fly.sampling),
                              "max_tokens": self.max_tokens},

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from fly_cpp.errors import FlyError
+from fly_cpp.errors import FlyError, UsageError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(e.format_message() + hint, 2)
     except click.ClickException as e:
         return _fail(e.format_message(), e.exit_code or 1)
+    except UsageError as e:  # arguments that do not go together: a bad command line
+        return _fail(str(e), 2)
     except FlyError as e:
         return _fail(str(e), 1)
     except (KeyboardInterrupt, click.Abort):

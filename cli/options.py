@@ -89,7 +89,8 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
 
 
 def pick(values: dict[str, Any], cls: type, prefix: str = "") -> dict[str, Any]:
-    """The set (non-None) values among ``values`` that belong to ``cls``'s fields."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    """The set (non-None) values among ``values`` that belong to ``cls``'s fields (a model's
+    ``path`` is never an option value: -m/-d name models through the source resolver)."""
+    names = {f.name for f in dataclasses.fields(cls)} - {"path"}
     return {k[len(prefix):]: v for k, v in values.items()
             if k.startswith(prefix) and k[len(prefix):] in names and v is not None}

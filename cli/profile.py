@@ -66,11 +66,10 @@ def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool,
         sampling = SamplingSettings(**pick(options, SamplingSettings))
         with open_engine(options) as engine:
             shares = hostbench.engine_share(engine, prompt, spec, sampling, max_tokens, runs)
-            result["engine"] = {"target": engine.target_settings.path,
-                                "draft": engine.draft_settings.path if engine.draft_settings else None,
-                                "n_vocab": engine.target_model.n_vocab,
-                                "runs": [s.as_dict() for s in shares]}
-            say(f"\nper round on {engine.target_model.name} (n_vocab {engine.target_model.n_vocab}), "
+            info = engine.info()
+            result["engine"] = {"target": info.target.path, "draft": info.draft.path if info.draft else None,
+                                "n_vocab": info.n_vocab, "runs": [s.as_dict() for s in shares]}
+            say(f"\nper round on {info.target_name} (n_vocab {info.n_vocab}), "
                 f"{runs} x {max_tokens} tokens, mode {spec.mode}, k {spec.k}, temperature {sampling.temperature}:")
             say(hostbench.format_shares(shares))
     if as_json:

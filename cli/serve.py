@@ -60,7 +60,7 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, lo
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE, lifespan="on")
     server = _server(config, on_exit=app.state.stop_generations)
     bound_host, bound_port = sock.getsockname()[:2]
-    draft = fly.engine.draft_model.name if fly.engine.draft_model is not None else "n-gram lookup only"
+    draft = fly.info.draft_name or "n-gram lookup only"
     click.echo(f"fly-cpp: serving {fly.model} (draft: {draft}) on http://{_url_host(bound_host)}:{bound_port}", err=True)
     # uvicorn re-raises the signal that stopped it once it is done; after a clean shutdown that
     # must not turn into KeyboardInterrupt or a kill, so the process exits with status 0

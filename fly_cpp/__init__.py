@@ -8,7 +8,8 @@ and then agreed with the draft after.
 from fly_cpp.api import Fly
 from fly_cpp.chat_format import ChatFormat
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.engine import Engine, Generation
+from fly_cpp.engine import Engine
+from fly_cpp.generation import Generation
 from fly_cpp.errors import FlyError
 from fly_cpp.step import Stats, Step
 

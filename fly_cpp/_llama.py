@@ -2,8 +2,9 @@
 
 ``Model`` owns loaded weights and the vocabulary; ``Context`` owns one llama.cpp context with
 its KV cache and a reusable batch. A context keeps ``tokens``, the exact token at every KV
-position (position p holds ``tokens[p]``); ``decode`` appends, ``truncate`` rolls back, and
-nothing else touches the cache, so that list is always the truth about the KV cache.
+position (position p holds ``tokens[p]``); ``decode`` appends, ``truncate`` rolls back,
+``sync`` reuses the longest common prefix with a new token list, and nothing else touches the
+cache, so that list is always the truth about the KV cache.
 """
 
 from __future__ import annotations
@@ -219,6 +220,21 @@ class Model:
         self.close()
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class Context:
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
 
@@ -281,6 +297,13 @@ class Context:
             return None
         rows = len(chunk) if logits == "all" else 1
         return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(rows, self.model.n_vocab))
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Bring the cache to the speculative loop's invariant, reusing the longest common
+        prefix: it holds every committed token but the last (``tokens == committed[:-1]``)."""
+        keep = common_prefix(self.tokens, committed[:-1])
+        self.truncate(keep)  # unconditional: also drops anything a disturbed decode left behind
+        self.decode(committed[keep:-1], logits="none")
 
     def truncate(self, n: int) -> None:
         """Roll the KV cache back to its first ``n`` positions."""

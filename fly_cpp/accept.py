@@ -51,6 +51,11 @@ class AcceptPolicy:
     def exact() -> AcceptPolicy:
         return AcceptPolicy(window=0, entropy_threshold=math.inf)
 
+    @property
+    def loosens(self) -> bool:
+        """Whether any mismatch can ever be kept under this policy."""
+        return self.window >= 1 and math.isfinite(self.entropy_threshold)
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -104,28 +109,19 @@ def window_ok(exact: np.ndarray, window: int) -> np.ndarray:
     return ok
 
 
-def verify(
+def _in_round(
     drafted: np.ndarray,
     target: np.ndarray,
     entropy: np.ndarray | None,
     policy: AcceptPolicy,
     target_alt: np.ndarray | None = None,
 ) -> Verdict:
-    """Judge one round.
-
-    drafted: (m,) int token ids. target: (m+1,) int, the target's token at each drafted
-    position and the bonus position. entropy: (m,) float top-3 entropy of the target's raw
-    logits at each drafted position (may be None when the policy can never loosen).
-    target_alt: optional (m,) int second target sample (authors' sampling rule).
-    """
-    drafted = np.asarray(drafted)
-    target = np.asarray(target)
+    """The published rule on one round's arrays (see ``judge``)."""
     m = drafted.shape[0]
     assert target.shape[0] == m + 1, "target needs one token per drafted position plus the bonus"
     exact = exact_matches(drafted, target, target_alt)
 
-    may_loosen = policy.window >= 1 and math.isfinite(policy.entropy_threshold) and entropy is not None
-    if may_loosen and not exact.all():
+    if policy.loosens and entropy is not None and not exact.all():
         windowed = window_ok(exact, policy.window)
         gate_open = np.asarray(entropy)[:m] >= policy.entropy_threshold
         keep = exact | (windowed & gate_open)
@@ -149,7 +145,7 @@ def entropy_needed(drafted: np.ndarray, target: np.ndarray, policy: AcceptPolicy
     m = drafted.shape[0]
     exact = drafted == np.asarray(target)[:m]
     need = np.zeros(m, dtype=bool)
-    if policy.window < 1 or not math.isfinite(policy.entropy_threshold) or exact.all():
+    if not policy.loosens or exact.all():
         return need
     start = 0
     if window_left > 0:
@@ -190,10 +186,19 @@ def judge(
     window_left: int = 0,
     max_left: int | None = None,
 ) -> Verdict:
-    """``verify`` plus the cross-round window: first settle a window left pending by earlier
-    rounds (``window_left`` exact matches still needed), then judge the rest of the draft, and,
-    with ``cross_round``, keep a gated tail mismatch provisionally, if its window needs at most
-    ``max_left`` more exact matches (None: any). Arrays as in ``verify``."""
+    """Judge one round: the accept rule.
+
+    drafted: (m,) int token ids. target: (m+1,) int, the target's token at each drafted
+    position and the bonus position. entropy: (m,) float top-3 entropy of the target's raw
+    logits at each drafted position (may be None when the policy can never loosen, or hold
+    values only where ``entropy_needed`` says they matter). target_alt: optional (m,) int
+    second target sample (authors' sampling rule).
+
+    Without the cross-round options this is the published in-round rule. With them it first
+    settles a window left pending by earlier rounds (``window_left`` exact matches still
+    needed), then judges the rest of the draft, and, with ``cross_round``, keeps a gated tail
+    mismatch provisionally, if its window needs at most ``max_left`` more exact matches
+    (None: any)."""
     drafted = np.asarray(drafted)
     target = np.asarray(target)
     m = drafted.shape[0]
@@ -206,11 +211,11 @@ def judge(
         if state == "open":
             return Verdict(accepted=m, loose=(), next_token=int(target[m]), gate_rejected=False, window_left=n)
         start, confirmed = n, True
-    rest = verify(drafted[start:], target[start:], None if entropy is None else np.asarray(entropy)[start:],
+    rest = _in_round(drafted[start:], target[start:], None if entropy is None else np.asarray(entropy)[start:],
                   policy, None if target_alt is None else np.asarray(target_alt)[start:m])
     n = start + rest.accepted
     loose = tuple(start + i for i in rest.loose)
-    tail = n < m and cross_round and entropy is not None and policy.window >= 1 and bool(exact[n + 1:].all())
+    tail = n < m and cross_round and entropy is not None and policy.loosens and bool(exact[n + 1:].all())
     if tail and np.asarray(entropy)[n] >= policy.entropy_threshold:
         left = (policy.window - 1) - (m - 1 - n)  # >= 0: n is among the last W positions
         if left == 0:  # the whole window is inside the draft: an ordinary loose accept

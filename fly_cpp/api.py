@@ -19,17 +19,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import time
-import uuid
-import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from fly_cpp import oai
 from fly_cpp.chat_format import ChatFormat, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.engine import Engine, Generation
+from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
-from fly_cpp.step import Step
+from fly_cpp.generation import Generation
 
 PathLike = str | os.PathLike[str]
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name != "path")
@@ -65,15 +63,6 @@ def _model_settings(path: PathLike | ModelSettings, changes: Mapping[str, Any]) 
     return ModelSettings(path=os.fspath(path), **changes)
 
 
-def _pull(repo: str | None, file: str | None, repo_arg: str, file_arg: str) -> PathLike:
-    """A GGUF from the Hugging Face hub (through huggingface-hub's cache)."""
-    if repo is None or file is None:
-        raise FlyError(f"{repo_arg} and {file_arg} go together (the repository and the GGUF file in it)")
-    from fly_cpp.models import hub
-
-    return hub.pull(repo, file)
-
-
 def _stop_list(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
@@ -90,7 +79,8 @@ class Fly:
     ``target`` / ``draft``: GGUF paths or :class:`ModelSettings` (``model_path`` is accepted
     for ``target``, as in llama-cpp-python), or files on the Hugging Face hub (``hf_repo`` +
     ``hf_file``, ``hf_draft_repo`` (default: ``hf_repo``) + ``hf_draft_file``), downloaded once
-    into huggingface-hub's cache. With no target, the bundled tiny story pair loads.
+    into huggingface-hub's cache, or a named ``pair`` (see ``fly-cpp models list``). With no
+    target, the bundled tiny story pair loads.
     ``chat_format``: ``None`` (the GGUF's ``tokenizer.chat_template``, else ``"plain"``),
     ``"plain"``, ``"chatml"``, or a Jinja template.
     ``**settings``: any field of ``ModelSettings`` (target model, e.g. ``n_ctx=2048``,
@@ -110,8 +100,8 @@ class Fly:
 
     def __init__(self, target: PathLike | ModelSettings | None = None, draft: PathLike | ModelSettings | None = None,
                  *, model_path: PathLike | None = None, hf_repo: str | None = None, hf_file: str | None = None,
-                 hf_draft_repo: str | None = None, hf_draft_file: str | None = None, chat_format: str | None = None,
-                 **settings: Any) -> None:
+                 hf_draft_repo: str | None = None, hf_draft_file: str | None = None, pair: str | None = None,
+                 chat_format: str | None = None, **settings: Any) -> None:
         target_changes: dict[str, Any] = {}
         draft_changes: dict[str, Any] = {}
         call: dict[str, Any] = {}
@@ -131,22 +121,13 @@ class Fly:
             if target is not None:
                 raise TypeError("give the target model as target or model_path, not both")
             target = model_path
-        if hf_repo is not None or hf_file is not None:
-            if target is not None:
-                raise TypeError("give the target model as a path or as hf_repo/hf_file, not both")
-            target = _pull(hf_repo, hf_file, "hf_repo", "hf_file")
-        if hf_draft_repo is not None or hf_draft_file is not None:
-            if draft is not None:
-                raise TypeError("give the draft model as a path or as hf_draft_repo/hf_draft_file, not both")
-            draft = _pull(hf_draft_repo or hf_repo, hf_draft_file, "hf_draft_repo", "hf_draft_file")
-        if target is None:
-            from fly_cpp.models import bundled
+        from fly_cpp.models import sources
 
-            if draft is not None:
-                raise FlyError("a draft model needs a target model")
-            target, draft = bundled.TARGET, bundled.DRAFT
-            target_changes.setdefault("n_ctx", bundled.N_CTX)
-        t = _model_settings(target, target_changes)
+        given = sources.resolve(_path(target), _path(draft), hf_repo=hf_repo, hf_file=hf_file,
+                                hf_draft_repo=hf_draft_repo, hf_draft_file=hf_draft_file, pair=pair)
+        target = target if isinstance(target, ModelSettings) else given.target
+        draft = draft if isinstance(draft, ModelSettings) else given.draft
+        t = _model_settings(target, {**given.defaults, **target_changes})
         d = _model_settings(draft, draft_changes) if draft is not None else None
         self._init(Engine(t, d), chat_format)
 
@@ -162,17 +143,14 @@ class Fly:
 
     def _init(self, engine: Engine, chat_format: str | None) -> None:
         self.engine = engine
-        self.model = engine.target_model.path.name
-        model = engine.target_model
+        self.info = info = engine.info()
+        self.model = info.target_name
         try:
-            self.chat_format: ChatFormat = resolve(
-                chat_format, model.meta("tokenizer.chat_template"),
-                bos_token=model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else "",
-                eos_token=model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else "")
+            self.chat_format: ChatFormat = resolve(chat_format, info.chat_template, bos_token=info.bos_text,
+                                                   eos_token=info.eos_text)
         except BaseException:
             engine.close()
             raise
-        self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self._closed = False
 
     # -- tokens ---------------------------------------------------------------------------
@@ -192,9 +170,9 @@ class Fly:
         BOS added when the model wants one and the template did not write it."""
         text = self.chat_format.render(messages, add_generation_prompt=True)
         tokens = self.tokenize(text, add_special=False, parse_special=True)
-        model = self.engine.target_model
-        if model.add_bos and model.bos >= 0 and tokens[:1] != [model.bos]:
-            tokens.insert(0, model.bos)
+        info = self.info
+        if info.add_bos and info.bos >= 0 and tokens[:1] != [info.bos]:
+            tokens.insert(0, info.bos)
         return tokens
 
     # -- layer 1: steps -------------------------------------------------------------------
@@ -226,10 +204,17 @@ class Fly:
             spec_changes = {**extra, **spec_changes}
         spec = dataclasses.replace(base, **{k: v for k, v in spec_changes.items() if v is not None})
         sampling = dataclasses.replace(self.sampling, **{k: v for k, v in sampling_changes.items() if v is not None})
-        gen = self.engine.generate(prompt, spec=spec, sampling=sampling,
-                                   max_tokens=self.n_ctx if max_tokens is None else max_tokens, stop=_stop_list(stop))
-        self._open.add(gen)
-        return gen
+        return self.engine.generate(prompt, spec=spec, sampling=sampling,
+                                    max_tokens=self.n_ctx if max_tokens is None else max_tokens, stop=_stop_list(stop))
+
+    def generate_chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = 128,
+                      stop: str | Sequence[str] | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,
+                      **settings: Any) -> Generation:
+        """``generate`` for a conversation: the chat format's prompt, and its stop strings
+        besides ``stop``. Iterate it for Steps; ``fly_cpp.oai.answer_text`` gives the answer's
+        text pieces without the whitespace it starts with."""
+        return self.generate(self.chat_tokens(messages), max_tokens=max_tokens,
+                             stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly, **settings)
 
     # -- layers 2 and 3: OpenAI-shaped completions -----------------------------------------
 
@@ -249,13 +234,8 @@ class Fly:
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k,
             window=window, entropy_threshold=entropy_threshold))
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model}
-        if stream:
-            return self._stream_completion(gen, head)
-        gen.run()
-        return {**head, "choices": [{"text": gen.text, "index": 0, "logprobs": None,
-                                     "finish_reason": gen.finish_reason}], **_tail(gen)}
+        top = oai.head("text_completion", self.model)
+        return oai.completion_chunks(gen, top) if stream else oai.completion(gen.run(), top)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = 128, *,
                                temperature: float | None = None, top_p: float | None = None,
@@ -273,45 +253,14 @@ class Fly:
         The answer's leading whitespace is dropped.
         Resending the whole conversation each turn is cheap: both KV caches keep the common
         prefix, so only the new turn is decoded."""
-        gen = self.generate(self.chat_tokens(messages), max_tokens=max_tokens,
-                            stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly, **settings, **_given(
-                                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                                frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k, window=window,
-                                entropy_threshold=entropy_threshold))
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model}
-        if stream:
-            return self._stream_chat(gen, {**head, "object": "chat.completion.chunk"})
-        gen.run()
-        return {**head, "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text.lstrip()},
-                                     "logprobs": None, "finish_reason": gen.finish_reason}], **_tail(gen)}
+        gen = self.generate_chat(messages, max_tokens=max_tokens, stop=stop, fly=fly, **settings, **_given(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k,
+            window=window, entropy_threshold=entropy_threshold))
+        top = oai.head("chat.completion", self.model)
+        return oai.chat_chunks(gen, top) if stream else oai.chat_completion(gen.run(), top)
 
     __call__ = create_completion
-
-    def _stream_completion(self, gen: Generation, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        def choice(text: str, finish: str | None) -> dict[str, Any]:
-            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-
-        try:
-            for step in gen:
-                if step.text:
-                    yield {**head, "choices": [choice(step.text, None)]}
-            yield {**head, "choices": [choice("", gen.finish_reason)], **_tail(gen)}
-        finally:
-            gen.close()
-
-    def _stream_chat(self, gen: Generation, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        def choice(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-
-        try:
-            yield {**head, "choices": [choice({"role": "assistant", "content": ""}, None)]}
-            for text in answer_text(gen):
-                yield {**head, "choices": [choice({"content": text}, None)]}
-            yield {**head, "choices": [choice({}, gen.finish_reason)], **_tail(gen)}
-        finally:
-            gen.close()
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -321,13 +270,7 @@ class Fly:
         if self._closed:
             return
         self._closed = True
-        for gen in list(self._open):
-            try:
-                gen.close()
-            except ValueError:  # running in another thread: the engine lock below waits for it
-                pass
-        with self.engine._lock:
-            self.engine.close()
+        self.engine.close()
 
     def __enter__(self) -> Fly:
         return self
@@ -336,27 +279,20 @@ class Fly:
         self.close()
 
     def __repr__(self) -> str:
-        draft = self.engine.draft_model.name if self.engine.draft_model is not None else None
-        return f"Fly(target={self.model!r}, draft={draft!r}, n_ctx={self.n_ctx}, chat_format={self.chat_format.name!r})"
-
-
-def answer_text(steps: Iterable[Step]) -> Iterator[str]:
-    """The non-empty text pieces of a chat answer, without the whitespace it starts with (the
-    plain format's "Assistant:" makes base models begin with a space)."""
-    started = False
-    for step in steps:
-        text = step.text if started else step.text.lstrip()
-        if text:
-            started = True
-            yield text
+        return (f"Fly(target={self.model!r}, draft={self.info.draft_name!r}, n_ctx={self.n_ctx}, "
+                f"chat_format={self.chat_format.name!r})")
 
 
 def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _tail(gen: Generation) -> dict[str, Any]:
-    """``usage`` and ``fly`` (the generation's counters) for a finished generation."""
-    n_prompt, n_out = len(gen.prompt), len(gen.tokens)
-    return {"usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
-            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full}}
+def _path(model: PathLike | ModelSettings | None) -> str | None:
+    """A model argument as the source resolver sees it (settings carry their own path)."""
+    if model is None:
+        return None
+    if isinstance(model, ModelSettings):
+        return model.path
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"a model must be a path or a ModelSettings, got {type(model).__name__}")
+    return os.fspath(model)

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from fly_cpp.accept import AcceptPolicy
 from fly_cpp.errors import FlyError
 
 MODES = ("fly", "spd", "target")
@@ -95,10 +96,9 @@ class SpecSettings:
         _require(0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
 
-    @property
-    def loose(self) -> bool:
-        """Whether mismatches can be kept at all in this configuration."""
-        return self.mode == "fly" and self.window >= 1 and math.isfinite(self.entropy_threshold)
+    def policy(self) -> AcceptPolicy:
+        """The accept rule's knobs for this mode: FLy's window and gate, or exact matching."""
+        return AcceptPolicy(self.window, self.entropy_threshold) if self.mode == "fly" else AcceptPolicy.exact()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Drafters: who proposes the next tokens. Each owns its own state (and KV cache).
 
 Interface: ``draft(committed, limit) -> list[int]`` returns at most ``limit`` greedy guesses
-that continue ``committed`` (the prompt plus every token emitted so far). A draft may be
+that continue ``committed`` (the prompt plus every token emitted so far). Any object with that
+method can draft (``Engine.generate(..., drafter=...)``). A draft may be
 shorter, even empty: it stops after an end-of-generation token, or when the draft model is
 unsure (``p_min``), or when the n-gram drafter finds no match.
 """
@@ -21,31 +22,6 @@ from fly_cpp.config import SpecSettings
 class Drafter(Protocol):
     def draft(self, committed: Sequence[int], limit: int) -> list[int]: ...
 
-    def close(self) -> None: ...
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def sync(ctx: Context, committed: Sequence[int]) -> None:
-    """Bring a context to the speculative loop's invariant: its KV cache holds every committed
-    token but the last (``ctx.tokens == committed[:-1]``), reusing the longest common prefix."""
-    keep = common_prefix(ctx.tokens, committed[:-1])
-    ctx.truncate(keep)  # unconditional: also drops anything a disturbed decode left behind
-    ctx.decode(committed[keep:-1], logits="none")
-
 
 class NgramDrafter:
     """Prompt lookup alone: guesses copied from earlier in the context, no model."""
@@ -55,9 +31,6 @@ class NgramDrafter:
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
         return ngram.lookup(committed, self.spec.ngram_max, min(self.spec.ngram_tokens, limit))
-
-    def close(self) -> None:
-        pass
 
 
 class ModelDrafter:
@@ -72,7 +45,7 @@ class ModelDrafter:
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
         spec, ctx, model = self.spec, self.ctx, self.ctx.model
-        sync(ctx, committed)
+        ctx.sync(committed)
         out: list[int] = []
         history = list(committed)
         while len(out) < limit:
@@ -96,6 +69,3 @@ class ModelDrafter:
                     del out[cut:]
                 break
         return out[:limit]
-
-    def close(self) -> None:
-        self.ctx.close()

@@ -1,18 +1,28 @@
 """The engine: loads a target model and an optional draft model once, checks that they fit
-together, and runs generations (``fly_cpp.loop``) on their contexts, one at a time."""
+together, and runs generations (``fly_cpp.loop``) on their contexts, one at a time.
+
+Everything the outer layers (Python API, server, CLI, bench) need goes through its methods:
+``generate``, ``tokenize`` / ``detokenize`` / ``piece``, ``info()`` (what is loaded),
+``score()`` (teacher-forced scoring), ``prefill()`` (bring both caches to a prompt), ``close()``.
+"""
 
 from __future__ import annotations
 
 import secrets
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
-from fly_cpp import loop
+from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
-from fly_cpp.step import Stats, Step
+from fly_cpp.generation import Generation
+from fly_cpp.output import Output
+from fly_cpp.request import Request
+from fly_cpp.step import Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -22,40 +32,23 @@ def _settings(model: ModelSettings | str) -> ModelSettings:
     return model if isinstance(model, ModelSettings) else ModelSettings(path=str(model))
 
 
-class Generation:
-    """One generation. Iterate it for Steps as they are committed; afterwards ``text``,
-    ``tokens``, ``stats`` and ``finish_reason`` ("stop" or "length") are final."""
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine has loaded, for display and for the outer layers' decisions."""
 
-    def __init__(self, engine: Engine, prompt: list[int], spec: SpecSettings, sampling: SamplingSettings,
-                 max_tokens: int, stop: Sequence[str], seed: int) -> None:
-        self.prompt = prompt
-        self.spec = spec
-        self.sampling = sampling
-        self.max_tokens = max_tokens
-        self.stop = tuple(stop)
-        self.seed = seed
-        self.text = ""
-        self.tokens: list[int] = []
-        self.stats = Stats(mode=spec.mode, n_prompt=len(prompt))
-        self.finish_reason: str | None = None
-        self.context_full = False
-        self._steps = engine._run(self)
-
-    def __iter__(self) -> Iterator[Step]:
-        for step in self._steps:
-            self.text += step.text
-            self.tokens.append(step.token)
-            yield step
-
-    def run(self) -> Generation:
-        """Generate to the end without streaming."""
-        for _ in self:
-            pass
-        return self
-
-    def close(self) -> None:
-        """Abandon the generation early (the caches stay consistent)."""
-        self._steps.close()
+    target: ModelSettings
+    draft: ModelSettings | None
+    target_name: str
+    draft_name: str | None
+    n_ctx: int
+    n_vocab: int
+    n_threads: int
+    bos: int
+    eos: int
+    add_bos: bool
+    bos_text: str  # the BOS / EOS tokens' text, as chat templates want them
+    eos_text: str
+    chat_template: str | None  # the target GGUF's tokenizer.chat_template
 
 
 class Engine:
@@ -66,6 +59,7 @@ class Engine:
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
+        self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self.target_model = self._load(self.target_settings)
@@ -86,7 +80,7 @@ class Engine:
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
                 self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=threads,
-                                     n_batch=d.n_batch, n_ubatch=d.n_ubatch)
+                                         n_batch=d.n_batch, n_ubatch=d.n_ubatch)
         except BaseException:
             self._close()
             raise
@@ -96,15 +90,50 @@ class Engine:
         return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
                      tensor_split=s.tensor_split, repack=s.repack)
 
+    # -- what is loaded --------------------------------------------------------------------
+
     @property
     def n_ctx(self) -> int:
         return self.target.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.target_model.n_vocab
+
+    def info(self) -> EngineInfo:
+        m = self.target_model
+
+        def text(token: int) -> str:
+            return m.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
+
+        return EngineInfo(
+            target=self.target_settings, draft=self.draft_settings, target_name=m.name,
+            draft_name=self.draft_model.name if self.draft_model is not None else None,
+            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target_settings.threads,
+            bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
+            chat_template=m.meta("tokenizer.chat_template"))
+
+    # -- tokens ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.target_model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.target_model.detokenize(tokens)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token stands for."""
+        return self.target_model.piece(token)
+
+    def spellable(self, text: str) -> str:
+        """``text`` as the target's vocabulary can spell it (see ``Model.spellable``)."""
+        return self.target_model.spellable(text)
+
+    def check_tokens(self, tokens: Sequence[int]) -> None:
+        if bad := [t for t in tokens if not 0 <= t < self.n_vocab]:
+            raise FlyError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    # -- generating ------------------------------------------------------------------------
 
     def generate(
         self,
@@ -114,37 +143,68 @@ class Engine:
         sampling: SamplingSettings = SamplingSettings(),
         max_tokens: int = 128,
         stop: Sequence[str] = (),
+        drafter: Drafter | None = None,
     ) -> Generation:
-        """Prepare a generation (errors about the request are raised here, before any token)."""
+        """Prepare a generation (errors about the request are raised here, before any token).
+        ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``)."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise FlyError("the prompt is empty")
         if len(tokens) > self.n_ctx:
             raise FlyError(f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={self.n_ctx})")
-        if bad := [t for t in tokens if not 0 <= t < self.target_model.n_vocab]:
-            raise FlyError(f"token id {bad[0]} is outside the vocabulary (0..{self.target_model.n_vocab - 1})")
+        self.check_tokens(tokens)
         if max_tokens < 0:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
-        if spec.mode != "target" and self.draft_ctx is None and not spec.ngram:
+        if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
-        return Generation(self, tokens, spec, sampling, max_tokens, stop, seed)
-
-    def _drafter(self, spec: SpecSettings) -> Drafter | None:
+        request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed)
         if spec.mode == "target":
-            return None
+            drafter = None
+        elif drafter is None:
+            drafter = self.drafter(spec)
+        out = Output(request, self.target_model.piece, self.target_model.is_eog)
+        gen = Generation(request, out, self._locked(loop.run(request, self.target, drafter, out)))
+        self._open.add(gen)
+        return gen
+
+    def drafter(self, spec: SpecSettings) -> Drafter:
+        """The default drafter for ``spec``: the draft model (with n-gram lookup when
+        ``spec.ngram``), or n-gram lookup alone when there is no draft model."""
         if self.draft_ctx is not None:
-            return ModelDrafter(self.draft_ctx, min(self.target_model.n_vocab, self.draft_ctx.model.n_vocab), spec)
+            return ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
         return NgramDrafter(spec)
 
-    def _run(self, gen: Generation) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step]) -> Iterator[Step]:
         with self._lock:
-            yield from loop.run(gen, self.target, self.target_model, self._drafter(gen.spec))
+            yield from steps
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
+        at once: the bench times decoding alone this way)."""
+        with self._lock:
+            self.target.sync(prompt)
+            if self.draft_ctx is not None:
+                self.draft_ctx.sync(prompt)
+
+    def score(self, prompt: Sequence[int], output: Sequence[int], top_n: int = 0) -> scoring.Score:
+        """The target's teacher-forced scores of ``output`` after ``prompt`` (between
+        generations: it waits for a running one)."""
+        with self._lock:
+            return scoring.score(self.target, prompt, output, top_n)
+
+    # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free both contexts and models. Not locked: the caller makes sure no generation is
-        running (``fly_cpp.Fly.close`` takes the engine lock around this)."""
-        self._close()
+        """Free both contexts and models. Open generations are closed first; one that another
+        thread is running is waited for."""
+        for gen in list(self._open):
+            try:
+                gen.close()
+            except ValueError:  # running in another thread: the lock below waits for it
+                pass
+        with self._lock:
+            self._close()
 
     def _close(self) -> None:
         for part in (self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):

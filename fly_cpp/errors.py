@@ -8,3 +8,8 @@ CLI prints it as ``error: <message>``; the server turns it into an HTTP 400.
 
 class FlyError(ValueError):
     """A user-facing error: one clear line, no traceback needed."""
+
+
+class UsageError(FlyError, TypeError):
+    """Arguments that do not go together (e.g. two sources for one model). The CLI exits with
+    status 2 for it, as for any bad command line; Python callers may catch it as TypeError."""

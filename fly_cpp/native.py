@@ -50,10 +50,11 @@ def _candidates() -> Iterator[Path]:
     if override:
         yield Path(override)
         return
-    import fly_cpp
-
+    # the search path of this package (imported before any of its modules): editable installs
+    # list the build output and the sources
+    package = sys.modules[__name__.rpartition(".")[0]]
     names = LIB_NAMES.get(sys.platform, ("libflyrows.so",))
-    for folder in fly_cpp.__path__:  # editable installs list the build output and the sources
+    for folder in package.__path__:
         for name in names:
             yield Path(folder) / name
 

@@ -2,26 +2,42 @@
 
 A token is released at once, or held while it sits in a provisional segment (cross-round
 window) until that segment is confirmed or refuted, so nothing a user was shown is ever taken
-back. Text, stop strings and max tokens are decided on release, in order.
+back. Text, stop strings and max tokens are decided on release, in order, and the way the text
+ended is recorded at that moment (``Finish``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from fly_cpp.request import Request
 from fly_cpp.step import Stats, Step
 from fly_cpp.text import Detokenizer, StopFilter
 
 
+@dataclass(frozen=True)
+class Finish:
+    """How a generation ended. reason: OpenAI's "stop" or "length". kind: llama-server's
+    stop_type, "eos" (an end-of-generation token), "word" (a stop string, ``word``) or "limit"
+    (max tokens, or the context is full: ``context_full``)."""
+
+    reason: str
+    kind: str
+    word: str = ""
+    context_full: bool = False
+
+
 class Output:
-    def __init__(self, piece: Callable[[int], bytes], stop: tuple[str, ...], max_tokens: int, stats: Stats) -> None:
+    def __init__(self, request: Request, piece: Callable[[int], bytes], is_eog: Callable[[int], bool]) -> None:
         self.detok = Detokenizer(piece)
-        self.stops = StopFilter(stop)
-        self.max_tokens = max_tokens
-        self.stats = stats
+        self.stops = StopFilter(request.stop)
+        self.is_eog = is_eog
+        self.max_tokens = request.max_tokens
+        self.stats = Stats(mode=request.spec.mode, n_prompt=len(request.prompt))
         self.held: list[tuple[int, bool, bool, int]] = []
         self.ready: list[Step] = []
-        self.finish_reason: str | None = None if max_tokens > 0 else "length"
+        self.finish: Finish | None = None if request.max_tokens > 0 else Finish("length", "limit")
 
     def add(self, token: int, drafted: bool, loose: bool, round: int, hold: bool = False) -> None:
         if hold:
@@ -37,22 +53,25 @@ class Output:
     def refute(self) -> None:
         self.held.clear()
 
-    def finish(self, reason: str) -> None:
-        if self.finish_reason is None:
-            self.finish_reason = reason
+    def end(self, reason: str, kind: str, word: str = "", context_full: bool = False) -> None:
+        if self.finish is None:
+            self.finish = Finish(reason, kind, word, context_full)
 
     def take(self) -> list[Step]:
         out, self.ready = self.ready, []
-        if self.finish_reason is not None:
+        if self.finish is not None:
             out += self.stops.flush()
         return out
 
     def _release(self, token: int, drafted: bool, loose: bool, round: int) -> None:
-        if self.finish_reason is not None:
+        if self.finish is not None:
+            return
+        if self.is_eog(token):
+            self.end("stop", "eos")
             return
         self.stats.n_tokens += 1
         self.ready += self.stops.push(Step(token, self.detok(token), drafted, loose, round))
         if self.stops.stopped:
-            self.finish("stop")
+            self.end("stop", "word", self.stops.word)
         elif self.stats.n_tokens >= self.max_tokens:
-            self.finish("length")
+            self.end("length", "limit")

@@ -41,12 +41,12 @@ def argmax_numpy(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits, axis=-1)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """(rows, V) -> (rows, V) float64 log-probabilities."""
+def logsumexp(logits: np.ndarray) -> np.ndarray:
+    """(rows, V) -> (rows,) float64 log of the softmax's normaliser: a token's log-probability
+    is its logit minus this."""
     x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    return x
+    peak = x.max(axis=-1, keepdims=True)
+    return peak[:, 0] + np.log(np.exp(x - peak).sum(axis=-1))
 
 
 def top_entropy_numpy(logits: np.ndarray, top: int = 3) -> np.ndarray:

@@ -3,14 +3,8 @@
 Chain order follows llama.cpp's default sampler: penalties -> top-k -> top-p -> min-p ->
 temperature -> draw. Temperature 0 is greedy (argmax after penalties).
 
-Sampled verification:
-- ``spd`` is lossless: standard rejection sampling. Drafts are greedy, so the draft's
-  distribution is a point mass on d and the rule reads: keep d with probability p(d); on
-  rejection draw the correction from p with d removed (renormalised). Output is distributed
-  exactly as the target sampling alone.
-- ``fly`` follows the authors' rule: draw the target twice per position; a drafted token is
-  an exact match when either draw equals it; the correction and the bonus are the first draw.
-  The accept rule (``fly_cpp.accept.verify``) then applies window and gate unchanged.
+How sampled rounds are verified (lossless rejection sampling for ``spd``, the authors'
+two-draw rule for ``fly``) is ``fly_cpp.verify``'s business; this module only draws.
 """
 
 from __future__ import annotations
@@ -101,22 +95,3 @@ class Sampler:
         if s.temperature > 0 and native.accepts_row(x):
             return native.sample(x, s.temperature, s.top_k, s.top_p, s.min_p, self.rng.random())
         return self.draw(*self._chain_numpy(x))
-
-
-def rejection_verify(
-    drafted: Sequence[int], dist: Callable[[int], tuple[np.ndarray, np.ndarray]], sampler: Sampler
-) -> tuple[int, int]:
-    """Lossless verification of a greedy draft. ``dist(i)`` is the target's (ids, probs) at
-    row i. Returns (accepted n, next token: correction or bonus)."""
-    for i, d in enumerate(drafted):
-        ids, p = dist(i)
-        hit = np.flatnonzero(ids == d)
-        p_d = float(p[hit[0]]) if hit.size else 0.0
-        if sampler.rng.random() < p_d:
-            continue
-        if hit.size:
-            p = p.copy()
-            p[hit[0]] = 0.0
-            p /= p.sum()
-        return i, sampler.draw(ids, p)
-    return len(drafted), sampler.draw(*dist(len(drafted)))

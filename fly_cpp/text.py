@@ -19,6 +19,7 @@ class StopFilter:
         self.stop = tuple(s for s in stop if s)
         self.pending: list[Step] = []
         self.stopped = False
+        self.word = ""  # the stop string that ended the text
 
     def _held_back(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
@@ -33,10 +34,11 @@ class StopFilter:
     def push(self, step: Step) -> list[Step]:
         self.pending.append(step)
         text = "".join(s.text for s in self.pending)
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        hits = [(i, s) for i, s in ((text.find(s), s) for s in self.stop) if i >= 0]
         if hits:
+            at, self.word = min(hits, key=lambda hit: hit[0])  # the earliest; the first listed on ties
             self.stopped = True
-            return self._release(min(hits), truncate=True)
+            return self._release(at, truncate=True)
         return self._release(len(text) - self._held_back(text), truncate=False)
 
     def flush(self) -> list[Step]:

@@ -2,7 +2,7 @@
 # Build llama.cpp's own binaries that `fly-cpp bench --llama-cpp-bin DIR` compares against:
 #   llama-speculative-simple  exact-match speculative decoding (draft model + target)
 #   llama-completion          target-only decoding (prints llama.cpp's perf counters)
-#   rpc-server                llama.cpp's RPC backend server (`fly-cpp ... --rpc HOST:PORT`)
+#   ggml-rpc-server           llama.cpp's RPC backend server (its rpc-server) (`fly-cpp ... --rpc HOST:PORT`)
 # from the llama.cpp sources vendored in the llama-cpp-python sdist, so that the peer runs
 # the very same llama.cpp as fly-cpp does.
 #
@@ -45,10 +45,10 @@ cmake -S "$SRC" -B "$WORK/build-$VERSION" \
     -DGGML_RPC=ON \
     ${CMAKE_ARGS:-}
 nice -n 19 cmake --build "$WORK/build-$VERSION" --config Release -j "$JOBS" \
-    --target llama-speculative-simple llama-completion rpc-server
+    --target llama-speculative-simple llama-completion ggml-rpc-server
 
 cp "$WORK/build-$VERSION/bin/llama-speculative-simple" "$WORK/build-$VERSION/bin/llama-completion" \
-   "$WORK/build-$VERSION/bin/rpc-server" "$OUT/"
+   "$WORK/build-$VERSION/bin/ggml-rpc-server" "$OUT/"
 echo "$VERSION" > "$OUT/LLAMA_CPP_PYTHON_VERSION"
 echo "built into $OUT:"
 ls -l "$OUT"

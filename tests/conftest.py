@@ -102,3 +102,14 @@ def make_once(path: Path, build) -> Path:  # type: ignore[no-untyped-def]
         build(tmp)
         tmp.rename(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def period_is_eos(stories: Path, models_dir: Path) -> Path:
+    """stories260K never emits EOS (its stories end with BOS); this copy's EOS is '.'."""
+    from fly_cpp._llama import Model
+
+    with Model(stories, vocab_only=True) as m:
+        period = m.tokenize(".", add_special=False)[-1]
+    return make_once(models_dir / "stories-period-eos.gguf", lambda out: make.with_metadata(
+        stories, out, **{"tokenizer.ggml.eos_token_id": period}))

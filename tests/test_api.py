@@ -9,7 +9,7 @@ import pytest
 
 from fly_cpp import Fly, FlyError, SpecSettings, Step
 from fly_cpp._llama import Context
-from fly_cpp.drafters import common_prefix
+from fly_cpp._llama import common_prefix
 from fly_cpp.models import make
 
 ONE_THREAD = {"n_threads": 1, "draft_n_threads": 1}  # the test machines are shared and busy

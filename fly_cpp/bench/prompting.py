@@ -33,12 +33,12 @@ class PromptRenderer:
 
     def __init__(self, engine: Engine, *, template: bool = True, reserve: int = 0) -> None:
         self.engine = engine
-        model = engine.target_model
-        gguf_template = model.meta("tokenizer.chat_template") if template else None
-        self.bos = model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else ""
-        eos = model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else ""
-        self.template = ChatFormat(gguf_template, self.bos, eos, (), "tokenizer.chat_template") if gguf_template else None
-        self.add_bos = model.add_bos
+        info = engine.info()
+        gguf_template = info.chat_template if template else None
+        self.bos = info.bos_text
+        self.template = (ChatFormat(gguf_template, self.bos, info.eos_text, (), "tokenizer.chat_template")
+                         if gguf_template else None)
+        self.add_bos = info.add_bos
         self.budget = engine.n_ctx - reserve  # tokens the rendered prompt may take
 
     def _wrap(self, content: str) -> str:

@@ -23,7 +23,6 @@ from fly_cpp.bench.modes import REFERENCE, Mode
 from fly_cpp.bench.peer import Peer
 from fly_cpp.bench.prompting import PromptRenderer, Rendered
 from fly_cpp.config import SamplingSettings
-from fly_cpp.drafters import sync
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 
@@ -55,19 +54,14 @@ class Runner:
         reserve = config.max_tokens + max((m.k or 0) for m in modes) + 2
         self.renderer = PromptRenderer(engine, template=config.template, reserve=reserve)
 
-    def _prefill(self, tokens: list[int]) -> None:
-        sync(self.engine.target, tokens)
-        if self.engine.draft_ctx is not None:
-            sync(self.engine.draft_ctx, tokens)
-
     def _generate(self, mode: Mode, rendered: Rendered, max_tokens: int) -> dict[str, Any]:
         if mode.peer is not None:
             assert self.peer is not None
             # llama.cpp's binaries abort on characters a byteless vocabulary cannot spell
-            run = self.peer.run(mode.peer, self.engine.target_model.spellable(rendered.text), max_tokens, mode.k)
+            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k)
             return {"stats": run.as_dict(), "text": run.text, "peer": True}
         assert mode.spec is not None
-        self._prefill(rendered.tokens)
+        self.engine.prefill(rendered.tokens)
         gen = self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
                                    max_tokens=max_tokens).run()
         stats = gen.stats.as_dict()
@@ -110,6 +104,6 @@ class Runner:
                 continue
             if self.config.fidelity:
                 rec["agreement"], rec["first_divergence"] = fidelity.agreement(rec["tokens"], reference["tokens"])
-                rec["nll"] = fidelity.target_nll(self.engine.target, rendered.tokens, rec["tokens"])
+                rec["nll"] = self.engine.score(rendered.tokens, rec["tokens"]).nll
             if checker is not None:
                 rec["check"] = checker(rec["text"], prompt.meta)

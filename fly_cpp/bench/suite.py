@@ -26,12 +26,13 @@ def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], confi
     records = runner.run(prompts, progress)
     summary.add_ratios(records)
     rows = summary.summarize(records, [m.label for m in modes])
-    draft = engine.draft_settings.path if engine.draft_settings is not None else None
+    info = engine.info()
+    draft = info.draft.path if info.draft is not None else None
     meta = {
         "dataset": dataset.name, "checker": config.checker, "n_prompts": len(prompts),
-        "target": os.path.basename(engine.target_settings.path), "draft": os.path.basename(draft) if draft else None,
-        "target_path": engine.target_settings.path, "draft_path": draft, "n_ctx": engine.n_ctx,
-        "n_threads": engine.target_settings.threads, "max_tokens": config.max_tokens,
+        "target": os.path.basename(info.target.path), "draft": os.path.basename(draft) if draft else None,
+        "target_path": info.target.path, "draft_path": draft, "n_ctx": info.n_ctx,
+        "n_threads": info.n_threads, "max_tokens": config.max_tokens,
         "k": sorted({m.k for m in modes if m.k is not None}) or [m.spec.k for m in modes if m.spec][:1],
         "modes": {m.label: (dataclasses.asdict(m.spec) if m.spec else {"peer": m.peer, "k": m.k}) for m in modes},
         "templated": runner.renderer.template is not None, "temperature": config.sampling.temperature,

@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
 from fly_cpp.api import Fly
-from fly_cpp.engine import Generation
 from fly_cpp.errors import FlyError
+from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.fields import (SETTING_NAMES, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                    settings_dict)
@@ -28,7 +28,7 @@ N_PROBS = ("top-n target log-probabilities per generated token, from one teacher
 
 def router(fly: Fly, runs: Runs) -> APIRouter:
     r = APIRouter()
-    engine = fly.engine
+    engine, info = fly.engine, fly.info
 
     @r.get("/health")
     @r.get("/v1/health")
@@ -37,12 +37,10 @@ def router(fly: Fly, runs: Runs) -> APIRouter:
 
     @r.get("/props")
     async def props() -> dict[str, Any]:
-        draft = engine.draft_settings
         return {
-            "model": fly.model, "model_path": engine.target_settings.path,
-            "draft_model": engine.draft_model.name if engine.draft_model is not None else None,
-            "draft_model_path": draft.path if draft is not None else None,
-            "n_ctx": fly.n_ctx, "n_vocab": engine.target_model.n_vocab,
+            "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
+            "draft_model_path": info.draft.path if info.draft is not None else None,
+            "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
             "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
             "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
             "per_request_settings": list(SETTING_NAMES), "total_slots": 1, "serving": SERVING, "n_probs": N_PROBS,
@@ -62,13 +60,11 @@ def router(fly: Fly, runs: Runs) -> APIRouter:
         tokens = fly.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
         if not body.with_pieces:
             return {"tokens": tokens}
-        return {"tokens": [{"id": t, "piece": engine.target_model.piece(t).decode("utf-8", "replace")} for t in tokens]}
+        return {"tokens": [{"id": t, "piece": engine.piece(t).decode("utf-8", "replace")} for t in tokens]}
 
     @r.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
-        n_vocab = engine.target_model.n_vocab
-        if bad := [t for t in body.tokens if not 0 <= t < n_vocab]:
-            raise FlyError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+        engine.check_tokens(body.tokens)
         return {"content": fly.detokenize(body.tokens)}
 
     @r.post("/completion")
@@ -89,32 +85,33 @@ def router(fly: Fly, runs: Runs) -> APIRouter:
 
         items = runs.start(steps)
         if body.stream:
-            return sse.response(runs.events(_stream(fly, gen, items, body.n_probs)))
+            return sse.response(runs.events(_stream(fly.model, gen, items, body.n_probs)))
         got = await runs.collect(request, items)
         if got is None:
             return Response(status_code=499)
-        return JSONResponse(_result(fly, gen, got[-1], body.n_probs))
+        return JSONResponse(_result(fly.model, gen, got[-1], body.n_probs))
 
     return r
 
 
-async def _stream(fly: Fly, gen: Generation, items: AsyncIterator[Any], n_probs: int) -> AsyncIterator[bytes]:
+async def _stream(model: str, gen: Generation, items: AsyncIterator[Any], n_probs: int) -> AsyncIterator[bytes]:
     async for item in items:
         if isinstance(item, Step):
             if item.text:
                 yield sse.event({"index": 0, "content": item.text, "tokens": [item.token], "stop": False,
                                  "id_slot": 0})
         else:
-            yield sse.event({**_result(fly, gen, item, n_probs), "content": ""})
+            yield sse.event({**_result(model, gen, item, n_probs), "content": ""})
 
 
-def _result(fly: Fly, gen: Generation, probs: list[dict[str, Any]], n_probs: int) -> dict[str, Any]:
+def _result(model: str, gen: Generation, probs: list[dict[str, Any]], n_probs: int) -> dict[str, Any]:
     s = gen.stats
-    stop_type, word = _stop_type(fly, gen)
+    finish = gen.finish
     out = {
-        "index": 0, "id_slot": 0, "content": gen.text, "stop": True, "model": fly.model,
+        "index": 0, "id_slot": 0, "content": gen.text, "stop": True, "model": model,
         "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.prompt), "truncated": False,
-        "stop_type": stop_type, "stopping_word": word, "finish_reason": gen.finish_reason,
+        "stop_type": finish.kind if finish is not None else "none",
+        "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
         "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                 "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": n_probs},
         "timings": {
@@ -131,25 +128,3 @@ def _result(fly: Fly, gen: Generation, probs: list[dict[str, Any]], n_probs: int
     if n_probs:
         out["completion_probabilities"] = probs
     return out
-
-
-def _stop_type(fly: Fly, gen: Generation) -> tuple[str, str]:
-    """llama-server's stop_type ("eos", "word", "limit") and the stop string that ended the text.
-
-    A generation says only "stop" for both an end-of-text token and a stop string. A stop string
-    is recognised afterwards: the tokens after it were generated but not emitted (more tokens
-    counted than emitted), or the last emitted token's text goes on past the end of the text
-    with the stop string."""
-    if gen.finish_reason == "length":
-        return "limit", ""
-    if gen.finish_reason != "stop":
-        return "none", ""
-    stops = [s for s in gen.stop if s]
-    if stops and gen.stats.n_tokens > len(gen.tokens):
-        return "word", stops[0] if len(stops) == 1 else ""
-    full = b"".join(fly.engine.target_model.piece(t) for t in gen.tokens).decode("utf-8", "replace")
-    rest = full[len(gen.text):] if full.startswith(gen.text) else ""
-    for s in stops:
-        if rest and (rest.startswith(s) or s.startswith(rest)):
-            return "word", s
-    return "eos", ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 from fly_cpp.step import Stats
@@ -33,15 +32,11 @@ class Metrics:
 
     def record(self, stats: Stats) -> None:
         """Add a finished (or abandoned) generation's counters."""
-        self.record_dict(stats.as_dict())
-
-    def record_dict(self, stats: Mapping[str, Any]) -> None:
-        """The same, from ``Stats.as_dict()`` (what a response's ``fly`` holds)."""
         with self._lock:
-            for name, n in (("prompt_tokens", stats["n_prompt"]), ("tokens_predicted", stats["n_tokens"]),
-                            ("rounds", stats["n_rounds"]), ("drafted", stats["n_drafted"]),
-                            ("accepted", stats["n_exact"] + stats["n_loose"]), ("loosely_accepted", stats["n_loose"]),
-                            ("gate_rejected", stats["n_gate_rejected"])):
+            for name, n in (("prompt_tokens", stats.n_prompt), ("tokens_predicted", stats.n_tokens),
+                            ("rounds", stats.n_rounds), ("drafted", stats.n_drafted),
+                            ("accepted", stats.n_exact + stats.n_loose), ("loosely_accepted", stats.n_loose),
+                            ("gate_rejected", stats.n_gate_rejected)):
                 self.values[name] += n
 
     def render(self, gauges: dict[str, tuple[str, float]]) -> str:

@@ -7,8 +7,6 @@ import pytest
 from conftest import make_once
 from fly_cpp import Engine, FlyError, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.models import make
-from fly_cpp.step import Step
-from fly_cpp.text import StopFilter
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +30,6 @@ def test_streamed_steps_make_up_the_text(pair):
     assert [s.token for s in steps] == gen.tokens
     assert all(s.drafted for s in steps if s.loose)
     assert max(s.round for s in steps) == gen.stats.n_rounds
-
-
-@pytest.fixture(scope="module")
-def period_is_eos(stories, models_dir):
-    """stories260K never emits EOS (its stories end with BOS); this copy's EOS is '.'."""
-    with Engine(ModelSettings(str(stories), n_ctx=512)) as e:
-        period = e.tokenize(".", add_special=False)[-1]
-    return make_once(models_dir / "stories-period-eos.gguf", lambda out: make.with_metadata(
-        stories, out, **{"tokenizer.ggml.eos_token_id": period}))
 
 
 def test_eos_inside_an_accepted_run_stops_there(period_is_eos):
@@ -114,23 +103,3 @@ def test_repeat_penalty_applies_in_every_mode(pair):
     target = pair.generate("Once upon a time", spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=60).run()
     spd = pair.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=sampling, max_tokens=60).run()
     assert target.tokens != plain and spd.tokens == target.tokens
-
-
-def step(text: str) -> Step:
-    return Step(0, text, False, False, 1)
-
-
-def test_stop_filter_holds_back_partial_stop_strings():
-    f = StopFilter(["END"])
-    assert [s.text for s in f.push(step("abc E"))] == []
-    assert [s.text for s in f.push(step("N"))] == []
-    assert [s.text for s in f.push(step("x"))] == ["abc E", "N", "x"]
-    assert [s.text for s in f.push(step("..EN"))] == []
-    assert [s.text for s in f.push(step("D tail"))] == [".."]
-    assert f.stopped
-
-
-def test_stop_filter_cuts_inside_a_token():
-    f = StopFilter(["\n\n", "Bob"])
-    out = f.push(step("Hi Al")) + f.push(step("ice and Bo")) + f.push(step("bby"))
-    assert "".join(s.text for s in out) == "Hi Alice and " and f.stopped

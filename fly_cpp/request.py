@@ -1,0 +1,25 @@
+"""What one generation is asked to do, frozen before its first token.
+
+The engine validates a request (prompt fits, token ids exist, settings are consistent) when it
+makes one; the loop, the verifier and the output read it and never change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fly_cpp.config import SamplingSettings, SpecSettings
+
+
+@dataclass(frozen=True)
+class Request:
+    """prompt: the token ids to continue. max_tokens: the most tokens to emit (0 = none).
+    stop: strings that end the text (not emitted). seed: the sampler's seed, fixed here so a
+    request can be replayed exactly."""
+
+    prompt: tuple[int, ...]
+    spec: SpecSettings
+    sampling: SamplingSettings
+    max_tokens: int
+    stop: tuple[str, ...]
+    seed: int

@@ -1,0 +1,63 @@
+"""Drafters on a real llama.cpp context: greedy drafts, the n-gram guess checked by the draft
+model, p_min, end-of-text, the limit, and the cache invariant they keep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fly_cpp._llama import Context, Model
+from fly_cpp.config import SpecSettings
+from fly_cpp.drafters import ModelDrafter, NgramDrafter
+
+
+@pytest.fixture(scope="module")
+def model(stories_draft):
+    with Model(stories_draft) as m:
+        yield m
+
+
+def greedy(model: Model, committed: list[int], n: int) -> list[int]:
+    """The draft model's own greedy continuation, one token at a time."""
+    with Context(model, n_ctx=256, n_threads=1) as ctx:
+        out, seq = [], list(committed)
+        for _ in range(n):
+            logits = ctx.decode(seq[len(ctx.tokens):], logits="last")
+            out.append(int(np.argmax(logits[0])))
+            seq.append(out[-1])
+        return out
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+def test_model_drafter_drafts_its_greedy_continuation(model, ngram):
+    committed = model.tokenize("Once upon a time, there was a girl. Once upon a time")
+    with Context(model, n_ctx=256, n_threads=1, n_ubatch=1) as ctx:
+        drafter = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=8, ngram=ngram))
+        drafted = drafter.draft(committed, 8)
+        assert len(drafted) <= 8 and drafted == greedy(model, committed, len(drafted))
+        assert ctx.tokens == committed + drafted[:-1]  # invariant: the last drafted token is not fed yet
+        more = drafter.draft(committed + drafted[:3], 5)  # a later round reuses the common prefix
+        assert more == greedy(model, committed + drafted[:3], len(more)) and len(more) <= 5
+
+
+def test_p_min_stops_an_unsure_draft(model):
+    committed = model.tokenize("Once upon a time")
+    with Context(model, n_ctx=256, n_threads=1) as ctx:
+        sure = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=15, ngram=False, p_min=0.0)).draft(committed, 15)
+        picky = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=15, ngram=False, p_min=0.99)).draft(committed, 15)
+        assert len(sure) == 15 and len(picky) < 15 and sure[: len(picky)] == picky
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+def test_a_draft_ends_at_end_of_text(period_is_eos, ngram):
+    with Model(period_is_eos) as m, Context(m, n_ctx=256, n_threads=1) as ctx:
+        committed = m.tokenize("Once upon a time")
+        drafted = ModelDrafter(ctx, m.n_vocab, SpecSettings(k=15, ngram=ngram)).draft(committed, 40)
+        assert m.is_eog(drafted[-1]) and not any(m.is_eog(t) for t in drafted[:-1])  # '.' ends the first sentence
+
+
+def test_ngram_drafter_copies_from_the_context():
+    d = NgramDrafter(SpecSettings(ngram_max=3, ngram_tokens=4))
+    assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 10) == [4, 5, 6, 1]
+    assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 2) == [4, 5]
+    assert d.draft([1, 2, 3], 4) == []

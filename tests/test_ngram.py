@@ -1,0 +1,25 @@
+"""N-gram prompt lookup on hand-built token lists."""
+
+from __future__ import annotations
+
+from fly_cpp.ngram import lookup
+
+
+def test_longest_ngram_wins_and_the_continuation_follows_it():
+    #          0  1  2  3  4  5  6  7  8
+    tokens = [5, 1, 2, 3, 9, 1, 2, 7, 1, 2]
+    # "1 2" occurs at 1 and 5: the earliest (authors' choice) continues with 3 9 1 ...
+    assert lookup(tokens, max_n=2, n_pred=3) == [3, 9, 1]
+    assert lookup(tokens, max_n=2, n_pred=3, earliest=False) == [7, 1, 2]  # the latest earlier "1 2", at 5
+    # no earlier "8 0 2" or "0 2": the unigram "2" (at 2) is the longest match
+    assert lookup([4, 1, 2, 8, 0, 2], max_n=3, n_pred=2) == [8, 0]
+
+
+def test_no_match_and_tiny_contexts():
+    assert lookup([1, 2, 3, 4], max_n=4) == []
+    assert lookup([7], max_n=4) == []
+    assert lookup([], max_n=4) == []
+
+
+def test_prediction_is_cut_at_the_end_of_the_context():
+    assert lookup([1, 2, 1], max_n=1, n_pred=6) == [2, 1]
