@@ -150,6 +150,8 @@ def fetch(src: PartedFile, out: Path, work: Path, *, progress: bool | None = Non
     work.mkdir(parents=True, exist_ok=True)
     try:
         return _fetch(src, out, work, progress)
+    except OSError as e:  # e.g. the disk is full
+        raise FlyError(f"fetching {src.file} into {work.parent} failed: {e}") from None
     finally:
         try:
             work.rmdir()  # only when empty: verified parts stay for the next try
@@ -204,8 +206,10 @@ def copy_verified(src: PartedFile, path: Path, out: Path, *, progress: bool | No
                 dst.write(chunk)
                 bar.update(len(chunk))
         _check_whole(src, out.stat().st_size, h.hexdigest(), str(path))
-    except BaseException:
+    except BaseException as e:
         out.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise FlyError(f"copying {path} to {out} failed: {e}") from None
         raise
     return out
 
