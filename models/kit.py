@@ -233,6 +233,6 @@ PAIRS = {
     "qwen-coder": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M + Qwen2.5-Coder-0.5B-Instruct Q4_K_M (real, Apache-2.0), "
                   "from PyPI wheel parts",
     "qwen-coder-f16": "Qwen2.5-Coder-1.5B-Instruct as F16 (3.6 GB, dequantized from qwen-coder's Q4_K_M by "
-                      "llama.cpp's quantizer) + the same 0.5B draft: memory-bound, where speculation pays on a CPU",
+                      "llama.cpp's quantizer) + the same 0.5B draft: memory-bound, where speculation can pay on a CPU",
 }
 
