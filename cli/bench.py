@@ -9,20 +9,27 @@ from typing import Any
 import click
 
 from fly_cpp.cli.models_opt import model_options, open_engine
-from fly_cpp.cli.options import NumberList, pick, settings_options
+from fly_cpp.cli.options import DraftLengths, NumberList, field_aliases, max_tokens_option, pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
 
 
 @click.command()
-@click.option("--dataset", required=True,
-              help="spec_bench, mt_bench, gsm8k, humaneval, mbpp, or a JSONL file with a prompt field per line")
+@click.option("--dataset", default="spec_bench", show_default=True,
+              help="spec_bench (the speculative-decoding benchmark's mix of tasks), mt_bench, gsm8k, humaneval, mbpp, "
+                   "or a JSONL file with a prompt field per line")
 @click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
 @click.option("--modes", default="target,spd,fly", show_default=True,
               help="comma-separated modes: target, spd, fly, spd-plain, fly-plain, fly-nowindow, fly-nogate")
-@click.option("--k", "ks", type=NumberList(int, minimum=1), help="tokens drafted per round; a list (3,5,8) sweeps k [default: 15]")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="tokens generated per prompt")
+@click.option("--k", *field_aliases(SpecSettings, "k"), "ks", type=DraftLengths(),
+              help="tokens drafted per round, 'auto' or a number; a list (auto,3,5,8) sweeps k [default: auto]")
+@click.option("--peer-k", "peer_ks", type=NumberList(int, minimum=1),
+              help="llama.cpp's draft lengths (--spec-draft-n-max) with --llama-cpp-bin, e.g. 3,5,8,16 "
+                   "[default: the numbers among --k, else 3]")
+@click.option("--peer-p-min", "peer_p_mins", type=NumberList(float, minimum=0.0), default="0", show_default=True,
+              help="llama.cpp's --spec-draft-p-min with --llama-cpp-bin (its default is 0.75; 0 drafts k every "
+                   "round, as fly-cpp's fixed k does); a list (0,0.75) runs each")
+@max_tokens_option(type=click.IntRange(min=1), default=128, show_default=True, help="tokens generated per prompt")
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,
               help="directory for results.json, summary.md and the plots")
 @click.option("--llama-cpp-bin", type=click.Path(),
@@ -38,7 +45,8 @@ from fly_cpp.errors import FlyError
 @model_options
 @settings_options(SpecSettings, skip=("mode", "k"))
 @settings_options(SamplingSettings)
-def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | None, max_tokens: int, out: str,
+def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int | str, ...] | None,
+          peer_ks: tuple[int, ...] | None, peer_p_mins: tuple[float, ...], max_tokens: int, out: str,
           llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
           progress: bool | None, **options: Any) -> None:
     """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
@@ -55,7 +63,8 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | Non
 
     data = datasets.load(dataset)
     base = SpecSettings(**pick(options, SpecSettings))
-    mode_list = parse_modes(modes, list(ks or [base.k]), base, peer=llama_cpp_bin is not None)
+    mode_list = parse_modes(modes, list(ks or [base.k]), base, peer=llama_cpp_bin is not None, peer_ks=peer_ks or (),
+                            peer_p_mins=peer_p_mins)
     sampling = SamplingSettings(**{"seed": 0, **pick(options, SamplingSettings)})
     if plots:
         try:
@@ -83,5 +92,5 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | Non
             result = run_benchmark(engine, data, mode_list, config, limit=limit, peer=peer, progress=step)
     out_dir = Path(out)
     files = report.write(result, out_dir, with_plots=plots)
-    click.echo(report.markdown(result))
+    click.echo(report.terminal(result))
     click.echo(f"wrote {', '.join(str(out_dir / f) for f in files)}", err=True)

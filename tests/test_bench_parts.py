@@ -119,6 +119,19 @@ def test_geomean_median_and_modes() -> None:
         parse_modes("fly,fly", [3], SpecSettings())
 
 
+def test_auto_and_peer_sweeps() -> None:
+    modes = parse_modes("fly", ["auto", 5], SpecSettings(), peer=True, peer_ks=[3, 16], peer_p_mins=[0.0, 0.75])
+    assert [m.label for m in modes] == ["target", "fly@kauto", "fly@k5", "llama.cpp-target", "llama.cpp-spd@k3p0",
+                                        "llama.cpp-spd@k16p0", "llama.cpp-spd@k3p0.75", "llama.cpp-spd@k16p0.75"]
+    assert modes[1].spec.auto and modes[1].max_draft == 16 and modes[2].max_draft == 5
+    assert modes[-1].k == 16 and modes[-1].p_min == 0.75 and modes[3].max_draft == 0
+    only_auto = parse_modes("spd", ["auto"], SpecSettings(), peer=True)
+    assert [m.label for m in only_auto] == ["target", "spd", "llama.cpp-target", "llama.cpp-spd"]
+    assert only_auto[-1].k == 3  # llama.cpp's default draft length
+    with pytest.raises(FlyError, match="k must be >= 1"):
+        parse_modes("spd", [0], SpecSettings())
+
+
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}User: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}Story:{% endif %}")
 

@@ -16,6 +16,7 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.errors import FlyError
 
 REFERENCE = "target"  # the mode every other one is compared with
+PEER_DEFAULT_K = 3  # llama.cpp's default --spec-draft-n-max
 
 VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     "target": lambda s: dataclasses.replace(s, mode="target"),
@@ -38,15 +39,27 @@ class Mode:
     label: str
     spec: SpecSettings | None  # None for a peer
     peer: str | None = None  # "speculative" or "target" for llama.cpp's binaries
-    k: int | None = None
+    k: int | str | None = None  # a number, "auto", or None (no drafting)
+    p_min: float = 0.0  # llama.cpp's speculative decoding: its --spec-draft-p-min
+
+    @property
+    def max_draft(self) -> int:
+        """The longest draft a round of this mode may make."""
+        if self.spec is not None:
+            return self.spec.max_draft if self.spec.mode != "target" else 0
+        return int(self.k) if isinstance(self.k, int) else 0
 
     @property
     def drafts(self) -> bool:
         return self.peer == "speculative" or (self.spec is not None and self.spec.mode != "target")
 
 
-def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool = False) -> list[Mode]:
-    """Modes from "target,spd,fly" and k values; the reference mode is always run first."""
+def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
+                peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,)) -> list[Mode]:
+    """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
+    run first. With ``peer``, llama.cpp's target-only run and its speculative decoding at each of
+    ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3) and each of
+    ``peer_p_mins``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
@@ -57,8 +70,8 @@ def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool 
         raise FlyError(f"a mode is listed twice in --modes: {text}")
     if not ks:
         ks = [base.k]
-    if any(k < 1 for k in ks):
-        raise FlyError(f"k must be >= 1, got {min(ks)}")
+    for k in ks:
+        SpecSettings(k=k)  # checks it
     sweep = len(ks) > 1
     modes = [Mode(REFERENCE, VARIANTS[REFERENCE](base))]
     for name in names:
@@ -68,7 +81,11 @@ def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool 
             spec = VARIANTS[name](dataclasses.replace(base, k=k))
             modes.append(Mode(f"{name}@k{k}" if sweep else name, spec, k=k))
     if peer:
+        numbers = list(peer_ks) or [k for k in ks if isinstance(k, int)] or [PEER_DEFAULT_K]
         modes.append(Mode("llama.cpp-target", None, peer="target"))
-        for k in ks:
-            modes.append(Mode(f"llama.cpp-spd@k{k}" if sweep else "llama.cpp-spd", None, peer="speculative", k=k))
+        for p_min in peer_p_mins:
+            for k in numbers:
+                label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
+                label += f"p{p_min:g}" if len(peer_p_mins) > 1 or p_min else ""
+                modes.append(Mode(label, None, peer="speculative", k=k, p_min=p_min))
     return modes

@@ -51,21 +51,23 @@ class Runner:
         if any(m.peer for m in modes) and peer is None:
             raise ValueError("peer modes need a Peer")
         self.engine, self.modes, self.config, self.peer = engine, list(modes), config, peer
-        reserve = config.max_tokens + max((m.k or 0) for m in modes) + 2
+        reserve = config.max_tokens + max(m.max_draft for m in modes) + 2
         self.renderer = PromptRenderer(engine, template=config.template, reserve=reserve)
 
     def _generate(self, mode: Mode, rendered: Rendered, max_tokens: int) -> dict[str, Any]:
         if mode.peer is not None:
             assert self.peer is not None
             # llama.cpp's binaries abort on characters a byteless vocabulary cannot spell
-            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k)
+            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k, mode.p_min)
             return {"stats": run.as_dict(), "text": run.text, "peer": True}
         assert mode.spec is not None
         self.engine.prefill(rendered.tokens)
         gen = self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
-                                   max_tokens=max_tokens).run()
+                                   max_tokens=max_tokens)
+        loose_rounds = sorted({step.round for step in gen if step.loose})  # rounds that kept a token loosely
         stats = gen.stats.as_dict()
-        stats["accepted_lengths"] = list(gen.stats.accepted_lengths)
+        stats["accepted_lengths"] = list(gen.stats.accepted_lengths)  # per round, 1-based round i at i - 1
+        stats["loose_rounds"] = loose_rounds
         return {"stats": stats, "tokens": gen.tokens, "text": gen.text, "finish_reason": gen.finish_reason}
 
     def warm_up(self, rendered: Rendered) -> None:

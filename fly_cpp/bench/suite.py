@@ -33,7 +33,7 @@ def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], confi
         "target": os.path.basename(info.target.path), "draft": os.path.basename(draft) if draft else None,
         "target_path": info.target.path, "draft_path": draft, "n_ctx": info.n_ctx,
         "n_threads": info.n_threads, "max_tokens": config.max_tokens,
-        "k": sorted({m.k for m in modes if m.k is not None}) or [m.spec.k for m in modes if m.spec][:1],
+        "k": sorted({m.k for m in modes if m.k is not None}, key=str) or [m.spec.k for m in modes if m.spec][:1],
         "modes": {m.label: (dataclasses.asdict(m.spec) if m.spec else {"peer": m.peer, "k": m.k}) for m in modes},
         "templated": runner.renderer.template is not None, "temperature": config.sampling.temperature,
         "truncated_prompts": sum(1 for r in records if r["mode"] == modes[0].label and r["truncated"]),
