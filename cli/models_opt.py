@@ -26,6 +26,8 @@ DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu", "type_k", "type_v")
 
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = settings_options(ModelSettings, prefix="draft_", only=DRAFT_FIELDS)(fn)
+    fn = click.option("--rpc-draft", is_flag=True, default=None,
+                      help="put the draft's layers on the --rpc servers too [default: the draft runs here]")(fn)
     fn = settings_options(ModelSettings, skip=("path",))(fn)
     fn = click.option("--pair", help="a named target/draft pair: see 'fly-cpp models list' (downloaded or built once)")(fn)
     fn = click.option("--hf-draft-file", help="draft GGUF file in --hf-draft-repo (or in --hf-repo)")(fn)
@@ -55,8 +57,11 @@ def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSetting
     options = {**given.defaults, **{k: v for k, v in options.items() if v is not None}}
     target = ModelSettings(path=given.target, **pick(options, ModelSettings))
     draft = None
+    if options.get("rpc_draft") and not target.rpc:
+        raise click.UsageError("--rpc-draft puts the draft on the --rpc servers: give --rpc too")
     if given.draft is not None:
-        draft = target.for_draft(given.draft, **pick(options, ModelSettings, "draft_"))
+        on_servers = {"rpc": target.rpc, "tensor_split": target.tensor_split} if options.get("rpc_draft") else {}
+        draft = target.for_draft(given.draft, **on_servers, **pick(options, ModelSettings, "draft_"))
     return target, draft
 
 

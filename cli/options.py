@@ -59,6 +59,17 @@ class NumberList(click.ParamType):
         return out
 
 
+class TextList(click.ParamType):
+    """A comma-separated list of strings ("a:1,b:2")."""
+
+    name = "LIST"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        return tuple(v.strip() for v in str(value).split(","))
+
+
 class Threshold(click.ParamType):
     """A float that also accepts 'inf'."""
 
@@ -108,7 +119,7 @@ def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
         return Threshold()
     args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
-        return NumberList(float)
+        return TextList() if args[0] is str else NumberList(float)
     if isinstance(hint, types.UnionType):
         hint = next(a for a in args if a is not type(None))
     return {int: int, float: float, str: str}.get(hint, str)
@@ -140,7 +151,7 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
                 decls = [f"--{dashed}", *(a for a in aliases(f, prefix) if a != f"--{dashed}"), prefix + f.name]
                 bare = {"is_flag": False, "flag_value": f.metadata["bare"]} if "bare" in f.metadata else {}
                 fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text,
-                                  **bare)(fn)
+                                  metavar=f.metadata.get("metavar"), **bare)(fn)
         return fn
 
     return decorate

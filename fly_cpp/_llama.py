@@ -20,6 +20,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from fly_cpp import rpc as _rpc
 from fly_cpp.errors import FlyError
 
 GGUF_MAGIC = b"GGUF"
@@ -71,6 +72,13 @@ def _init_backend() -> None:
             _initialised = True
 
 
+def library() -> ctypes.CDLL:
+    """libllama's ctypes handle, the backend initialised: ggml's functions resolve through it
+    (``fly_cpp.rpc`` reaches ggml's RPC backend that way)."""
+    _init_backend()
+    return ll.llama_cpp._lib
+
+
 def last_log_error() -> str:
     """The most recent llama.cpp log line that looks like an error, for error messages."""
     for line in reversed(_log_tail):
@@ -112,7 +120,11 @@ def cpu_has_amx() -> bool:
 
 
 class Model:
-    """Weights and vocabulary of one GGUF file."""
+    """Weights and vocabulary of one GGUF file.
+
+    ``rpc``: llama.cpp rpc-servers (HOST:PORT) whose devices come first in the model's device
+    list; every llama.cpp call of such a model and its contexts goes through ``self.call``
+    (``fly_cpp.rpc.Runner``), which raises RpcServerLost when a server dies."""
 
     def __init__(
         self,
@@ -126,27 +138,16 @@ class Model:
         repack: bool | None = None,
         mmap: bool | None = None,
         mlock: bool = False,
+        rpc: Sequence[str] = (),
     ) -> None:
         self.path = check_gguf(path)
         _init_backend()
-        params = ll.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
-        params.split_mode = _SPLIT[split_mode]
-        params.main_gpu = main_gpu
-        params.vocab_only = vocab_only
-        params.load_mode = _load_mode(mmap, mlock)
-        params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
-        if tensor_split:
-            n_dev = ll.llama_max_devices()
-            if len(tensor_split) > n_dev:
-                raise FlyError(f"tensor_split has {len(tensor_split)} entries, this build supports {n_dev} devices")
-            self._tensor_split = (ctypes.c_float * n_dev)(*tensor_split)
-            params.tensor_split = self._tensor_split
-        _log_tail.clear()
-        self.ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self.ptr:
-            reason = last_log_error()
-            raise FlyError(f"llama.cpp could not load {self.path}" + (f": {reason}" if reason else ""))
+        self.call: _rpc.Runner | _rpc.Local = _rpc.Runner(rpc) if rpc else _rpc.LOCAL
+        try:
+            self.ptr = self._load(n_gpu_layers, split_mode, main_gpu, tensor_split, vocab_only, repack, mmap, mlock)
+        except BaseException:
+            self.call.close()
+            raise
         self.vocab = ll.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self.vocab)
         self.bos: int = ll.llama_vocab_bos(self.vocab)
@@ -158,6 +159,38 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
         self._spelled = self._spellable_characters()
+
+    def _load(self, n_gpu_layers: int, split_mode: str, main_gpu: int, tensor_split: Sequence[float],
+              vocab_only: bool, repack: bool | None, mmap: bool | None, mlock: bool) -> ctypes.c_void_p:
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.split_mode = _SPLIT[split_mode]
+        params.main_gpu = main_gpu
+        params.vocab_only = vocab_only
+        params.load_mode = _load_mode(mmap, mlock)
+        params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
+        n_dev = ll.llama_max_devices()
+        if self.call.endpoints:
+            lib = library()
+            self._devices = _rpc.device_array(lib, self.call.devices(lib))
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            n_dev = min(n_dev, len(self._devices) - 1)
+        if tensor_split:
+            if len(tensor_split) > n_dev:
+                what = "the rpc servers and GPUs offer" if self.call.endpoints else "this build supports"
+                raise FlyError(f"tensor_split has {len(tensor_split)} entries, {what} {n_dev} devices")
+            self._tensor_split = (ctypes.c_float * ll.llama_max_devices())(*tensor_split)
+            params.tensor_split = self._tensor_split
+        _log_tail.clear()
+        ptr = self.call(ll.llama_model_load_from_file, str(self.path).encode(), params)
+        if not ptr:
+            reason = last_log_error()
+            raise FlyError(f"llama.cpp could not load {self.path}" + (f": {reason}" if reason else ""))
+        return ptr
+
+    def check(self) -> None:
+        """Raise RpcServerLost when an rpc-server connection has failed (the model is unusable)."""
+        self.call.check()
 
     @property
     def name(self) -> str:
@@ -243,8 +276,9 @@ class Model:
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
-            ll.llama_model_free(self.ptr)
+            self.call.release(ll.llama_model_free, self.ptr)
             self.ptr = None
+            self.call.close()
 
     def __enter__(self) -> Model:
         return self
@@ -293,7 +327,8 @@ class Context:
             params.type_k = params.type_v = ll.GGML_TYPE_F32
             params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         _log_tail.clear()
-        self.ptr = ll.llama_init_from_model(model.ptr, params)
+        self._call = model.call
+        self.ptr = self._call(ll.llama_init_from_model, model.ptr, params)
         if not self.ptr:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
@@ -331,7 +366,7 @@ class Context:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = start + i >= len(tokens) - want
             batch.n_tokens = len(chunk)
-            rc = ll.llama_decode(self.ptr, batch)
+            rc = self._call(ll.llama_decode, self.ptr, batch)
             if rc != 0:
                 self.truncate(base)  # a failed decode may leave part of the chunk behind
                 what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
@@ -339,7 +374,7 @@ class Context:
             self.tokens.extend(chunk)
         if want == 0:
             return None
-        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(want, self.model.n_vocab))
+        return np.ctypeslib.as_array(self._call(ll.llama_get_logits, self.ptr), shape=(want, self.model.n_vocab))
 
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common
@@ -350,14 +385,14 @@ class Context:
 
     def truncate(self, n: int) -> None:
         """Roll the KV cache back to its first ``n`` positions."""
-        if not ll.llama_memory_seq_rm(self._memory, 0, n, -1):
+        if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
             raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
         del self.tokens[n:]
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
             ll.llama_batch_free(self._batch)
-            ll.llama_free(self.ptr)
+            self._call.release(ll.llama_free, self.ptr)
             self.ptr = None
 
     def __enter__(self) -> Context:

@@ -51,13 +51,17 @@ class ModelSettings:
         "physical batch size; 1 makes batched verification numerically identical to one-token decoding (slow)",
         aliases=("-ub", "--ubatch-size")))
     n_gpu_layers: int = field(default=0, metadata=_help(
-        "layers to offload to the GPU; -1 = all", aliases=("-ngl", "--gpu-layers"),
+        "layers to offload to the GPUs or rpc servers; -1 = all; 0 = none, or all when rpc servers are given",
+        aliases=("-ngl", "--gpu-layers"),
         draft=("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl")))
     split_mode: str = field(default="layer", metadata=_help("multi-GPU split: none, layer or row",
                                                             aliases=("-sm", "--split-mode")))
-    tensor_split: tuple[float, ...] = field(default=(), metadata=_help("share of the model per GPU, e.g. 3,1",
-                                                                       aliases=("-ts",)))
+    tensor_split: tuple[float, ...] = field(default=(), metadata=_help(
+        "share of the offloaded layers per device (rpc servers first, then GPUs), e.g. 3,1", aliases=("-ts",)))
     main_gpu: int = field(default=0, metadata=_help("GPU used when split_mode is none", aliases=("-mg",)))
+    rpc: tuple[str, ...] = field(default=(), metadata=_help(
+        "llama.cpp rpc-servers that hold the offloaded layers, as devices before the local GPUs "
+        "(no authentication: trusted networks only)", metavar="HOST:PORT[,HOST:PORT...]"))
     type_k: str = field(default="f16", metadata=_help(
         f"KV cache data type for K: {', '.join(CACHE_TYPES)}", aliases=("-ctk", "--cache-type-k"),
         draft=("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k")))
@@ -81,6 +85,15 @@ class ModelSettings:
         _require(self.split_mode in SPLIT_MODES, f"split_mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
         _require(all(s >= 0 for s in self.tensor_split), "tensor_split entries must be >= 0")
         _require(self.main_gpu >= 0, f"main_gpu must be >= 0, got {self.main_gpu}")
+        rpc = self.rpc
+        if isinstance(rpc, str):
+            rpc = tuple(s.strip() for s in rpc.split(","))
+        _require(isinstance(rpc, (tuple, list)) and all(isinstance(s, str) for s in rpc),
+                 f"rpc must be 'HOST:PORT' strings, got {self.rpc!r}")
+        for endpoint in rpc:
+            _require(_endpoint_error(endpoint) is None, f"rpc: {endpoint!r}: {_endpoint_error(endpoint)}")
+        _require(len(set(rpc)) == len(rpc), f"rpc names a server twice: {', '.join(rpc)}")
+        object.__setattr__(self, "rpc", tuple(rpc))
         for name in ("type_k", "type_v"):
             value = getattr(self, name)
             _require(isinstance(value, str) and value.lower() in CACHE_TYPES,
@@ -94,12 +107,33 @@ class ModelSettings:
     def threads(self) -> int:
         return self.n_threads or int(os.environ.get("FLY_CPP_THREADS") or 0) or os.cpu_count() or 1
 
+    @property
+    def offloaded_layers(self) -> int:
+        """``n_gpu_layers`` as llama.cpp takes it: all layers go to the rpc servers unless told
+        otherwise (``--rpc`` alone must not leave the model local)."""
+        return -1 if self.rpc and self.n_gpu_layers == 0 else self.n_gpu_layers
+
     def for_draft(self, path: str, **changes: Any) -> ModelSettings:
         """The draft model's settings: this (the target's) settings, its own ``path``, and the
         ``changes`` the draft sets itself. As llama.cpp's draft does, it follows the target's
         threads and GPU offload; here it also follows its KV cache types, flash attention and
-        loading, unless told otherwise."""
-        return dataclasses.replace(self, path=path, **changes)
+        loading, unless told otherwise. It does not follow the target onto rpc servers (nor the
+        tensor_split over them): a draft runs here unless ``changes`` give it servers."""
+        remote = {"rpc": (), "tensor_split": ()} if self.rpc else {}
+        return dataclasses.replace(self, path=path, **{**remote, **changes})
+
+
+def _endpoint_error(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a HOST:PORT llama.cpp's RPC client can dial (IPv4 or a host name:
+    it splits at the first colon), or None."""
+    host, colon, port = endpoint.partition(":")
+    if not colon or not host:
+        return "expected HOST:PORT"
+    if ":" in port or host.startswith("["):
+        return "IPv6 addresses are not supported by llama.cpp's RPC client; use an IPv4 address or a host name"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"the port must be a number in 1..65535, got {port!r}"
+    return None
 
 
 @dataclass(frozen=True)

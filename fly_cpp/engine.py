@@ -90,8 +90,8 @@ class Engine:
 
     @staticmethod
     def _load(s: ModelSettings) -> Model:
-        return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+        return Model(s.path, n_gpu_layers=s.offloaded_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc)
 
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
@@ -166,6 +166,9 @@ class Engine:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
         if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
+        for model in (self.target_model, self.draft_model):
+            if model is not None:
+                model.check()  # a lost rpc-server: refuse before any token (HTTP 503 in the server)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed)
         if spec.mode == "target":

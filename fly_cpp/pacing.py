@@ -110,10 +110,10 @@ class Pacer:
                 best, best_h = rate, h
         return best, best_h
 
-    def plan(self, limit: int, lag: int, guess: Callable[[], int], has_draft: bool) -> tuple[str, int]:
-        """This round's plan: ("target", 0), ("ngram", n) or ("draft", max tokens). ``lag``:
-        tokens the draft model must catch up on; ``guess()``: the length of the n-gram guess
-        (asked only when a guess could pay)."""
+    def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], int], has_draft: bool) -> tuple[str, int]:
+        """This round's plan: ("target", 0), ("ngram", n), ("draft", max tokens) or ("explore",
+        n). ``lag()``: tokens the draft model must catch up on; ``guess()``: the length of the
+        n-gram guess (each asked only when needed)."""
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
@@ -123,7 +123,7 @@ class Pacer:
             g_rate, g = self.best(self.guesses.mean(), min(n, limit), 0.0, 0.0)
         d_rate, d, could = 0.0, 0, False
         if has_draft:
-            first, step = self.costs.draft(lag + 1), self.costs.draft(1)
+            first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
             d_rate, d = self.best(self.model.mean(), limit, first, step)
             could = self.best(1.0, limit, first, step)[1] > 0
         if max(g_rate, d_rate) > target_rate:
@@ -200,8 +200,9 @@ class PacedDrafter:
             guess.extend(ngram.lookup(committed, self.ngram_max, min(self.ngram_tokens, limit)))
             return len(guess)
 
-        lag = self.model.lag(committed) if self.model is not None else 0
-        self.kind, n = self.pacer.plan(limit, lag, lookup if self.use_ngram else lambda: 0, self.model is not None)
+        model = self.model
+        self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
+                                       lookup if self.use_ngram else lambda: 0, model is not None)
         if self.kind == "ngram":
             self.confidences = [None] * n
             return guess[:n]

@@ -130,6 +130,12 @@ def test_auto_and_peer_sweeps() -> None:
     assert only_auto[-1].k == 3  # llama.cpp's default draft length
     with pytest.raises(FlyError, match="k must be >= 1"):
         parse_modes("spd", [0], SpecSettings())
+    pinned = parse_modes("fly,fly+xr@k3,spd@kauto", ["auto"], SpecSettings())
+    assert [(m.label, m.k) for m in pinned] == [("target", None), ("fly", "auto"), ("fly+xr@k3", 3),
+                                               ("spd@kauto", "auto")]
+    assert pinned[2].spec.cross_round and pinned[2].spec.k == 3
+    with pytest.raises(FlyError, match="names no draft length"):
+        parse_modes("fly@kx", ["auto"], SpecSettings())
 
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}User: {{ m['content'] }}\n{% endfor %}"

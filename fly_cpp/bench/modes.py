@@ -54,6 +54,13 @@ class Mode:
         return self.peer == "speculative" or (self.spec is not None and self.spec.mode != "target")
 
 
+def _number(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise FlyError(f"--modes: {name!r} names no draft length (use NAME@kN or NAME@kauto)") from None
+
+
 def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
                 peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,)) -> list[Mode]:
     """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
@@ -63,7 +70,8 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
-    unknown = [n for n in names if n not in VARIANTS]
+    pinned = {n: n.partition("@k")[2] for n in names if "@k" in n}  # "fly+xr@k5": that mode at that k only
+    unknown = [n.partition("@k")[0] for n in names if n.partition("@k")[0] not in VARIANTS]
     if unknown:
         raise FlyError(f"unknown mode {unknown[0]!r} in --modes: use some of {', '.join(VARIANTS)}")
     if len(set(names)) != len(names):
@@ -76,6 +84,10 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     modes = [Mode(REFERENCE, VARIANTS[REFERENCE](base))]
     for name in names:
         if name == REFERENCE:
+            continue
+        if name in pinned:
+            k = pinned[name] if pinned[name] == "auto" else _number(pinned[name], name)
+            modes.append(Mode(name, VARIANTS[name.partition("@k")[0]](dataclasses.replace(base, k=k)), k=k))
             continue
         for k in ks:
             spec = VARIANTS[name](dataclasses.replace(base, k=k))

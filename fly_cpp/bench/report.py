@@ -62,7 +62,9 @@ def _head(result: dict[str, Any]) -> list[str]:
         "",
         f"target `{meta['target']}`, draft `{meta['draft']}`; {meta['n_prompts']} prompts, "
         f"max {meta['max_tokens']} tokens, k = {', '.join(map(str, meta['k']))}, "
-        f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}.",
+        f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}"
+        + "".join(f"; {who} on rpc-servers {', '.join(meta[key])}"
+                  for who, key in (("target", "rpc"), ("draft", "draft_rpc")) if meta.get(key)) + ".",
         "",
     ]
 

@@ -1,7 +1,8 @@
 """Errors as OpenAI-style JSON bodies: ``{"error": {"message", "type", "code"}}``.
 
 Every request error is a 400 with type ``invalid_request_error`` (FastAPI's 422 included); the
-server keeps serving after any of them.
+server keeps serving after any of them. A lost rpc-server is a 503 (the engine cannot generate
+until the process restarts).
 """
 
 from __future__ import annotations
@@ -13,11 +14,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import FlyError
+from fly_cpp.errors import FlyError, RpcServerLost
 from fly_cpp.server.worker import ShuttingDown
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          405: "invalid_request_error", 500: "server_error", 503: "unavailable_error"}
+
+
+def status_of(e: BaseException) -> int:
+    """The HTTP status of an error raised while serving a request."""
+    if isinstance(e, (ShuttingDown, RpcServerLost)):
+        return 503
+    return 400 if isinstance(e, (FlyError, TypeError)) else 500
 
 
 def body(status: int, message: str) -> dict[str, Any]:
@@ -66,7 +74,8 @@ def install(app: FastAPI, on_server_error: Any) -> None:
         return response(400, " ".join(str(exc).split()))
 
     @app.exception_handler(ShuttingDown)
-    async def unavailable(request: Request, exc: ShuttingDown) -> JSONResponse:
+    @app.exception_handler(RpcServerLost)
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         return response(503, str(exc))
 
     @app.exception_handler(HTTPException)

@@ -9,10 +9,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
+from fly_cpp import rpc
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
-from fly_cpp.server import sse
+from fly_cpp.server import errors, sse
 from fly_cpp.server.fields import (SETTING_NAMES, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                    settings_dict)
 from fly_cpp.server.probs import top_logprobs
@@ -32,7 +33,10 @@ def router(fly: Fly, runs: Runs) -> APIRouter:
 
     @r.get("/health")
     @r.get("/v1/health")
-    async def health() -> dict[str, str]:
+    async def health() -> Any:
+        if (loss := rpc.lost()) is not None:  # no generation can succeed: tell load balancers
+            return JSONResponse(errors.body(503, f"an rpc-server stopped answering ({loss}): restart it, then "
+                                                 "this server"), status_code=503)
         return {"status": "ok"}
 
     @r.get("/props")

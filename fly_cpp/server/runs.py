@@ -9,10 +9,9 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from fly_cpp.errors import FlyError
 from fly_cpp.server import errors, sse
 from fly_cpp.server.metrics import Metrics
-from fly_cpp.server.worker import ShuttingDown, Worker
+from fly_cpp.server.worker import Worker
 
 T = TypeVar("T")
 
@@ -56,8 +55,7 @@ class Runs:
         except Exception as e:  # the status line is gone already: say it in the stream
             ended = True
             self.metrics.count("errors")
-            status = 400 if isinstance(e, (FlyError, TypeError)) else 503 if isinstance(e, ShuttingDown) else 500
-            yield sse.event(errors.body(status, " ".join(str(e).split()) or type(e).__name__))
+            yield sse.event(errors.body(errors.status_of(e), " ".join(str(e).split()) or type(e).__name__))
         finally:
             if not ended:
                 self.metrics.count("requests_aborted")
