@@ -332,7 +332,6 @@ class Context:
         if not self.ptr:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
-        self.n_threads = n_threads
         self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
         self.n_threads: int = ll.llama_n_threads(self.ptr)
