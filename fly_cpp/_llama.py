@@ -500,8 +500,11 @@ class Context:
         self.close()
 
 
-def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0) -> None:
-    """Write a quantized copy of ``src`` with llama.cpp's quantizer (ftype e.g. "Q8_0")."""
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0, *,
+             allow_requantize: bool = False) -> None:
+    """Write a quantized copy of ``src`` with llama.cpp's quantizer (ftype e.g. "Q8_0", "F16").
+    ``allow_requantize``: also convert tensors that are quantized already (llama.cpp dequantizes
+    them first), e.g. an F16 copy of a Q4_K_M file."""
     check_gguf(src)
     _init_backend()
     code = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
@@ -510,6 +513,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: st
     params = ll.llama_model_quantize_default_params()
     params.ftype = code
     params.nthread = n_threads
+    params.allow_requantize = allow_requantize
     _log_tail.clear()
     if ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         reason = last_log_error()

@@ -64,6 +64,22 @@ def test_humaneval_correct_wrong_and_chat_answers() -> None:
     assert checkers.check_humaneval("    return (\n", HUMANEVAL_META)["status"] == "failed"  # syntax error
 
 
+def test_chat_answers_are_checked_on_their_definitions() -> None:
+    """An instruct model's own example calls and asserts are not the task; an answer cut by the
+    token limit keeps the whole lines that parse."""
+    own_tests = ("```python\nimport math\n\ndef add(a, b):\n    return a + b\n\nLIMIT = 3\n\n"
+                 "def check_solution():\n    assert add(1, 1) == 3  # the model's own mistake\n\n"
+                 "check_solution()\nprint(add(2, 2))\nif __name__ == '__main__':\n    raise SystemExit(1)\n```")
+    assert checkers.check_humaneval(own_tests, HUMANEVAL_META)["passed"]
+    cut = "Sure:\n```python\ndef add(a, b):\n    return a + b\n\n# Test\nassert add(2, 2) == (4 if"
+    assert checkers.check_humaneval(cut, HUMANEVAL_META)["passed"]
+    assert checkers.check_mbpp(cut.replace("add", "square").replace("a + b", "a * a").replace("(a, b)", "(a)"),
+                               {"tests": ["assert square(3) == 9"], "setup": ""})["passed"]
+    assert checkers.sanitize("x = (") == "x = ("  # nothing parses: left for the check to report
+    wrong = checkers.check_humaneval("```python\ndef add(a, b):\n    return a - b\n```", HUMANEVAL_META)
+    assert wrong["status"] == "failed" and "AssertionError" in wrong["error"]
+
+
 def test_timeout_is_a_failure() -> None:
     result = checkers.check_humaneval("    while True:\n        pass\n", HUMANEVAL_META, timeout=1.0)
     assert result == {"passed": False, "status": "timeout", "error": "timed out after 1s"}
