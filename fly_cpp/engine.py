@@ -13,7 +13,6 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model, gguf_hparams, kv_bytes_per_token
@@ -58,15 +57,14 @@ KV_SIZE = {"f32": 2.0, "f16": 1.0, "bf16": 1.0, "q8_0": 0.53, "q5_1": 0.38, "q5_
 
 def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
     """The context size ``target`` asks for (0: the model's trained context, at most 4096), or a
-    FlyError before llama.cpp allocates anything: more than the target was trained for, or KV
-    caches that cannot fit in this machine's memory (CPU-only engines)."""
+    FlyError before llama.cpp allocates anything: KV caches that cannot fit in this machine's
+    memory (CPU-only engines). More than the model was trained for is allowed, as llama.cpp
+    allows it (the text degrades past the trained length)."""
     models = [(target, gguf_hparams(target.path))]
     if draft is not None:
         models.append((draft, gguf_hparams(draft.path)))
     trained = models[0][1].get("context_length", 0)
     n_ctx = target.n_ctx or min(trained or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-    if trained > 0 and n_ctx > trained:
-        raise FlyError(f"n_ctx {n_ctx} is more than {Path(target.path).name} supports (trained for {trained} tokens)")
     if any(s.offloaded_layers != 0 for s, _ in models):
         return n_ctx  # the caches live on the devices (GPUs, rpc-servers): llama.cpp reports what does not fit
     # the KV caches, and the attention scores of one micro-batch against the whole context

@@ -144,24 +144,22 @@ def test_huge_batch_is_capped_by_the_context(tmp_path):
 
 
 @pytest.mark.parametrize("n_ctx,message", [("1099511627776", "n_ctx must be in [0, "),
-                                           ("1000000000", "more than stories260K.gguf supports")])
+                                           ("1000000000", "of memory available; lower -c/--n-ctx")])
 def test_absurd_context_is_refused_at_once(n_ctx, message):
     assert message in one_line_error(run("generate", "-p", PROMPT, "-c", n_ctx, "-t", "1"))
     assert message in one_line_error(run("serve", "--port", "0", "-c", n_ctx, "-t", "1"))
 
 
 def test_context_beyond_memory_is_refused_before_allocating():
-    from fly_cpp.engine import Engine
     from fly_cpp.config import ModelSettings
+    from fly_cpp.engine import Engine
     from fly_cpp.errors import FlyError
     from fly_cpp.models.bundled import TARGET
 
-    # stories260K is trained for 2048 tokens: ask the memory estimate about a context it allows
-    # with an absurd batch, which the estimate counts for the logits
     with Engine(ModelSettings(str(TARGET), n_ctx=2048, n_batch=2**31 - 1, n_threads=1)) as e:
         assert e.target.n_batch <= 2048  # capped, the allocated batch included
-    with pytest.raises(FlyError, match="trained for 2048"):
-        Engine(ModelSettings(str(TARGET), n_ctx=4096, n_threads=1))
+    with pytest.raises(FlyError, match="needs about .* for the KV caches"):
+        Engine.preflight(ModelSettings(str(TARGET), n_ctx=2**31 - 1, n_threads=1))
 
 
 # 3. thread counts
