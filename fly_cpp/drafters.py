@@ -73,6 +73,8 @@ class ModelDrafter:
             t0 = perf_counter()
             room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
             guess = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
+            if pacer is not None and guess:  # check only as much of the guess as pays
+                guess = guess[: pacer.guess_length(len(guess), len(catchup))]
             batch = [*catchup, history[-1], *guess]
             logits = ctx.decode(batch, logits=len(guess) + 1)
             catchup = []
@@ -82,6 +84,8 @@ class ModelDrafter:
             agree = 0
             while agree < len(guess) and guess[agree] == best[agree]:
                 agree += 1
+            if pacer is not None and guess:
+                pacer.agree.observe([None] * len(guess), agree)
             sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if want_confidence else []
             new = [*guess[:agree]]
             if spec.p_min <= 0 or sure[agree] >= spec.p_min:
@@ -101,7 +105,8 @@ class ModelDrafter:
             if pacer is not None:
                 for q in sure[: len(new)]:
                     chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-                if not pacer.more(len(out), chances[-1], pacer.model.mean()):
+                # the next tokens are likely as predictable as the last one was
+                if not pacer.more(chances, pacer.model(sure[len(new) - 1] if sure else None)):
                     break
         out = out[:limit]
         if pacer is not None:

@@ -38,7 +38,7 @@ def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float
             while drafted < limit:
                 drafted += 1
                 chances.append((chances[-1] if chances else 1.0) * p.model(0.95))
-                if not p.more(drafted, chances[-1], p.model.mean()):
+                if not p.more(chances, p.model.mean()):
                     break
             drafted = p.trim(chances)
         kept = 0
