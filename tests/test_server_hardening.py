@@ -18,6 +18,8 @@ import httpx
 import pytest
 from serving import FLY, Server
 
+from fly_cpp.server.connections import SETTLE
+
 PROMPT = "Once upon a time"
 
 
@@ -67,6 +69,7 @@ def test_half_sent_connections_at_the_file_limit(tmp_path):
             c = socket.create_connection(("127.0.0.1", int(s.url.rsplit(":", 1)[1])), timeout=30)
             c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
             socks.append(c)
+        time.sleep(2 * SETTLE)  # a connection that has just opened is about to send: not displaced yet
         r = httpx.get(s.url + "/health", timeout=30)
         assert r.status_code == 200 and r.json() == {"status": "ok"}
         # the half-sent ones are dropped: the oldest to make room, the rest at the header timeout
