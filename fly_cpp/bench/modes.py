@@ -3,7 +3,8 @@
 ``VARIANTS`` maps a name to a function of the base settings (the command line's spec options
 and one k); new variants register themselves here, e.g. a cross-round FLy variant as
 ``VARIANTS["fly+xr"] = lambda s: replace(s, mode="fly", cross_round=True)``. With several k
-values, every drafting mode runs once per k and is labelled ``name@kN``.
+values, every drafting mode runs once per k and is labelled ``name@kN``; a mode written
+``name@kN`` in the list runs at that k only (``--modes fly,fly+xr@k5``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool 
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
-    unknown = [n for n in names if n not in VARIANTS]
+    pinned: dict[str, int] = {}
+    for n in names:
+        name, at, k = n.partition("@k")
+        if at:
+            if not k.isdigit() or int(k) < 1 or name == REFERENCE:
+                raise FlyError(f"bad mode {n!r} in --modes: write name@kN with N >= 1 (the target drafts nothing)")
+            pinned[n] = int(k)
+    unknown = [n for n in names if n.partition("@k")[0] not in VARIANTS]
     if unknown:
         raise FlyError(f"unknown mode {unknown[0]!r} in --modes: use some of {', '.join(VARIANTS)}")
     if len(set(names)) != len(names):
@@ -64,9 +72,17 @@ def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool 
     for name in names:
         if name == REFERENCE:
             continue
+        if name in pinned:
+            k = pinned[name]
+            modes.append(Mode(name, VARIANTS[name.partition("@k")[0]](dataclasses.replace(base, k=k)), k=k))
+            continue
         for k in ks:
             spec = VARIANTS[name](dataclasses.replace(base, k=k))
             modes.append(Mode(f"{name}@k{k}" if sweep else name, spec, k=k))
+    labels = [m.label for m in modes]
+    twice = next((x for x in labels if labels.count(x) > 1), None)
+    if twice is not None:
+        raise FlyError(f"mode {twice!r} is listed twice in --modes: {text}")
     if peer:
         modes.append(Mode("llama.cpp-target", None, peer="target"))
         for k in ks:

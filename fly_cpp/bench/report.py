@@ -1,11 +1,18 @@
-"""Writing a benchmark's results: results.json (every record + summary), summary.md, PNG plots."""
+"""A benchmark's results on disk: results.json (every record + summary), summary.md, PNG plots.
+
+results.json is replaced atomically (written beside, then renamed), so a run killed while
+writing it leaves the previous complete file; ``read`` loads it back for ``--resume``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
+
+from fly_cpp.errors import FlyError
 
 COLUMNS = [  # (header, key, format)
     ("mode", "mode", "{}"),
@@ -26,7 +33,11 @@ COLUMNS = [  # (header, key, format)
     ("1st div. (med)", "first_divergence_median", "{:g}"),
     ("NLL", "nll", "{:.3f}"),
     ("NLL / target", "nll_ratio", "{:.3f}"),
+    ("cut", "cut", "{:.0%}"),
     ("accuracy", "accuracy", "{:.1%}"),
+    ("won", "won", "{}"),
+    ("lost", "lost", "{}"),
+    ("sign p", "sign_p", "{:.3f}"),
 ]
 
 
@@ -45,13 +56,19 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"target `{meta['target']}`, draft `{meta['draft']}`; {meta['n_prompts']} prompts, "
         f"max {meta['max_tokens']} tokens, k = {', '.join(map(str, meta['k']))}, "
-        f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}.",
+        f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}"
+        f"{', system message' if meta.get('system') else ''}{'' if meta.get('complete', True) else ' (partial run)'}.",
         "",
         "| " + " | ".join(c[0] for c in cols) + " |",
         "|" + "|".join("---" for _ in cols) + "|",
     ]
     for r in rows:
         lines.append("| " + " | ".join(_cell(r.get(key), fmt) for _, key, fmt in cols) + " |")
+    paired = [r for r in rows if r.get("n_paired")]
+    if paired:
+        lines += ["", "Task correctness against the target, problem by problem: " + "; ".join(
+            f"{r['mode']} won {r['won']}, lost {r['lost']} of {r['n_paired']} (sign test p = {r['sign_p']:.3f})"
+            for r in paired) + "."]
     if result.get("comparisons"):
         lines += ["", "fly-cpp vs llama.cpp (tokens/s ratio per prompt, geometric mean):", ""]
         for c in result["comparisons"]:
@@ -63,7 +80,9 @@ def markdown(result: dict[str, Any]) -> str:
         "host: loop time outside the draft and target forward passes. agree: share of positions where the "
         "output equals the target's; identical: share of prompts with the target's exact output; NLL: the "
         "target's mean negative log-likelihood of the output (nats/token). llama.cpp rows: their decode speed "
-        "(model loading and prompt excluded); identical there compares text (its output starts as the target's).",
+        "(model loading and prompt excluded); identical there compares text (its output starts as the target's). "
+        "cut: outputs that ended on the token budget. won / lost: problems this mode passed and the target "
+        "failed / the other way round; sign p: two-sided exact sign test on won vs lost.",
         "",
     ]
     return "\n".join(lines)
@@ -116,10 +135,29 @@ def write(result: dict[str, Any], out: Path, *, with_plots: bool = True) -> list
     if with_plots:
         files += plots(result, out)
     result["meta"]["files"] = files
-    (out / "results.json").write_text(json.dumps(result, indent=1, allow_nan=False, default=_json_default) + "\n",
-                                      encoding="utf-8")
-    (out / "summary.md").write_text(markdown(result), encoding="utf-8")
+    _replace(out / "results.json", json.dumps(result, indent=1, allow_nan=False, default=_json_default) + "\n")
+    _replace(out / "summary.md", markdown(result))
     return files
+
+
+def read(out: Path) -> dict[str, Any] | None:
+    """The results.json of an earlier run in ``out`` (None when there is none)."""
+    path = out / "results.json"
+    if not path.exists():
+        return None
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FlyError(f"--resume: cannot read {path}: {e}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("records"), list) or "meta" not in result:
+        raise FlyError(f"--resume: {path} is not a fly-cpp bench results file")
+    return result
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _json_default(value: Any) -> Any:
