@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from fly_cpp.config import MODES, SPLIT_MODES
+from fly_cpp.config import FLY_RULES, MODES, SPLIT_MODES
 
-_CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES}
+_CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES, "fly_rule": FLY_RULES}
 _ALIASES = {"n_ctx": ["-c"], "n_threads": ["-t"], "n_gpu_layers": ["-ngl"], "seed": ["-s"]}
 
 

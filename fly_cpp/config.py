@@ -15,6 +15,7 @@ from fly_cpp.accept import AcceptPolicy
 from fly_cpp.errors import FlyError
 
 MODES = ("fly", "spd", "target")
+FLY_RULES = ("guarded", "paper")
 SPLIT_MODES = ("none", "layer", "row")
 
 
@@ -73,6 +74,16 @@ class SpecSettings:
     k: int = field(default=15, metadata=_help("tokens drafted per round"))
     window: int = field(default=6, metadata=_help("deferred window, counting the mismatch itself; 0 = no loose accepts"))
     entropy_threshold: float = field(default=0.3, metadata=_help("entropy gate in nats (top-3 entropy); 'inf' = never loose"))
+    fly_rule: str = field(default="guarded", metadata=_help(
+        "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
+        "--loose-* safeguards, and never a token the target's sampler could not produce"))
+    loose_min_ratio: float = field(default=0.0, metadata=_help(
+        "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "
+        "as likely as its own top token, p(d)/p(top); 0 = any"))
+    loose_top_n: int = field(default=0, metadata=_help(
+        "fly, guarded: loosen a mismatch only where the drafted token is among the target's n most likely; 0 = any"))
+    loose_in_code: bool = field(default=True, metadata=_help(
+        "fly, guarded: loosen mismatches inside ``` code blocks of the answer too"))
     ngram: bool = field(default=True, metadata=_help("speed up the drafter with n-gram lookup"))
     ngram_max: int = field(default=4, metadata=_help("longest n-gram looked up"))
     ngram_tokens: int = field(default=6, metadata=_help("tokens proposed per n-gram hit"))
@@ -90,6 +101,9 @@ class SpecSettings:
         _require(self.window >= 0, f"window must be >= 0, got {self.window}")
         _require(not math.isnan(self.entropy_threshold) and self.entropy_threshold >= 0,
                  f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
+        _require(self.fly_rule in FLY_RULES, f"fly_rule must be one of {', '.join(FLY_RULES)}, got {self.fly_rule!r}")
+        _require(0.0 <= self.loose_min_ratio <= 1.0, f"loose_min_ratio must be in [0, 1], got {self.loose_min_ratio}")
+        _require(self.loose_top_n >= 0, f"loose_top_n must be >= 0, got {self.loose_top_n}")
         _require(self.ngram_max >= 1, f"ngram_max must be >= 1, got {self.ngram_max}")
         _require(self.ngram_tokens >= 1, f"ngram_tokens must be >= 1, got {self.ngram_tokens}")
         _require(0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}")
@@ -97,8 +111,14 @@ class SpecSettings:
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
 
     def policy(self) -> AcceptPolicy:
-        """The accept rule's knobs for this mode: FLy's window and gate, or exact matching."""
-        return AcceptPolicy(self.window, self.entropy_threshold) if self.mode == "fly" else AcceptPolicy.exact()
+        """The accept rule's knobs for this mode: FLy's window and gate (with the safeguards
+        unless the rule is the paper's), or exact matching."""
+        if self.mode != "fly":
+            return AcceptPolicy.exact()
+        if self.fly_rule == "paper":
+            return AcceptPolicy(self.window, self.entropy_threshold)
+        return AcceptPolicy(self.window, self.entropy_threshold, top_n=self.loose_top_n,
+                            min_ratio=self.loose_min_ratio, supported=True, loose_in_code=self.loose_in_code)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
     tokens through ``out`` (which keeps the stats and records how the text ends)."""
     spec, stats = request.spec, out.stats
-    verify, window = Verifier(request), Window(spec)
+    verify, window = Verifier(request, out.detok.piece), Window(spec)
     committed = list(request.prompt)
     begin = perf_counter()
     target.sync(committed)
@@ -78,6 +78,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                 stats.n_exact += verdict.n_exact
                 stats.n_loose += len(verdict.loose)
                 stats.n_gate_rejected += verdict.gate_rejected
+                stats.n_guard_rejected += verdict.guard_rejected
                 stats.n_provisional += verdict.provisional is not None
                 stats.accepted_lengths.append(verdict.accepted + 1)
                 for i, token in enumerate([*drafted[: verdict.accepted], verdict.next_token]):

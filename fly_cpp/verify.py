@@ -11,6 +11,11 @@ llama.cpp's buffer in place. Sampled rounds follow the mode:
   greedy, so the draft's distribution is a point mass on d and the rule reads: keep d with
   probability p(d); on rejection draw the correction from p with d removed (renormalised).
   Output is distributed exactly as the target sampling alone.
+
+A guarded policy's safeguards read ``accept.Facts``, computed like the entropies only at the
+rows where they can change the verdict (candidate mismatches): the drafted token's logit against
+the row's largest (ratio and rank, read in place), whether the target's sampler could draw it,
+and whether it sits in a code block of the answer (``fences``, from the tokens' bytes).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fly_cpp import rows
-from fly_cpp.accept import Verdict, entropy_needed, judge
+from fly_cpp.accept import Facts, Verdict, entropy_needed, judge
+from fly_cpp.fences import Fences
 from fly_cpp.request import Request
 from fly_cpp.sampling import Sampler
 
@@ -28,9 +34,36 @@ from fly_cpp.sampling import Sampler
 class Verifier:
     """Judges the rounds of one generation (holds its sampler, so its RNG)."""
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, piece: Callable[[int], bytes] | None = None) -> None:
+        """``piece`` (token -> bytes) lets the code-block safeguard see the text; without it
+        a policy that needs the text loosens nothing."""
         self.policy = request.spec.policy()
         self.sampler = Sampler(request.sampling, request.seed)
+        self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
+
+    def facts(self, logits: np.ndarray, drafted: list[int], committed: list[int], at: np.ndarray) -> Facts | None:
+        """The safeguards' facts at rows ``at`` (None when the policy has none or ``at`` is empty)."""
+        policy, m = self.policy, len(drafted)
+        if not policy.guarded or not at.size:
+            return None
+        sampled = not self.sampler.settings.greedy
+        log_ratio = np.full(m, np.nan) if policy.min_ratio > 0 else None
+        rank = np.zeros(m, dtype=np.int64) if policy.top_n > 0 else None
+        supported = np.zeros(m, dtype=bool) if policy.supported else None
+        for i in at:
+            row, d = logits[i], drafted[i]  # row: a view of llama.cpp's buffer
+            logit = row[d]
+            if log_ratio is not None:
+                log_ratio[i] = float(logit) - float(row.max())
+            if rank is not None:
+                rank[i] = int(np.count_nonzero(row > logit))
+            if supported is not None:
+                if sampled:
+                    supported[i] = bool((self.sampler.distribution(row, committed + drafted[:i])[0] == d).any())
+                else:
+                    supported[i] = bool(np.isfinite(logit))
+        in_code = None if self.fences is None else self.fences.inside(committed, drafted)
+        return Facts(log_ratio, rank, supported, in_code)
 
     def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, cross_round: bool = False,
                  window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray | None]:
@@ -53,11 +86,14 @@ class Verifier:
                 # contiguous row slices are views of llama.cpp's buffer; fancy indexing would copy them
                 for i in need:
                     entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
-            return judge(draft_ids, chosen, entropy, policy, **options), chosen
+            facts = self.facts(logits, drafted, committed, need)
+            return judge(draft_ids, chosen, entropy, policy, facts=facts, **options), chosen
         if policy.loosens:
             chosen = np.array([sampler.sample(logits[i], history(i)) for i in range(m + 1)])
             second = np.array([sampler.sample(logits[i], history(i)) for i in range(m)])
-            return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, **options), chosen
+            facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)))
+            return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts,
+                         **options), chosen
         n, token = rejection_sample(drafted, lambda i: sampler.distribution(logits[i], history(i)), sampler)
         return Verdict(accepted=n, loose=(), next_token=token, gate_rejected=False), None
 

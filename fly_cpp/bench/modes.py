@@ -31,7 +31,22 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     # FLy with the deferred window carried across rounds (gains for short drafts)
     "fly+xr": lambda s: dataclasses.replace(s, mode="fly", cross_round=True),
     "fly+xr-always": lambda s: dataclasses.replace(s, mode="fly", cross_round=True, cross_round_confidence=0.0),
+    # the published rule exactly, in-round and with the cross-round window
+    "fly-paper": lambda s: dataclasses.replace(s, mode="fly", fly_rule="paper"),
+    "fly-paper+xr": lambda s: dataclasses.replace(s, mode="fly", fly_rule="paper", cross_round=True),
+    # the guarded rule's safeguards one at a time (tests/test_accept.py; the ablation in the README)
+    "fly-r20": lambda s: _guarded(s, min_ratio=0.2),
+    "fly-r50": lambda s: _guarded(s, min_ratio=0.5),
+    "fly-r80": lambda s: _guarded(s, min_ratio=0.8),
+    "fly-top2": lambda s: _guarded(s, top_n=2),
+    "fly-r50-nocode": lambda s: _guarded(s, min_ratio=0.5, in_code=False),
 }
+
+
+def _guarded(s: SpecSettings, *, min_ratio: float = 0.0, top_n: int = 0, in_code: bool = True) -> SpecSettings:
+    """FLy under the guarded rule with exactly these safeguards (whatever the defaults are)."""
+    return dataclasses.replace(s, mode="fly", fly_rule="guarded", loose_min_ratio=min_ratio, loose_top_n=top_n,
+                               loose_in_code=in_code)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ COLUMNS = [  # (header, key, format)
     ("exact", "n_exact", "{}"),
     ("loose", "n_loose", "{}"),
     ("gate rej.", "n_gate_rejected", "{}"),
+    ("guard rej.", "n_guard_rejected", "{}"),
     ("draft ms/rd", "draft_ms_per_round", "{:.2f}"),
     ("target ms/rd", "target_ms_per_round", "{:.2f}"),
     ("host ms/rd", "host_ms_per_round", "{:.3f}"),

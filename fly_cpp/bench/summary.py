@@ -95,6 +95,7 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
     nll = mean(r.get("nll") for r in recs)
     out.update(
         n_exact=total("n_exact"), n_loose=total("n_loose"), n_gate_rejected=total("n_gate_rejected"),
+        n_guard_rejected=total("n_guard_rejected"),
         draft_ms_per_round=per_round(draft_s), target_ms_per_round=per_round(target_s),
         host_ms_per_round=per_round(host_s), host_share=host_s / seconds if seconds > 0 else None,
         ideal_speedup_geomean=geomean(r.get("ideal_speedup") for r in recs),
