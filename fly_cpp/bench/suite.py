@@ -26,6 +26,10 @@ from fly_cpp.errors import FlyError
 
 # meta fields two runs must share to be merged into one results file
 SAME_RUN = ("dataset", "target", "draft", "max_tokens", "templated", "system", "sampling")
+# settings that change nothing in a mode that does not loosen (and the safeguards under the paper's rule)
+LOOSENING = ("window", "entropy_threshold", "fly_rule", "loose_min_ratio", "loose_top_n", "loose_in_code",
+             "cross_round", "cross_round_confidence")
+SAFEGUARDS = ("loose_min_ratio", "loose_top_n", "loose_in_code")
 
 
 def _plain(value: Any) -> Any:
@@ -35,6 +39,15 @@ def _plain(value: Any) -> Any:
 
 def _mode_settings(m: Mode) -> dict[str, Any]:
     return _plain(dataclasses.asdict(m.spec) if m.spec else {"peer": m.peer, "k": m.k})
+
+
+def _relevant(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that can change a mode's output (the target's: none but its mode)."""
+    mode = settings.get("mode")
+    if mode == "target":
+        return {"mode": mode}
+    drop = LOOSENING if mode == "spd" else SAFEGUARDS if settings.get("fly_rule") == "paper" else ()
+    return {k: v for k, v in settings.items() if k not in drop}
 
 
 def _check_resume(previous: dict[str, Any], meta: dict[str, Any], modes: Sequence[Mode],
@@ -49,8 +62,8 @@ def _check_resume(previous: dict[str, Any], meta: dict[str, Any], modes: Sequenc
         before = old.get("modes", {}).get(m.label)
         if before is None or all((p, m.label) in have for p in prompts):
             continue
-        now = _mode_settings(m)
-        diff = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        before, now = _relevant(before), _relevant(_mode_settings(m))
+        diff = sorted(k for k in before if k in now and before[k] != now[k])  # fields added since: not compared
         if diff:
             shown = ", ".join(f"{k} {before.get(k)!r} there, {now.get(k)!r} now" for k in diff[:3])
             raise FlyError(f"--resume: mode {m.label!r} ran with other settings ({shown}); use another --out")
