@@ -187,6 +187,16 @@ def test_a_stopped_run_keeps_its_finished_prompts(tmp_path: Path, stories: Path,
         assert partial is not None and not partial["meta"]["complete"]
         assert {r["prompt_id"] for r in partial["records"]} == {"gsm8k/0"} and len(partial["records"]) == 2
         assert "partial run" in (out / "summary.md").read_text()
-        done = run_benchmark(engine, data, modes, config, limit=3, previous=partial)
-    assert done["meta"]["complete"] and len(done["records"]) == 6
-    assert done["records"][:2] == partial["records"]
+        # a second mode stopped after its first prompt keeps the first mode's other records
+        more = parse_modes("fly,spd", [4], SpecSettings())
+        first = run_benchmark(engine, data, modes, config, limit=3, previous=partial)
+        report.write(first, out, with_plots=False)
+        with pytest.raises(KeyboardInterrupt):
+            run_benchmark(engine, data, more, config, limit=3, previous=report.read(out), checkpoint=stop_after_first)
+        again = report.read(out)
+        assert len(again["records"]) == 7 and sum(r["mode"] == "spd" for r in again["records"]) == 1
+        done = run_benchmark(engine, data, more, config, limit=3, previous=again)
+    assert first["meta"]["complete"] and len(first["records"]) == 6
+    assert first["records"][:2] == partial["records"]
+    assert done["meta"]["complete"] and len(done["records"]) == 9
+    assert [r for r in done["records"] if r["mode"] != "spd"] == first["records"]

@@ -104,7 +104,8 @@ def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], confi
     others = [r for r in done if r["prompt_id"] not in ids]  # prompts this run does not select
 
     def result(records: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
-        records = records + others
+        reached = {r["prompt_id"] for r in records}  # a partial result keeps what it has not reached yet
+        records = records + [r for r in done if r["prompt_id"] in ids and r["prompt_id"] not in reached] + others
         summary.add_ratios(records)
         rows = summary.summarize(records, list(meta["modes"]))
         reference = [r for r in records if r["mode"] == modes[0].label]
