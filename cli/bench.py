@@ -19,6 +19,8 @@ from fly_cpp.errors import FlyError
 @click.option("--dataset", required=True,
               help="spec_bench, mt_bench, gsm8k, humaneval, mbpp, or a JSONL file with a prompt field per line")
 @click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+              help="skip this many of the selected prompts first (to split a run into parts)")
 @click.option("--modes", default="target,spd,fly", show_default=True,
               help=f"comma-separated modes: {', '.join(VARIANTS)}; name@kN runs a mode at that k only")
 @click.option("--k", "ks", type=NumberList(int, minimum=1), help="tokens drafted per round; a list (3,5,8) sweeps k [default: 15]")
@@ -43,7 +45,7 @@ from fly_cpp.errors import FlyError
 @model_options
 @settings_options(SpecSettings, skip=("mode", "k"))
 @settings_options(SamplingSettings)
-def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | None, max_tokens: int, out: str,
+def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[int, ...] | None, max_tokens: int, out: str,
           llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
           progress: bool | None, system: str | None, resume: bool, **options: Any) -> None:
     """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
@@ -69,7 +71,9 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | Non
             raise FlyError("plots need matplotlib (pip install 'fly-cpp[bench]'), or pass --no-plots") from None
     config = BenchConfig(max_tokens=max_tokens, sampling=sampling, checker=data.checker, template=template,
                          warmup=warmup, fidelity=fidelity, system=system)
-    prompts = datasets.select(data.prompts, limit)
+    prompts = datasets.select(data.prompts, limit, offset)
+    if not prompts:
+        raise FlyError(f"--offset {offset} leaves no prompts to run")
     out_dir = Path(out)
     previous = report.read(out_dir) if resume else None
     have = {(r["prompt_id"], r["mode"]) for r in (previous or {}).get("records", [])}
@@ -89,7 +93,8 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int, ...] | Non
                 bar.set_postfix_str(label, refresh=False)
                 bar.update(1)
 
-            result = run_benchmark(engine, data, mode_list, config, limit=limit, peer=peer, progress=step,
+            result = run_benchmark(engine, data, mode_list, config, limit=limit, offset=offset, peer=peer,
+                                   progress=step,
                                    previous=previous,
                                    checkpoint=lambda partial: report.write(partial, out_dir, with_plots=False))
     files = report.write(result, out_dir, with_plots=plots)

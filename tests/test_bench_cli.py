@@ -106,6 +106,7 @@ def test_custom_jsonl(tmp_path: Path) -> None:
     (["--dataset", "spec_bench", "--modes", "spd,warp"], "unknown mode 'warp'"),
     (["--dataset", "spec_bench", "--modes", ","], "--modes is empty"),
     (["--dataset", "spec_bench", "--k", "0"], "every value must be >= 1"),
+    (["--dataset", "humaneval", "--offset", "164"], "--offset 164 leaves no prompts to run"),
     (["--dataset", "spec_bench", "--llama-cpp-bin", "/nonexistent"], "no such directory"),
     ([], "Missing option '--dataset'"),
 ])

@@ -38,6 +38,10 @@ def test_select_spreads_over_categories() -> None:
     assert len({p.category for p in picked}) == 13
     assert datasets.select(prompts, 26)[:13] == picked
     assert datasets.select(prompts, None) == prompts
+    # --offset: the same order, split into parts
+    assert datasets.select(prompts, 13, offset=13) == datasets.select(prompts, 26)[13:]
+    assert datasets.select(prompts, None, offset=470) == datasets.select(prompts, None)[470:]
+    assert datasets.select(prompts, 5, offset=480) == []
 
 
 @pytest.mark.parametrize("text, number", [

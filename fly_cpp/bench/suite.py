@@ -70,13 +70,13 @@ def _check_resume(previous: dict[str, Any], meta: dict[str, Any], modes: Sequenc
 
 
 def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], config: BenchConfig, *,
-                  limit: int | None = None, peer: Peer | None = None,
+                  limit: int | None = None, offset: int = 0, peer: Peer | None = None,
                   progress: Callable[[str], None] | None = None,
                   previous: dict[str, Any] | None = None,
                   checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run (or, with ``previous``, finish) a benchmark. ``checkpoint`` gets the partial result
     after every prompt that ran something."""
-    prompts = select(dataset.prompts, limit)
+    prompts = select(dataset.prompts, limit, offset)
     runner = Runner(engine, modes, config, peer)
     started = time.time()
     info = engine.info()
