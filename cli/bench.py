@@ -10,22 +10,26 @@ import click
 
 from fly_cpp.bench.modes import VARIANTS
 from fly_cpp.cli.models_opt import model_options, open_engine
-from fly_cpp.cli.options import NumberList, pick, settings_options
+from fly_cpp.cli.options import DraftLengths, NumberList, field_aliases, max_tokens_option, pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
 
 
 @click.command()
-@click.option("--dataset", required=True,
-              help="spec_bench, mt_bench, gsm8k, humaneval, mbpp, or a JSONL file with a prompt field per line")
+@click.option("--dataset", default="spec_bench", show_default=True,
+              help="spec_bench (the speculative-decoding benchmark's mix of tasks), mt_bench, gsm8k, humaneval, mbpp, "
+                   "or a JSONL file with a prompt field per line")
 @click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
               help="skip this many of the selected prompts first (to split a run into parts)")
 @click.option("--modes", default="target,spd,fly", show_default=True,
               help=f"comma-separated modes: {', '.join(VARIANTS)}; name@kN runs a mode at that k only")
-@click.option("--k", "ks", type=NumberList(int, minimum=1), help="tokens drafted per round; a list (3,5,8) sweeps k [default: 15]")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="tokens generated per prompt")
+@click.option("--k", *field_aliases(SpecSettings, "k"), "ks", type=DraftLengths(),
+              help="tokens drafted per round, 'auto' or a number; a list (auto,3,5,8) sweeps k [default: auto]")
+@click.option("--peer-k", "peer_ks", type=NumberList(int, minimum=1),
+              help="llama.cpp's draft lengths (--spec-draft-n-max) with --llama-cpp-bin, e.g. 3,5,8,16 "
+                   "[default: the numbers among --k, else 3]")
+@max_tokens_option(type=click.IntRange(min=1), default=128, show_default=True, help="tokens generated per prompt")
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,
               help="directory for results.json, summary.md and the plots")
 @click.option("--llama-cpp-bin", type=click.Path(),
@@ -38,14 +42,15 @@ from fly_cpp.errors import FlyError
               help="score agreement with the target and the target's NLL of every output")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="write PNG plots (needs matplotlib)")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr [default: when a terminal]")
-@click.option("--system", help="a system message before every prompt, the same for every mode (needs the chat template)")
+@click.option("--system", "-sys", "--system-prompt", "system", help="a system message before every prompt, the same for every mode (needs the chat template)")
 @click.option("--resume", is_flag=True,
               help="keep the records of --out's results.json and run only the (prompt, mode) pairs it lacks; "
                    "results are written after every prompt, so a stopped run can be resumed")
 @model_options
 @settings_options(SpecSettings, skip=("mode", "k"))
 @settings_options(SamplingSettings)
-def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[int, ...] | None, max_tokens: int, out: str,
+def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[int | str, ...] | None,
+          peer_ks: tuple[int, ...] | None, max_tokens: int, out: str,
           llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
           progress: bool | None, system: str | None, resume: bool, **options: Any) -> None:
     """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
@@ -62,7 +67,7 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
 
     data = datasets.load(dataset)
     base = SpecSettings(**pick(options, SpecSettings))
-    mode_list = parse_modes(modes, list(ks or [base.k]), base, peer=llama_cpp_bin is not None)
+    mode_list = parse_modes(modes, list(ks or [base.k]), base, peer=llama_cpp_bin is not None, peer_ks=peer_ks or ())
     sampling = SamplingSettings(**{"seed": 0, **pick(options, SamplingSettings)})
     if plots:
         try:
@@ -98,5 +103,5 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
                                    previous=previous,
                                    checkpoint=lambda partial: report.write(partial, out_dir, with_plots=False))
     files = report.write(result, out_dir, with_plots=plots)
-    click.echo(report.markdown(result))
+    click.echo(report.terminal(result))
     click.echo(f"wrote {', '.join(str(out_dir / f) for f in files)}", err=True)

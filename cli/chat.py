@@ -5,8 +5,9 @@ stderr. Standard input need not be a terminal: each line piped in is one message
 included), and the chat ends at end of input. A line ending in a backslash continues the
 message on the next line.
 
-Ctrl-C during an answer stops that answer (the part already shown stays in the conversation);
-a second Ctrl-C before it stops quits. Ctrl-C at the prompt clears the line; Ctrl-D quits.
+Ctrl-C during an answer stops that answer (the part already shown stays in the conversation,
+and the footer counts only that part); a second Ctrl-C before it stops quits. Ctrl-C at the
+prompt clears the line; Ctrl-D quits. In a terminal, Up recalls a continued message whole.
 """
 
 from __future__ import annotations
@@ -24,18 +25,18 @@ from typing import Any
 import click
 
 from fly_cpp.api import Fly
-from fly_cpp.chat_format import BUILTIN
+from fly_cpp.chat_format import BUILTIN, is_builtin
 from fly_cpp.cli.models_opt import model_options, open_engine
-from fly_cpp.cli.options import pick, settings_options
-from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.cli.options import max_tokens_option, pick, settings_options
+from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
 from fly_cpp.generation import Generation
 from fly_cpp.errors import FlyError
-from fly_cpp.step import Stats
+from fly_cpp.step import Stats, Step, plural
 
 HELP = """commands:
   /reset            forget the conversation (the system prompt stays)
   /stats            counters of the last answer and of the session
-  /set NAME VALUE   change a setting, e.g. /set temperature 0.7, /set k 8, /set max_tokens 200
+  /set NAME VALUE   change a setting, e.g. /set temp 0.7, /set k 8, /set max_tokens 200
   /set              show the settings
   /mode MODE        fly, spd or target (same as /set mode MODE)
   /save FILE        write the conversation and settings as JSON
@@ -44,18 +45,23 @@ HELP = """commands:
 Ctrl-C stops the answer being written. End a line with \\ to continue the message on the next line."""
 
 GREEN, LOOSE, DIM, RESET = "\x1b[32m", "\x1b[30;43m", "\x1b[2m", "\x1b[0m"
+LEGEND = f"colours: {GREEN}drafted and kept{RESET}, {LOOSE}loosely accepted{RESET}, plain: the target's own token"
 _TYPES = {**typing.get_type_hints(SpecSettings), **typing.get_type_hints(SamplingSettings)}
+# /set also takes the llama.cpp spellings of the command line (/set temp 0.2, /set draft-max 8)
+_NAMES = {alias[2:].replace("-", "_"): f.name for cls in (SpecSettings, SamplingSettings)
+          for f in dataclasses.fields(cls) for alias in f.metadata.get("aliases", ()) if alias.startswith("--")}
+_NAMES.update(n_predict="max_tokens", predict="max_tokens")
 
 
 @click.command()
-@click.option("--system", help="system prompt")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=None,
-              help="longest answer in tokens [default: until the model ends its turn or the context is full]")
+@click.option("--system", "-sys", "--system-prompt", "system", help="system prompt")
+@max_tokens_option(type=click.IntRange(min=1), default=None,
+                   help="longest answer in tokens [default: until the model ends its turn or the context is full]")
 @click.option("--stop", multiple=True, help="also end an answer when this text appears (repeatable)")
 @click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
               "tokenizer.chat_template, else plain]")
 @click.option("--show-accepts", is_flag=True, help="colour drafted tokens the target kept (green) and loosely "
-              "accepted ones (yellow) when stdout is a terminal")
+              "accepted ones (yellow) when stdout is a terminal; a legend is shown first")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
@@ -65,7 +71,7 @@ def chat(system: str | None, max_tokens: int | None, stop: tuple[str, ...], chat
 
     With no -m/-d, the bundled tiny story model and its draft are used.
     """
-    if chat_format is not None and chat_format not in BUILTIN and os.path.isfile(chat_format):
+    if chat_format is not None and not is_builtin(chat_format) and os.path.isfile(chat_format):
         with open(chat_format, encoding="utf-8") as f:
             chat_format = f.read()
     spec = SpecSettings(**pick(options, SpecSettings))
@@ -96,6 +102,8 @@ class Session:
             draft = self.fly.info.draft_name or "none (n-gram lookup)"
             note(f"fly-cpp chat: target {self.fly.model}, draft {draft}, chat format {self.fly.chat_format.name}, "
                  f"n_ctx {self.fly.n_ctx}. /help for commands, Ctrl-D to quit.")
+        if self.colour:
+            note(LEGEND)
         try:
             while True:
                 try:
@@ -117,11 +125,18 @@ class Session:
                 history()
 
     def read(self) -> str:
+        readline = _readline() if self.interactive else None
+        start = readline.get_current_history_length() if readline is not None else 0
         parts = [input("> " if self.interactive else "")]
         while parts[-1].endswith("\\"):
             parts[-1] = parts[-1][:-1]
             parts.append(input("… " if self.interactive else ""))
-        return "\n".join(parts)
+        message = "\n".join(parts)
+        if readline is not None and len(parts) > 1:  # one history entry for the whole message: Up recalls it
+            while readline.get_current_history_length() > start:
+                readline.remove_history_item(readline.get_current_history_length() - 1)
+            readline.add_history(message)
+        return message
 
     # -- answering ------------------------------------------------------------------------
 
@@ -136,24 +151,29 @@ class Session:
                 self.messages.pop()
                 note(f"fly-cpp: error: {e}")
                 return
-            self.write(gen)
+            shown = self.write(gen)
         self.messages.append({"role": "assistant", "content": gen.text.strip()})
-        self.count(gen.stats)
-        s = gen.stats
-        footer = (f"[{s.n_tokens} tokens, {s.tokens_per_second:.1f} tok/s, mean accepted {s.mean_accepted:.2f}, "
-                  f"loose {s.n_loose}")
+        s = _shown(gen.stats, shown) if self.stop_requested else gen.stats
+        self.count(s)
+        footer = (f"[{plural(s.n_tokens, 'token')}, {s.tokens_per_second:.1f} tok/s, "
+                  f"mean accepted {s.mean_accepted:.2f}, loose {s.n_loose}")
         if self.stop_requested:
             footer += ", interrupted"
         elif gen.context_full:
             footer += ", context full"
         note(footer + "]", dim=True)
+        if not self.stop_requested and (slower := self.fly.engine.slower_note(gen)) is not None:
+            note(f"fly-cpp: note: {slower}", dim=True)
 
-    def write(self, gen: Generation) -> None:
-        """Stream the answer to stdout until it ends or Ctrl-C asks it to stop."""
+    def write(self, gen: Generation) -> list[Step]:
+        """Stream the answer to stdout until it ends or Ctrl-C asks it to stop; returns the
+        steps shown."""
         out = sys.stdout
         started = False
+        shown: list[Step] = []
         if not self.stop_requested:
             for step in gen:
+                shown.append(step)
                 text = step.text if started else step.text.lstrip()  # as answer_text() does
                 started = started or bool(text)
                 if self.colour and text and (step.loose or step.drafted):
@@ -166,6 +186,7 @@ class Session:
         gen.close()
         out.write("\n")
         out.flush()
+        return shown
 
     def fit(self) -> list[int]:
         """Prompt tokens for the conversation, dropping the oldest turns while it leaves too
@@ -207,7 +228,7 @@ class Session:
         self.last, self.answers = s, self.answers + 1
         t = self.total
         for name in ("n_prompt", "n_tokens", "n_rounds", "n_drafted", "n_exact", "n_loose", "n_gate_rejected",
-                     "n_guard_rejected", "prompt_seconds", "draft_seconds", "target_seconds", "seconds"):
+                     "n_guard_rejected", "n_eog", "prompt_seconds", "draft_seconds", "target_seconds", "seconds"):
             setattr(t, name, getattr(t, name) + getattr(s, name))
 
     # -- commands -------------------------------------------------------------------------
@@ -247,6 +268,8 @@ class Session:
         return True
 
     def set(self, key: str, value: str) -> None:
+        key = key.replace("-", "_")
+        key = _NAMES.get(key, key)
         try:
             if key == "max_tokens":
                 n = int(value) if value.lower() not in ("", "none", "0") else None
@@ -285,8 +308,18 @@ class Session:
         note(f"(saved {len(self.messages)} messages to {path})")
 
 
+def _shown(stats: Stats, shown: list[Step]) -> Stats:
+    """The counters of an interrupted answer, for the part that was shown (and kept): the
+    rounds that made it, and its tokens (the rest of the last round was never shown)."""
+    return dataclasses.replace(stats, n_tokens=len(shown), n_rounds=max((s.round for s in shown), default=0),
+                               n_exact=sum(s.drafted and not s.loose for s in shown),
+                               n_loose=sum(s.loose for s in shown), n_eog=0, accepted_lengths=[])
+
+
 def _parse(key: str, value: str) -> Any:
     hint = _TYPES[key]
+    if key == "k":
+        return value if value == AUTO else int(value)
     if hint is bool:
         if value.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
             raise ValueError(f"{key} takes on or off, got {value!r}")
@@ -307,11 +340,18 @@ def note(text: str, dim: bool = False) -> None:
     click.echo(text, err=True)
 
 
-def _history() -> Any:
-    """Load readline history; returns the function that saves it (None without readline)."""
+def _readline() -> Any:
     try:
         import readline
     except ImportError:
+        return None
+    return readline
+
+
+def _history() -> Any:
+    """Load readline history; returns the function that saves it (None without readline)."""
+    readline = _readline()
+    if readline is None:
         return None
     path = os.environ.get("FLY_CPP_HISTORY") or os.path.expanduser("~/.fly_cpp_history")
     try:

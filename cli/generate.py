@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from fly_cpp.cli.options import pick, settings_options
+from fly_cpp.cli.options import max_tokens_option, pick, settings_options
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
@@ -17,9 +17,12 @@ from fly_cpp.errors import FlyError
 @click.command()
 @click.option("-p", "--prompt", help="the prompt text ('-' reads standard input)")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), help="read the prompt from a file")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=128, show_default=True, help="tokens to generate")
+@max_tokens_option(type=click.IntRange(min=0), default=128, show_default=True, help="tokens to generate")
 @click.option("--stop", multiple=True, help="stop when this text appears (repeatable)")
-@click.option("--json", "as_json", is_flag=True, help='print one JSON object {"text", "tokens", "stats"} instead of streaming')
+@click.option("--json", "as_json", is_flag=True,
+              help='print one JSON object {"text", "tokens", "stats", "finish_reason"} instead of streaming; '
+                   'finish_reason is "stop" (end of text or a --stop string) or "length" (-n tokens, or the '
+                   'context is full)')
 @click.option("--echo/--no-echo", default=True, show_default=True, help="print the prompt before the streamed text")
 @model_options
 @settings_options(SpecSettings)
@@ -49,6 +52,8 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
             out.write("\n")
             out.flush()
             click.echo(gen.stats.summary(), err=True)
+        if (note := engine.slower_note(gen)) is not None:
+            click.echo(f"fly-cpp: note: {note}", err=True)
         if gen.context_full:
             click.echo(f"fly-cpp: note: the context is full (n_ctx={engine.n_ctx}); generation stopped", err=True)
 

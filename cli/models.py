@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -33,8 +34,9 @@ def pull(repo: str, file: str, revision: str | None) -> None:
 
 @models.command(name="list")
 def list_() -> None:
-    """Show GGUF files in the local Hugging Face cache, the pair registry and the kit's pairs."""
-    from fly_cpp.models import hub, kit
+    """Show GGUF files in the local Hugging Face cache, those llama.cpp (-hf) and ollama already
+    downloaded (read-only; their paths work with -m/-d), the pair registry and the kit's pairs."""
+    from fly_cpp.models import hub, kit, local
 
     cached = hub.cached_ggufs()
     click.echo(f"Hugging Face cache ({hub.cache_dir()}{', offline' if hub.offline() else ''}):")
@@ -42,6 +44,11 @@ def list_() -> None:
         click.echo("  (no GGUF files)")
     for f in cached:
         click.echo(f"  {f.repo}/{f.file}  {_mb(f.size_bytes)}  @{f.revision[:8]}")
+    llama_cache = local.llama_cpp_cache()
+    if llama_cache.resolve() != hub.cache_dir().resolve():
+        _list_local(f"llama.cpp cache ({llama_cache}; read-only, use the path with -m):",
+                    local.llama_cpp_ggufs(llama_cache))
+    _list_local(f"ollama models ({local.ollama_store()}; read-only, use the path with -m):", local.ollama_ggufs())
     have = {(f.repo, f.file) for f in cached}
     click.echo("\nRegistry pairs (--pair NAME; models/pairs.toml):")
     for name, p in hub.registry().items():
@@ -55,6 +62,14 @@ def list_() -> None:
         where = f"built: {pair.target}, {pair.draft}" if pair else "not built (fly-cpp models make-pair " + name + ")"
         click.echo(f"  {name}{' (synthetic)' if name == 'costly' else ''}: {desc}")
         click.echo(f"      {where}")
+
+
+def _list_local(heading: str, files: list[Any]) -> None:
+    click.echo(f"\n{heading}")
+    if not files:
+        click.echo("  (no GGUF files)")
+    for f in files:
+        click.echo(f"  {f.name}  {_mb(f.size_bytes)}\n      {f.path}")
 
 
 @models.command()

@@ -3,7 +3,11 @@
 A pair comes from local paths (-m/-d), from the Hugging Face hub (--hf-repo/--hf-file and
 --hf-draft-repo/--hf-draft-file, through huggingface-hub's cache), from a named pair
 (--pair: the registry in models/pairs.toml or one of the kit's local pairs), or, with none of
-these, the bundled tiny pair; ``fly_cpp.models.sources`` resolves them.
+these, the bundled tiny pair; ``fly_cpp.models.sources`` resolves them. llama.cpp's spellings
+work too (-md/--model-draft, -hf owner/name[:QUANT], -hff, -hfd).
+
+The draft takes the target's settings (threads, GPU layers, KV cache types, flash attention,
+loading) unless its own options set them (``ModelSettings.for_draft``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import ModelSettings
 from fly_cpp.engine import Engine
 
-DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu")
+DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu", "type_k", "type_v")
 
 
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -25,16 +29,22 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = settings_options(ModelSettings, skip=("path",))(fn)
     fn = click.option("--pair", help="a named target/draft pair: see 'fly-cpp models list' (downloaded or built once)")(fn)
     fn = click.option("--hf-draft-file", help="draft GGUF file in --hf-draft-repo (or in --hf-repo)")(fn)
-    fn = click.option("--hf-draft-repo", help="Hugging Face repository of the draft model")(fn)
-    fn = click.option("--hf-file", help="target GGUF file in --hf-repo")(fn)
-    fn = click.option("--hf-repo", help="Hugging Face repository of the target model (owner/name)")(fn)
-    fn = click.option("-d", "--draft", "draft_path", type=click.Path(), help="draft GGUF model")(fn)
+    fn = click.option("--hf-draft-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "hf_draft_repo",
+                      metavar="OWNER/NAME[:QUANT]", help="Hugging Face repository of the draft model, as for -hf")(fn)
+    fn = click.option("--hf-file", "-hff", help="target GGUF file in --hf-repo (overrides its QUANT)")(fn)
+    fn = click.option("--hf-repo", "-hf", "-hfr", "hf_repo", metavar="OWNER/NAME[:QUANT]",
+                      help="Hugging Face repository of the target model; without --hf-file the GGUF is picked as "
+                           "llama.cpp does: the QUANT tag (case-insensitive), default Q4_K_M, else Q8_0, else the "
+                           "first model file")(fn)
+    fn = click.option("-d", "--draft", "-md", "--model-draft", "--spec-draft-model", "draft_path", type=click.Path(),
+                      help="draft GGUF model")(fn)
     fn = click.option("-m", "--model", "target_path", type=click.Path(), help="target GGUF model")(fn)
     return fn
 
 
-def open_engine(options: dict[str, Any]) -> Engine:
-    """Build the engine the options describe (the bundled pair when no model is named)."""
+def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSettings | None]:
+    """The target's and the draft's settings the options describe (the bundled pair when no
+    model is named); the draft follows the target unless its own options say otherwise."""
     from fly_cpp.models import sources
 
     given = sources.resolve(
@@ -46,5 +56,10 @@ def open_engine(options: dict[str, Any]) -> Engine:
     target = ModelSettings(path=given.target, **pick(options, ModelSettings))
     draft = None
     if given.draft is not None:
-        draft = ModelSettings(path=given.draft, n_ctx=target.n_ctx, **pick(options, ModelSettings, "draft_"))
-    return Engine(target, draft)
+        draft = target.for_draft(given.draft, **pick(options, ModelSettings, "draft_"))
+    return target, draft
+
+
+def open_engine(options: dict[str, Any]) -> Engine:
+    """Build the engine the options describe."""
+    return Engine(*model_settings(options))

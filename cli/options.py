@@ -1,4 +1,10 @@
-"""Click options derived from the settings dataclasses, so each option is declared once."""
+"""Click options derived from the settings dataclasses, so each option is declared once.
+
+Each option is spelled by its field's name (``n_ctx`` -> ``--n-ctx``) and by llama.cpp's
+spellings from the field's metadata (``-c``, ``--ctx-size``; the draft copy of a model setting
+has its own, e.g. ``-td``). Single-dash names of several letters (``-ngl``, ``-md``, ``-ctk``)
+are whole option names, as in llama.cpp, not clusters of one-letter options.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,27 @@ from typing import Any
 
 import click
 
-from fly_cpp.config import FLY_RULES, MODES, SPLIT_MODES
+from fly_cpp.config import AUTO, CACHE_TYPES, FLASH_ATTN, FLY_RULES, MODES, SPLIT_MODES
 
-_CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES, "fly_rule": FLY_RULES}
-_ALIASES = {"n_ctx": ["-c"], "n_threads": ["-t"], "n_gpu_layers": ["-ngl"], "seed": ["-s"]}
+_CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES, "type_k": CACHE_TYPES, "type_v": CACHE_TYPES,
+            "flash_attn": FLASH_ATTN, "fly_rule": FLY_RULES}
+
+
+def aliases(f: dataclasses.Field[Any], prefix: str = "") -> list[str]:
+    """llama.cpp's spellings of a field's option (of its draft copy when ``prefix`` is "draft_")."""
+    key = {"": "aliases", "draft_": "draft_aliases"}.get(prefix)
+    return list(f.metadata.get(key, ())) if key else []
+
+
+def field_aliases(cls: type, name: str) -> list[str]:
+    """llama.cpp's spellings of the option of ``cls``'s field ``name`` (for options a command
+    declares by hand, such as bench's list of k)."""
+    return aliases(next(f for f in dataclasses.fields(cls) if f.name == name))
+
+
+def max_tokens_option(**kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``-n/--max-tokens``, also spelled as llama.cpp does (``--n-predict``, ``--predict``)."""
+    return click.option("-n", "--max-tokens", "--n-predict", "--predict", "max_tokens", **kwargs)
 
 
 class NumberList(click.ParamType):
@@ -48,9 +71,39 @@ class Threshold(click.ParamType):
             self.fail(f"{value!r} is not a number (use 'inf' for no loose accepts)", param, ctx)
 
 
+class DraftLength(click.ParamType):
+    """k: 'auto' or a number >= 1."""
+
+    name = "auto|N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == AUTO:
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither 'auto' nor a number", param, ctx)
+
+
+class DraftLengths(click.ParamType):
+    """A comma-separated list of draft lengths: 'auto' or numbers >= 1 ("auto,3,5,8")."""
+
+    name = "auto|N,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
+        if isinstance(value, tuple):
+            return value
+        out = tuple(DraftLength().convert(v.strip(), param, ctx) for v in str(value).split(",") if v.strip())
+        if not out or any(isinstance(k, int) and k < 1 for k in out):
+            self.fail(f"{value!r}: every value must be >= 1 (or 'auto')", param, ctx)
+        return out
+
+
 def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
+    if f.name == "k":
+        return DraftLength()
     if f.name in _CHOICES:
-        return click.Choice(_CHOICES[f.name])
+        return click.Choice(_CHOICES[f.name], case_sensitive=False)
     if f.name == "entropy_threshold":
         return Threshold()
     args = typing.get_args(hint)
@@ -71,18 +124,23 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for f in reversed(fields):
-            dashed = prefix.replace("_", "-") + f.metadata.get("flag", f.name.replace("_", "-"))
+            own = f.metadata.get("flag", f.name.replace("_", "-"))
+            dashed = prefix.replace("_", "-") + own
             help_text = f.metadata.get("help", "")
             default = f.default
-            if default is not dataclasses.MISSING and default not in ((), None):
+            if prefix == "draft_":  # a draft model's setting: unset, it follows the target's
+                help_text = f"the draft model's --{own} [default: the target's]"
+            elif default is not dataclasses.MISSING and default not in ((), None):
                 shown = "inf" if isinstance(default, float) and math.isinf(default) else default
                 help_text += f" [default: {shown}]"
             if hints[f.name] in (bool, bool | None):
                 decls = [f"--{dashed}/--no-{dashed}", prefix + f.name]
                 fn = click.option(*decls, default=None, help=help_text)(fn)
             else:
-                decls = [f"--{dashed}", *([] if prefix else _ALIASES.get(f.name, [])), prefix + f.name]
-                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text)(fn)
+                decls = [f"--{dashed}", *(a for a in aliases(f, prefix) if a != f"--{dashed}"), prefix + f.name]
+                bare = {"is_flag": False, "flag_value": f.metadata["bare"]} if "bare" in f.metadata else {}
+                fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text,
+                                  **bare)(fn)
         return fn
 
     return decorate

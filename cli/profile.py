@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from fly_cpp import hostbench, native
+from fly_cpp.costs import format_curve
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
@@ -38,18 +39,21 @@ def _ints(value: str) -> tuple[int, ...]:
               help="tokens per --engine run")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="--engine runs per setting")
 @click.option("--skip-table", is_flag=True, help="skip the micro-benchmark (with --engine)")
+@click.option("--recalibrate", is_flag=True,
+              help="with --engine: measure the pair's cost curve again instead of reading it from the cache")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
 def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool, prompt: str, max_tokens: int,
-            runs: int, skip_table: bool, as_json: bool, **options: Any) -> None:
+            runs: int, skip_table: bool, recalibrate: bool, as_json: bool, **options: Any) -> None:
     """Measure the host side of a speculative round, numpy vs the native library.
 
     The micro-benchmark times what a greedy FLy round does with logits on the host (argmax of
     the k+1 target rows, top-3 entropy of all k drafted rows, k one-row draft argmaxes) for each
     vocabulary size and k, on random logits. With --engine, real generations split each round
-    into draft, target and host time.
+    into draft, target and host time, and the pair's measured cost of a forward pass by rows
+    (what k auto decides with) is printed.
     """
     vocab_list, k_list = _ints(vocabs), _ints(ks)
     result: dict[str, Any] = {"native": native.status()}
@@ -72,5 +76,10 @@ def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool,
             say(f"\nper round on {info.target_name} (n_vocab {info.n_vocab}), "
                 f"{runs} x {max_tokens} tokens, mode {spec.mode}, k {spec.k}, temperature {sampling.temperature}:")
             say(hostbench.format_shares(shares))
+            model = engine.costs(refresh=recalibrate)
+            result["engine"]["costs"] = model.as_dict()
+            say(f"\ncost of one forward pass on this machine ({'cached' if model.cached else 'measured now'}; "
+                "ms by rows decoded; k auto decides with these):")
+            say(format_curve(model))
     if as_json:
         click.echo(json.dumps(result))

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from fly_cpp.chat_format import BUILTIN, is_builtin
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
@@ -22,14 +23,17 @@ GRACE = 10  # seconds open connections get to finish after SIGINT/SIGTERM
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="TCP port (0: any free one)")
 @click.option("--api-key", envvar="FLY_CPP_API_KEY", help="require 'Authorization: Bearer KEY' on every endpoint "
               "but /health [env: FLY_CPP_API_KEY]")
-@click.option("--chat-format", help="plain, chatml, or a Jinja template file [default: the model's "
+@click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
               "tokenizer.chat_template, else plain]")
+@click.option("-a", "--alias", help="the model name /v1/models and every response report [default: the target's "
+              "file name]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="server log level (info logs each request)")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
-def serve(host: str, port: int, api_key: str | None, chat_format: str | None, log_level: str, **options: Any) -> None:
+def serve(host: str, port: int, api_key: str | None, chat_format: str | None, alias: str | None, log_level: str,
+          **options: Any) -> None:
     """Serve a target/draft pair over HTTP: llama-server's /completion, /tokenize, /detokenize,
     /props, /health, /metrics, and OpenAI's /v1/completions, /v1/chat/completions, /v1/models.
 
@@ -42,7 +46,7 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, lo
     from fly_cpp.api import Fly
     from fly_cpp.server import create_app
 
-    if chat_format is not None and chat_format not in ("plain", "chatml"):
+    if chat_format is not None and not is_builtin(chat_format):
         try:
             with open(chat_format, encoding="utf-8") as f:
                 chat_format = f.read()
@@ -53,6 +57,8 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, lo
     sock = _listen(host, port)  # before loading models: a busy port fails at once
     try:
         fly = Fly.from_engine(open_engine(options), chat_format=chat_format, spec=spec, sampling=sampling)
+        if alias:
+            fly.model = alias
     except BaseException:
         sock.close()
         raise

@@ -24,19 +24,42 @@ from fly_cpp.errors import FlyError
 
 GGUF_MAGIC = b"GGUF"
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
+_FLASH_ATTN = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+_GGML_BF16 = 30  # ggml's id for bf16 (llama-cpp-python names no constant for it)
 _VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLAMO2"}
 
 _log_tail: collections.deque[str] = collections.deque(maxlen=32)
 _init_lock = threading.Lock()
 _initialised = False
+_verbose = False
 
 
 @ll.llama_log_callback
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     _log_tail.append(message)
-    if os.environ.get("FLY_CPP_VERBOSE"):
+    if _verbose or os.environ.get("FLY_CPP_VERBOSE"):
         sys.stderr.write(message)
+
+
+def set_verbose(on: bool) -> None:
+    """Echo llama.cpp's log to stderr (process-wide, as llama.cpp's log is), as FLY_CPP_VERBOSE=1 does."""
+    global _verbose
+    _verbose = on
+
+
+def _ggml_type(name: str) -> int:
+    return _GGML_BF16 if name == "bf16" else getattr(ll, f"GGML_TYPE_{name.upper()}")
+
+
+def _load_mode(mmap: bool | None, mlock: bool) -> int:
+    """llama.cpp's load mode for the mmap/mlock pair (None: llama.cpp's own choice)."""
+    if mmap is None and not mlock:
+        return ll.LLAMA_LOAD_MODE_AUTO
+    if mlock:
+        return ll.LLAMA_LOAD_MODE_MLOCK if mmap is False else ll.LLAMA_LOAD_MODE_MMAP_MLOCK
+    return ll.LLAMA_LOAD_MODE_MMAP if mmap else ll.LLAMA_LOAD_MODE_NONE
 
 
 def _init_backend() -> None:
@@ -52,7 +75,7 @@ def last_log_error() -> str:
     """The most recent llama.cpp log line that looks like an error, for error messages."""
     for line in reversed(_log_tail):
         line = line.strip()
-        if line and ("error" in line.lower() or "failed" in line.lower()):
+        if line and any(word in line.lower() for word in ("error", "failed", "does not", "not supported", "invalid")):
             return line
     return ""
 
@@ -69,6 +92,13 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     if magic != GGUF_MAGIC:
         raise FlyError(f"not a GGUF file (bad magic {magic!r}): {p}")
     return p
+
+
+def backend_version() -> str:
+    """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
+    _init_backend()
+    info = ll.llama_print_system_info()
+    return f"{ll.__version__} {info.decode('utf-8', 'replace') if isinstance(info, bytes) else info}"
 
 
 def cpu_has_amx() -> bool:
@@ -94,6 +124,8 @@ class Model:
         tensor_split: Sequence[float] = (),
         vocab_only: bool = False,
         repack: bool | None = None,
+        mmap: bool | None = None,
+        mlock: bool = False,
     ) -> None:
         self.path = check_gguf(path)
         _init_backend()
@@ -102,6 +134,7 @@ class Model:
         params.split_mode = _SPLIT[split_mode]
         params.main_gpu = main_gpu
         params.vocab_only = vocab_only
+        params.load_mode = _load_mode(mmap, mlock)
         params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
         if tensor_split:
             n_dev = ll.llama_max_devices()
@@ -239,9 +272,12 @@ class Context:
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
-                 precise: bool = False) -> None:
-        """``precise``: an F32 KV cache and no flash attention, so that logits match a float64
-        reference forward pass to ~1e-5 (for checking converted models; slower)."""
+                 type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False) -> None:
+        """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
+        256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
+        ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
+        and no flash attention, so that logits match a float64 reference forward pass to ~1e-5
+        (for checking converted models; slower)."""
         self.model = model
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -251,6 +287,8 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        params.type_k, params.type_v = _ggml_type(type_k), _ggml_type(type_v)
+        params.flash_attn_type = _FLASH_ATTN[flash_attn]
         if precise:
             params.type_k = params.type_v = ll.GGML_TYPE_F32
             params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -259,33 +297,39 @@ class Context:
         if not self.ptr:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
-        self.n_ctx: int = ll.llama_n_ctx(self.ptr)
+        self.n_threads = n_threads
+        self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
+        self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p
 
-    def decode(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:
-        """Append ``tokens`` to the KV cache. ``logits``: "none", "last" or "all" (rows of the
-        final chunk, at most n_batch). Returns a (rows, n_vocab) float32 view of llama.cpp's
-        buffer, valid until this context decodes again."""
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
+        """Append ``tokens`` to the KV cache. ``logits``: "none", "last", "all", or a number n
+        (the last n rows); the rows asked for must fit one batch (n_batch). Returns a
+        (rows, n_vocab) float32 view of llama.cpp's buffer, valid until this context decodes
+        again. Tokens are decoded in batches of n_batch, the last batch holding every row with
+        logits, so that one call can both catch up and verify."""
         if not tokens:
             return None
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise FlyError(f"context full: {len(self.tokens) + len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
-        if logits == "all" and len(tokens) > self.n_batch:
+        want = {"none": 0, "last": 1, "all": len(tokens)}[logits] if isinstance(logits, str) else min(logits, len(tokens))
+        if want > self.n_batch:
             raise ValueError("logits for every row need the tokens to fit one batch")
         batch = self._batch
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            last_chunk = start + self.n_batch >= len(tokens)
+        last = max(len(tokens) - self.n_batch, 0)  # start of the final batch
+        starts = [*range(0, last, self.n_batch), last]
+        for start, end in zip(starts, [*starts[1:], len(tokens)]):
+            chunk = tokens[start:end]
             base = len(self.tokens)
             for i, tok in enumerate(chunk):
                 batch.token[i] = tok
                 batch.pos[i] = base + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = last_chunk and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
+                batch.logits[i] = start + i >= len(tokens) - want
             batch.n_tokens = len(chunk)
             rc = ll.llama_decode(self.ptr, batch)
             if rc != 0:
@@ -293,10 +337,9 @@ class Context:
                 what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
                 raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
             self.tokens.extend(chunk)
-        if logits == "none":
+        if want == 0:
             return None
-        rows = len(chunk) if logits == "all" else 1
-        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(rows, self.model.n_vocab))
+        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(want, self.model.n_vocab))
 
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common

@@ -25,12 +25,15 @@ from typing import Any
 from fly_cpp import oai
 from fly_cpp.chat_format import ChatFormat, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp._llama import set_verbose
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 
 PathLike = str | os.PathLike[str]
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name != "path")
+# llama-cpp-python's keywords for model settings (Llama(use_mmap=False)), from the fields' metadata
+_PY_NAMES = {f.metadata["python"]: f.name for f in dataclasses.fields(ModelSettings) if "python" in f.metadata}
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(SpecSettings))
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingSettings))
 _CALL_FIELDS = _SPEC_FIELDS + _SAMPLING_FIELDS
@@ -81,10 +84,14 @@ class Fly:
     ``hf_file``, ``hf_draft_repo`` (default: ``hf_repo``) + ``hf_draft_file``), downloaded once
     into huggingface-hub's cache, or a named ``pair`` (see ``fly-cpp models list``). With no
     target, the bundled tiny story pair loads.
-    ``chat_format``: ``None`` (the GGUF's ``tokenizer.chat_template``, else ``"plain"``),
-    ``"plain"``, ``"chatml"``, or a Jinja template.
+    ``chat_format``: ``None`` (the GGUF's ``tokenizer.chat_template``, else ``"plain"``), a
+    built-in format (``"plain"``, ``"chatml"``, ``"llama-3"``, ``"mistral-instruct"``,
+    ``"gemma"``, ``"phi-3"``), or a Jinja template.
+    ``verbose``: True echoes llama.cpp's log to stderr (process-wide, like FLY_CPP_VERBOSE=1);
+    False or None leaves it quiet (accepted, as llama-cpp-python's ``Llama`` takes it).
     ``**settings``: any field of ``ModelSettings`` (target model, e.g. ``n_ctx=2048``,
-    ``n_gpu_layers=-1``), of ``ModelSettings`` prefixed ``draft_`` (draft model), or of
+    ``n_gpu_layers=-1``), of ``ModelSettings`` prefixed ``draft_`` (draft model: unset, it
+    follows the target's threads, GPU layers, KV cache types, ...), or of
     ``SpecSettings`` / ``SamplingSettings`` (defaults for every call, e.g. ``mode="spd"``,
     ``k=8``, ``temperature=0.7``). Unknown names raise ``TypeError``; bad values ``FlyError``.
 
@@ -101,11 +108,16 @@ class Fly:
     def __init__(self, target: PathLike | ModelSettings | None = None, draft: PathLike | ModelSettings | None = None,
                  *, model_path: PathLike | None = None, hf_repo: str | None = None, hf_file: str | None = None,
                  hf_draft_repo: str | None = None, hf_draft_file: str | None = None, pair: str | None = None,
-                 chat_format: str | None = None, **settings: Any) -> None:
+                 chat_format: str | None = None, verbose: bool | None = None, **settings: Any) -> None:
+        if verbose:
+            set_verbose(True)
         target_changes: dict[str, Any] = {}
         draft_changes: dict[str, Any] = {}
         call: dict[str, Any] = {}
         for name, value in settings.items():
+            bare = name[6:] if name.startswith("draft_") else name
+            if bare in _PY_NAMES:
+                name = name[: len(name) - len(bare)] + _PY_NAMES[bare]
             if name in _MODEL_FIELDS:
                 target_changes[name] = value
             elif name.startswith("draft_") and name[6:] in _MODEL_FIELDS:
@@ -128,7 +140,11 @@ class Fly:
         target = target if isinstance(target, ModelSettings) else given.target
         draft = draft if isinstance(draft, ModelSettings) else given.draft
         t = _model_settings(target, {**given.defaults, **target_changes})
-        d = _model_settings(draft, draft_changes) if draft is not None else None
+        d = None
+        if isinstance(draft, ModelSettings):
+            d = dataclasses.replace(draft, **draft_changes)
+        elif draft is not None:
+            d = t.for_draft(os.fspath(draft), **draft_changes)  # the draft follows the target unless set
         self._init(Engine(t, d), chat_format)
 
     @classmethod

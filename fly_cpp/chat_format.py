@@ -13,8 +13,12 @@ Models without a template (base models such as the bundled story model) get ``PL
     ...
     Assistant:
 
-which base models continue naturally; generation stops at ``"\\nUser:"``. ``CHATML`` is also
-built in, for instruct models whose GGUF lacks a template.
+which base models continue naturally; generation stops at ``"\\nUser:"``. For instruct models
+whose GGUF lacks a template (or to override it), the common families are built in as well:
+``chatml``, ``llama-3``, ``mistral-instruct``, ``gemma`` and ``phi-3`` (names match with or
+without the dash: ``llama3``, ``phi3``). As llama.cpp's built-in templates do, they leave the
+BOS token to the tokenizer; Mistral and Gemma have no system role, so a system prompt opens
+the first user turn.
 
 Multi-turn KV reuse depends on one property of a format: the prompt rendered for a
 conversation is a prefix of the prompt rendered for the same conversation with the answer
@@ -55,10 +59,66 @@ PLAIN = (
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 
-BUILTIN: dict[str, tuple[str, tuple[str, ...]]] = {
+LLAMA_3 = (
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+# Mistral and Gemma know no system role: a system prompt opens the first user turn
+_SYSTEM_FIRST = (
+    "{% set ns = namespace(system='') %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set ns.system = messages[0]['content'] + '\n\n' %}{% set messages = messages[1:] %}"
+    "{% endif %}"
+)
+
+MISTRAL_INSTRUCT = _SYSTEM_FIRST + (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + (ns.system if loop.first else '') + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}"
+    "{% endif %}"
+    "{% endfor %}"
+)
+
+GEMMA = _SYSTEM_FIRST + (
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (ns.system if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+PHI_3 = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+BUILTIN: dict[str, tuple[str, tuple[str, ...]]] = {  # name -> (template, stop strings)
     "plain": (PLAIN, ("\nUser:",)),
     "chatml": (CHATML, ("<|im_end|>",)),
+    "llama-3": (LLAMA_3, ("<|eot_id|>",)),
+    "mistral-instruct": (MISTRAL_INSTRUCT, ("[INST]",)),
+    "gemma": (GEMMA, ("<end_of_turn>",)),
+    "phi-3": (PHI_3, ("<|end|>",)),
 }
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+_BY_KEY = {_key(name): name for name in BUILTIN}
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` names a built-in format (``llama3`` and ``Llama-3`` name ``llama-3``)."""
+    return _key(name) in _BY_KEY
 
 
 class _TemplateError(Exception):
@@ -120,9 +180,10 @@ class ChatFormat:
 
 
 def builtin(name: str, *, bos_token: str = "", eos_token: str = "") -> ChatFormat:
-    """One of the built-in formats: ``"plain"`` or ``"chatml"``."""
-    if name not in BUILTIN:
+    """One of the built-in formats (``BUILTIN``)."""
+    if not is_builtin(name):
         raise FlyError(f"unknown chat format {name!r}; built-in formats: {', '.join(BUILTIN)}")
+    name = _BY_KEY[_key(name)]
     template, stop = BUILTIN[name]
     return ChatFormat(template, bos_token, eos_token, stop, name)
 
@@ -131,7 +192,7 @@ def resolve(chat_format: str | None, gguf_template: str | None, *, bos_token: st
             eos_token: str = "") -> ChatFormat:
     """Pick the format: ``chat_format`` (a built-in name or Jinja text) when given, else the
     GGUF's template, else ``plain``."""
-    if chat_format is not None and chat_format in BUILTIN:
+    if chat_format is not None and is_builtin(chat_format):
         return builtin(chat_format, bos_token=bos_token, eos_token=eos_token)
     if chat_format is not None:
         if "{" not in chat_format:

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.costs import Costs, calibrate, slower_note
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
+from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
-from fly_cpp.step import Step
+from fly_cpp.step import Stats, Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -42,7 +44,8 @@ class EngineInfo:
     draft_name: str | None
     n_ctx: int
     n_vocab: int
-    n_threads: int
+    n_threads: int  # threads of the target's context, and of the draft's (None: no draft model)
+    draft_n_threads: int | None
     bos: int
     eos: int
     add_bos: bool
@@ -60,14 +63,15 @@ class Engine:
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
+        self._costs: Costs | None = None
+        self._pacers: dict[tuple[object, ...], Pacer] = {}
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self.target_model = self._load(self.target_settings)
         try:
             t = self.target_settings
             n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self.target = Context(self.target_model, n_ctx=n_ctx, n_threads=t.threads, n_batch=t.n_batch,
-                                  n_ubatch=t.n_ubatch)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads)
             if self.draft_settings is not None:
                 d = self.draft_settings
                 self.draft_model = self._load(d)
@@ -79,8 +83,7 @@ class Engine:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = Context(self.draft_model, n_ctx=self.target.n_ctx, n_threads=threads,
-                                         n_batch=d.n_batch, n_ubatch=d.n_ubatch)
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
         except BaseException:
             self._close()
             raise
@@ -88,7 +91,12 @@ class Engine:
     @staticmethod
     def _load(s: ModelSettings) -> Model:
         return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack)
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+
+    @staticmethod
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
+        return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -109,7 +117,8 @@ class Engine:
         return EngineInfo(
             target=self.target_settings, draft=self.draft_settings, target_name=m.name,
             draft_name=self.draft_model.name if self.draft_model is not None else None,
-            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target_settings.threads,
+            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target.n_threads,
+            draft_n_threads=self.draft_ctx.n_threads if self.draft_ctx is not None else None,
             bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
             chat_template=m.meta("tokenizer.chat_template"))
 
@@ -164,20 +173,49 @@ class Engine:
         elif drafter is None:
             drafter = self.drafter(spec)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
-        gen = Generation(request, out, self._locked(loop.run(request, self.target, drafter, out)))
+        steps = loop.run(request, self.target, drafter, out)
+        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
+        gen = Generation(request, out, self._locked(steps, out.stats, pacer))
         self._open.add(gen)
         return gen
 
     def drafter(self, spec: SpecSettings) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
-        ``spec.ngram``), or n-gram lookup alone when there is no draft model."""
+        ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
+        paced by the engine's cost-aware controller for this mode."""
         if self.draft_ctx is not None:
-            return ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
-        return NgramDrafter(spec)
+            base: Drafter = ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
+        else:
+            base = NgramDrafter(spec)
+        if not spec.auto:
+            return base
+        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
+        if key not in self._pacers:
+            self._pacers[key] = Pacer(self._cost_model, spec.k_max)
+        return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
-    def _locked(self, steps: Iterator[Step]) -> Iterator[Step]:
+    def costs(self, *, refresh: bool = False) -> Costs:
+        """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
+        first use; ``refresh`` measures again. Waits for a running generation."""
         with self._lock:
-            yield from steps
+            return self._cost_model(refresh=refresh)
+
+    def _cost_model(self, *, refresh: bool = False) -> Costs:
+        if self._costs is None or refresh:
+            token = self.target_model.bos if self.target_model.bos >= 0 else 0
+            self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
+                                          token, refresh=refresh)
+        return self._costs
+
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None) -> Iterator[Step]:
+        with self._lock:
+            if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
+                self._cost_model()
+            try:
+                yield from steps
+            finally:
+                if pacer is not None:
+                    stats.pacing = pacer.as_dict()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
@@ -192,6 +230,16 @@ class Engine:
         generations: it waits for a running one)."""
         with self._lock:
             return scoring.score(self.target, prompt, output, top_n)
+
+    def slower_note(self, gen: Generation) -> str | None:
+        """One line when ``gen`` (finished) ran slower than the target alone would have here,
+        with the measured reason and what to try; None otherwise (or when it was too short to
+        tell). Measures the pair's costs if no generation did yet (cached on disk)."""
+        s = gen.stats
+        if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
+            return None
+        model = self.costs()
+        return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)
 
     # -- lifetime --------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
     tokens through ``out`` (which keeps the stats and records how the text ends)."""
     spec, stats = request.spec, out.stats
     verify, window = Verifier(request, out.detok.piece), Window(spec)
+    observe = getattr(drafter, "observe", None)  # drafters that learn from how their rounds went
     committed = list(request.prompt)
     begin = perf_counter()
     target.sync(committed)
@@ -49,10 +50,12 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                 break
             assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
             # a round verifies at most k drafts, in one batch, within the cache and the token budget
-            limit = min(spec.k, room, target.n_batch - 1,
+            limit = min(spec.max_draft, room, target.n_batch - 1,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             drafted = drafter.draft(committed, limit) if drafter is not None and limit > 0 else []
+            if len(drafted) < min(spec.n_min, limit) and window.pending is None:
+                drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
             if window.pending is not None and not drafted:  # nothing left to complete the window with
                 _refute(window, committed, target, out)
                 continue
@@ -65,6 +68,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
             stats.target_seconds += t2 - t1
             stats.n_rounds += 1
             stats.n_drafted += len(drafted)
+            stats.draft_lengths[len(drafted)] = stats.draft_lengths.get(len(drafted), 0) + 1
             if verdict.refuted_at is not None:
                 _refute(window, committed, target, out)
                 stats.accepted_lengths.append(1)
@@ -92,6 +96,9 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                     if out.finish is not None:
                         break
             t3 = perf_counter()
+            if observe is not None:
+                kept = verdict.accepted if verdict.refuted_at is None else 0
+                observe(kept, kept + 1, t1 - t0, len(drafted) + 1, t2 - t1, t3 - t0)
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()

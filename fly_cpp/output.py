@@ -67,6 +67,7 @@ class Output:
         if self.finish is not None:
             return
         if self.is_eog(token):
+            self.stats.n_eog = 1
             self.end("stop", "eos")
             return
         self.stats.n_tokens += 1

@@ -1,10 +1,14 @@
-"""Sampling the target: llama.cpp's chain, seeded, and the two rules for sampled verification.
+"""Sampling the target: llama.cpp's chain, and draws that depend only on where they are.
 
 Chain order follows llama.cpp's default sampler: penalties -> top-k -> top-p -> min-p ->
 temperature -> draw. Temperature 0 is greedy (argmax after penalties).
 
-How sampled rounds are verified (lossless rejection sampling for ``spd``, the authors'
-two-draw rule for ``fly``) is ``fly_cpp.verify``'s business; this module only draws.
+A draw is the Gumbel-max trick with noise that is a function of (seed, position in the text,
+stream, token id) alone: the token is argmax over the kept ids of log p + G, which is an exact
+sample of p, and the same position with the same history gives the same token whatever else
+happened before it. So a seed reproduces a generation whatever the draft lengths were (the
+cost-aware controller picks them from timings), and speculative verification only has to
+compare a drafted token with the target's own draw at its position (``fly_cpp.verify``).
 """
 
 from __future__ import annotations
@@ -18,12 +22,32 @@ from fly_cpp.config import SamplingSettings
 from fly_cpp.rows import argmax
 
 
+_MIX1, _MIX2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _MIX1
+        x = (x ^ (x >> np.uint64(27))) * _MIX2
+        return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, position: int, stream: int, ids: np.ndarray) -> np.ndarray:
+    """(n,) float64 in (0, 1): the noise of ``ids`` at ``position`` of ``stream`` under ``seed``."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) * _GOLDEN
+                   + np.uint64(position & 0xFFFFFFFF) * _MIX2 + np.uint64(stream & 0xFFFF) * _MIX1)
+        bits = _mix(key + np.asarray(ids, dtype=np.uint64) * _GOLDEN)
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
 class Sampler:
-    """Target-side token choice for one generation (holds that generation's RNG)."""
+    """Target-side token choice for one generation (its seed fixes every draw)."""
 
     def __init__(self, settings: SamplingSettings, seed: int) -> None:
         self.settings = settings
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
 
     def penalise(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """(V,) logits -> (V,) penalised copy, llama.cpp's repeat/presence/frequency rules."""
@@ -83,15 +107,15 @@ class Sampler:
         p = np.exp((vals - vals[0]) / s.temperature)
         return ids, p / p.sum()
 
-    def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
-        cdf = np.cumsum(probs)
-        return int(ids[min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), ids.shape[0] - 1)])
+    def draw(self, ids: np.ndarray, probs: np.ndarray, position: int, stream: int = 0) -> int:
+        """The token of (position, stream) from the distribution (ids, probs)."""
+        if ids.shape[0] == 1:
+            return int(ids[0])
+        gumbel = -np.log(-np.log(uniforms(self.seed, position, stream, ids)))
+        with np.errstate(divide="ignore"):
+            return int(ids[int(np.argmax(np.log(probs) + gumbel))])
 
-    def sample(self, row: np.ndarray, history: Sequence[int]) -> int:
-        """One token from the chain; the same token as ``draw(*distribution(...))`` with the
-        same RNG state, done in one native call when the library is available."""
-        x = self.penalise(row, history)
-        s = self.settings
-        if s.temperature > 0 and native.accepts_row(x):
-            return native.sample(x, s.temperature, s.top_k, s.top_p, s.min_p, self.rng.random())
-        return self.draw(*self._chain_numpy(x))
+    def sample(self, row: np.ndarray, history: Sequence[int], stream: int = 0) -> int:
+        """The target's token after ``history`` (its position is ``len(history)``): the chain,
+        then the position's draw. ``stream`` tells independent draws at one position apart."""
+        return self.draw(*self.distribution(row, history), len(history), stream)

@@ -36,7 +36,8 @@ class Stats:
     window, n_provisional mismatches were kept pending, n_confirmed of them were confirmed
     (and counted in n_loose), n_refuted were rolled back, and n_refuted_rounds is the number of
     rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
-    matches made inside them)."""
+    matches made inside them). n_eog is 1 when the text ended on an end-of-generation token:
+    a round committed it, though it is not part of the text (nor of n_tokens)."""
 
     mode: str
     n_prompt: int = 0
@@ -51,16 +52,20 @@ class Stats:
     n_confirmed: int = 0
     n_refuted: int = 0
     n_refuted_rounds: int = 0
+    n_eog: int = 0
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     seconds: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list, repr=False)
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # tokens drafted -> rounds
+    pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
 
     @property
     def mean_accepted(self) -> float:
-        """Tokens emitted per target forward pass (drafted tokens kept + correction/bonus)."""
-        return self.n_tokens / self.n_rounds if self.n_rounds else 0.0
+        """Tokens committed per target forward pass (drafted tokens kept + correction/bonus),
+        counting the end-of-generation token (a one-token answer took two rounds for two tokens)."""
+        return (self.n_tokens + self.n_eog) / self.n_rounds if self.n_rounds else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -79,9 +84,9 @@ class Stats:
         return out
 
     def summary(self) -> str:
-        line = f"{self.mode}: {self.n_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.1f} tok/s)"
+        line = f"{self.mode}: {plural(self.n_tokens, 'token')} in {self.seconds:.2f}s ({self.tokens_per_second:.1f} tok/s)"
         if self.mode != "target":
-            line += (f", {self.n_rounds} rounds, mean accepted {self.mean_accepted:.2f}, "
+            line += (f", {plural(self.n_rounds, 'round')}, mean accepted {self.mean_accepted:.2f}, "
                      f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
             if self.n_guard_rejected:
                 line += f", safeguard rejections {self.n_guard_rejected}"
@@ -89,3 +94,8 @@ class Stats:
             line += (f", provisional {self.n_provisional} (confirmed {self.n_confirmed}, refuted {self.n_refuted}"
                      f" costing {self.n_refuted_rounds} rounds)")
         return line
+
+
+def plural(n: int, word: str) -> str:
+    """"1 token", "2 tokens"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

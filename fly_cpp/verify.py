@@ -2,15 +2,18 @@
 
 Greedy rounds take the target's argmax per row (after penalties) and compute FLy's top-3
 entropy only at the rows where it can change the verdict (``accept.entropy_needed``), reading
-llama.cpp's buffer in place. Sampled rounds follow the mode:
+llama.cpp's buffer in place. Sampled rounds compare the drafted tokens with the target's own
+draws (``fly_cpp.sampling``: a draw depends only on the seed, the position and the history):
 
-- ``fly`` (a policy that loosens): the authors' rule. The target is drawn twice per position; a
-  drafted token is an exact match when either draw equals it; the correction and the bonus are
-  the first draw. Window and gate then apply unchanged (the gate on raw logits).
-- ``spd``, and ``fly`` with loosening switched off: lossless rejection sampling. Drafts are
-  greedy, so the draft's distribution is a point mass on d and the rule reads: keep d with
-  probability p(d); on rejection draw the correction from p with d removed (renormalised).
-  Output is distributed exactly as the target sampling alone.
+- ``spd``, and ``fly`` with loosening switched off: a drafted token is kept when it is the
+  target's draw at its position; the correction and the bonus are the target's draws. This is
+  lossless (every emitted token is exactly the target's sample) and keeps a greedy draft's
+  token d with probability p(d), as rejection sampling would; with the same seed, ``spd`` and
+  ``target`` write the same tokens.
+- ``fly`` (a policy that loosens): the authors' rule. The target is drawn twice per position
+  (two streams); a drafted token is an exact match when either draw equals it; the correction
+  and the bonus are the first draw. Window and gate then apply unchanged (the gate on raw
+  logits).
 
 A guarded policy's safeguards read ``accept.Facts``, computed like the entropies only at the
 rows where they can change the verdict (candidate mismatches): the drafted token's logit against
@@ -20,7 +23,7 @@ and whether it sits in a code block of the answer (``fences``, from the tokens' 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,7 +35,7 @@ from fly_cpp.sampling import Sampler
 
 
 class Verifier:
-    """Judges the rounds of one generation (holds its sampler, so its RNG)."""
+    """Judges the rounds of one generation (holds its sampler, so its seed)."""
 
     def __init__(self, request: Request, piece: Callable[[int], bytes] | None = None) -> None:
         """``piece`` (token -> bytes) lets the code-block safeguard see the text; without it
@@ -66,9 +69,10 @@ class Verifier:
         return Facts(log_ratio, rank, supported, in_code)
 
     def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, cross_round: bool = False,
-                 window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray | None]:
+                 window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray]:
         """logits: (m+1, n_vocab) rows of [last committed, d_1..d_m]. Returns the verdict and
-        the target's chosen token per row (argmax or first draw; None for rejection sampling)."""
+        the target's chosen token per row (argmax or first draw; -1 after the row that ends an
+        exact-match round)."""
         m, policy, sampler = len(drafted), self.policy, self.sampler
         draft_ids = np.asarray(drafted, dtype=np.int64)  # (m,)
 
@@ -78,6 +82,14 @@ class Verifier:
         options = {"cross_round": cross_round, "window_left": window_left, "max_left": max_left}
         if sampler.settings.greedy:
             chosen = sampler.greedy(logits, history)  # (m+1,)
+        else:  # the target's draw per row, up to the first row that disagrees with the draft
+            chosen = np.zeros(m + 1, dtype=np.int64)
+            for i in range(m + 1):
+                chosen[i] = sampler.sample(logits[i], history(i))
+                if i < m and chosen[i] != drafted[i] and not policy.loosens:
+                    chosen[i + 1:] = -1  # never compared: the round stops here
+                    break
+        if sampler.settings.greedy or not policy.loosens:
             need = np.flatnonzero(entropy_needed(draft_ids, chosen, policy, cross_round=cross_round,
                                                  window_left=window_left))
             entropy = None
@@ -88,29 +100,6 @@ class Verifier:
                     entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
             facts = self.facts(logits, drafted, committed, need)
             return judge(draft_ids, chosen, entropy, policy, facts=facts, **options), chosen
-        if policy.loosens:
-            chosen = np.array([sampler.sample(logits[i], history(i)) for i in range(m + 1)])
-            second = np.array([sampler.sample(logits[i], history(i)) for i in range(m)])
-            facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)))
-            return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts,
-                         **options), chosen
-        n, token = rejection_sample(drafted, lambda i: sampler.distribution(logits[i], history(i)), sampler)
-        return Verdict(accepted=n, loose=(), next_token=token, gate_rejected=False), None
-
-
-def rejection_sample(drafted: Sequence[int], dist: Callable[[int], tuple[np.ndarray, np.ndarray]],
-                     sampler: Sampler) -> tuple[int, int]:
-    """Lossless verification of a greedy draft. ``dist(i)`` is the target's (ids, probs) at
-    row i. Returns (accepted n, next token: correction or bonus)."""
-    for i, d in enumerate(drafted):
-        ids, p = dist(i)
-        hit = np.flatnonzero(ids == d)
-        p_d = float(p[hit[0]]) if hit.size else 0.0
-        if sampler.rng.random() < p_d:
-            continue
-        if hit.size:
-            p = p.copy()
-            p[hit[0]] = 0.0
-            p /= p.sum()
-        return i, sampler.draw(ids, p)
-    return len(drafted), sampler.draw(*dist(len(drafted)))
+        second = np.array([sampler.sample(logits[i], history(i), stream=1) for i in range(m)])
+        facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)))
+        return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts, **options), chosen

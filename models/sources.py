@@ -35,7 +35,9 @@ def resolve(target: str | None = None, draft: str | None = None, *, hf_repo: str
             pair: str | None = None, names: Mapping[str, str] = PYTHON,
             note: Callable[[str], None] | None = None) -> Resolved:
     """The pair these sources name, downloading or building what is missing. ``note`` hears
-    about slow first-time work (building a kit pair)."""
+    about slow first-time work (building a kit pair). A hub repository may carry a quant
+    (``owner/name:Q8_0``) and needs no file: the file is then picked as llama.cpp's ``-hf``
+    picks it (``hub.choose_file``)."""
     from fly_cpp.models import bundled, hub
 
     given = {k: v for k, v in {"target": target, "draft": draft, "hf_repo": hf_repo, "hf_file": hf_file,
@@ -48,29 +50,24 @@ def resolve(target: str | None = None, draft: str | None = None, *, hf_repo: str
     if hf_repo is not None or hf_file is not None:
         if target is not None:
             raise UsageError(f"give the target model as {names['target']} or as {names['hf_repo']}, not both")
-        target = str(hub.pull(*_together(hf_repo, hf_file, "hf_repo", "hf_file", names)))
+        if hf_repo is None:
+            raise UsageError(f"{names['hf_file']} needs {names['hf_repo']} (the repository the GGUF file is in)")
+        target = str(hub.pull_tagged(hf_repo, hf_file))
     if hf_draft_repo is not None or hf_draft_file is not None:
         if draft is not None:
             raise UsageError(f"give the draft model as {names['draft']} or as "
                              f"{names['hf_draft_repo']}/{names['hf_draft_file']}, not both")
-        repo = hf_draft_repo or hf_repo
-        if repo is None:
+        if hf_draft_repo is not None:
+            draft = str(hub.pull_tagged(hf_draft_repo, hf_draft_file))
+        elif hf_repo is None:
             raise UsageError(f"{names['hf_draft_file']} needs {names['hf_draft_repo']} (or {names['hf_repo']})")
-        draft = str(hub.pull(*_together(repo, hf_draft_file, "hf_draft_repo", "hf_draft_file", names)))
+        else:
+            draft = str(hub.pull(hub.split_tag(hf_repo)[0], hf_draft_file))
     if target is None:
         if draft is not None:
             raise UsageError(f"a draft model ({names['draft']}) needs a target model ({names['target']})")
         return Resolved(str(bundled.TARGET), str(bundled.DRAFT), {"n_ctx": bundled.N_CTX})
     return Resolved(str(target), None if draft is None else str(draft))
-
-
-def _together(repo: str | None, file: str | None, repo_name: str, file_name: str,
-              names: Mapping[str, str]) -> tuple[str, str]:
-    if repo is None or file is None:
-        given, missing = (repo_name, file_name) if file is None else (file_name, repo_name)
-        raise UsageError(f"{names[given]} needs {names[missing]} ({names[repo_name]} and {names[file_name]} go "
-                         "together: the repository and the GGUF file in it)")
-    return repo, file
 
 
 def _pair(name: str, note: Callable[[str], None] | None) -> Resolved:

@@ -34,7 +34,8 @@ def templated(stories, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fly(stories, stories_draft):
-    with Fly(stories, stories_draft, n_ctx=512, **ONE_THREAD) as f:
+    # a fixed k: FLy's text then does not depend on the draft lengths a busy machine makes k auto pick
+    with Fly(stories, stories_draft, n_ctx=512, k=15, **ONE_THREAD) as f:
         yield f
 
 
@@ -141,7 +142,9 @@ def _spy_decodes(monkeypatch) -> list[tuple[Context, int]]:
     real = Context.decode
 
     def spy(self, tokens, logits="last"):
-        calls.append((self, len(tokens)))
+        # a draft's catch-up shares one decode with its first draft step (the last rows, with
+        # logits): count the tokens that catch the cache up
+        calls.append((self, len(tokens) - logits if isinstance(logits, int) else len(tokens)))
         return real(self, tokens, logits)
 
     monkeypatch.setattr(Context, "decode", spy)
@@ -151,7 +154,7 @@ def _spy_decodes(monkeypatch) -> list[tuple[Context, int]]:
 @pytest.mark.parametrize("which", ["plain", "template"])
 def test_multi_turn_reuses_the_cache_and_equals_a_fresh_run(which, stories, templated, stories_draft, monkeypatch):
     path = stories if which == "plain" else templated
-    with Fly(path, stories_draft, n_ctx=512, **ONE_THREAD) as f:
+    with Fly(path, stories_draft, n_ctx=512, k=15, **ONE_THREAD) as f:  # a fixed k: the draft drafts every round
         first = f.create_chat_completion(CHAT, max_tokens=40)["choices"][0]["message"]["content"]
         conversation = [*CHAT, {"role": "assistant", "content": first.strip()},
                         {"role": "user", "content": "What happened next?"}]
@@ -168,7 +171,7 @@ def test_multi_turn_reuses_the_cache_and_equals_a_fresh_run(which, stories, temp
             assert prompt_decode == len(prompt2) - 1 - kept  # only the new turn was decoded
         monkeypatch.undo()
 
-    with Fly(path, stories_draft, n_ctx=512, **ONE_THREAD) as fresh:
+    with Fly(path, stories_draft, n_ctx=512, k=15, **ONE_THREAD) as fresh:
         again = fresh.generate(fresh.chat_tokens(conversation), max_tokens=40).run()
         assert again.tokens == second.tokens
         assert fresh.create_chat_completion(conversation, max_tokens=40)["choices"][0]["message"]["content"] == \
@@ -234,7 +237,7 @@ def test_bad_arguments_raise_clear_errors(fly, stories, tmp_path):
         Fly(stories, model_path=stories)
     with pytest.raises(FlyError, match="needs a target"):
         Fly(draft=stories)
-    with pytest.raises(FlyError, match="hf_repo and hf_file go together"):
+    with pytest.raises(FlyError, match="hf_file needs hf_repo"):
         Fly(hf_file="model.gguf")
     with pytest.raises(TypeError, match="not both"):
         Fly(stories, hf_repo="owner/name", hf_file="model.gguf")
@@ -284,6 +287,63 @@ def test_abandoned_stream_leaves_a_usable_instance(fly):
         pass
     stream.close()
     assert fly.create_completion("Mom said,", 30)["choices"][0]["text"] == expected
+
+
+def test_draft_follows_the_target_settings(stories, stories_draft):
+    with Fly(stories, stories_draft, n_ctx=256, n_threads=2, type_k="f32", type_v="f32", flash_attn="off") as f:
+        info = f.engine.info()
+        assert info.n_threads == 2 and info.draft_n_threads == 2  # the draft's context got the target's threads
+        assert (info.draft.type_k, info.draft.type_v, info.draft.flash_attn) == ("f32", "f32", "off")
+        assert f.create_completion("Once", max_tokens=4)["usage"]["completion_tokens"] == 4
+    with Fly(stories, stories_draft, n_ctx=256, n_threads=2, draft_n_threads=1, draft_type_k="f32") as f:
+        info = f.engine.info()
+        assert info.n_threads == 2 and info.draft_n_threads == 1 and info.draft.type_k == "f32"
+        assert info.target.type_k == "f16"
+
+
+def test_llama_cpp_python_habits(stories, capfd):
+    """verbose= is accepted (True echoes llama.cpp's log); chat_format names llama-cpp-python knows."""
+    with Fly(stories, n_ctx=256, n_threads=1, verbose=False, chat_format="llama-3", use_mmap=False,
+             flash_attn=True) as f:
+        assert f.chat_format.name == "llama-3"
+        assert f.info.target.mmap is False and f.info.target.flash_attn == "on"
+    assert "llama_model_loader" not in capfd.readouterr().err
+    from fly_cpp import _llama
+
+    try:
+        with Fly(stories, n_ctx=256, n_threads=1, verbose=True):
+            pass
+        assert "llama_model_loader" in capfd.readouterr().err
+    finally:
+        _llama.set_verbose(False)
+
+
+def test_draft_min_drops_short_drafts(fly):
+    class TwoTokens:
+        """Always drafts two tokens (the last one, twice)."""
+
+        def draft(self, committed, limit):
+            return [committed[-1]] * min(2, limit)
+
+    prompt = fly.tokenize("Once upon a time")
+    spec = SpecSettings(mode="spd", k=4, n_min=3)
+    dropped = fly.engine.generate(prompt, spec=spec, max_tokens=12, drafter=TwoTokens()).run()
+    # every draft is too short, except in the last two rounds: there the token budget leaves room for only
+    # 2 and 1 drafted tokens, and a draft as long as the round allows is kept
+    assert dropped.stats.n_drafted == 2 + 1 and dropped.stats.n_rounds == 12
+    kept = fly.engine.generate(prompt, spec=SpecSettings(mode="spd", k=4, n_min=2), max_tokens=12,
+                               drafter=TwoTokens()).run()
+    assert kept.stats.n_drafted > 0 and kept.tokens == dropped.tokens  # spd: the target's text either way
+    with pytest.raises(FlyError, match=r"n_min \(5\) must be <= k \(4\)"):
+        SpecSettings(k=4, n_min=5)
+
+
+def test_small_context_is_honoured(stories):
+    with Fly(stories, n_ctx=64, n_threads=1) as f:  # llama.cpp allocates 256; the context still holds 64
+        assert f.n_ctx == 64
+        gen = f.generate("Once upon a time", max_tokens=None)
+        gen.run()
+        assert gen.context_full and gen.stats.n_prompt + gen.stats.n_tokens == 65
 
 
 def test_bundled_pair_by_default():

@@ -21,7 +21,7 @@ def bench(tmp: Path, *args: str) -> dict:
 @pytest.fixture(scope="module")
 def spec_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("spec")
-    return tmp / "out", bench(tmp, "--dataset", "spec_bench")
+    return tmp / "out", bench(tmp)  # --dataset defaults to spec_bench
 
 
 def by_mode(result: dict, mode: str) -> list[dict]:
@@ -32,6 +32,7 @@ def test_outputs_written(spec_bench: tuple[Path, dict]) -> None:
     out, result = spec_bench
     assert [row["mode"] for row in result["summary"]] == ["target", "spd", "fly"]
     assert result["meta"]["n_prompts"] == 2 and len(result["records"]) == 6
+    assert result["meta"]["dataset"] == "spec_bench"
     assert set(result["meta"]["files"]) == {"results.json", "summary.md", "speedup_by_category.png", "accepted_lengths.png"}
     for png in ("speedup_by_category.png", "accepted_lengths.png"):
         assert (out / png).read_bytes().startswith(PNG)
@@ -60,6 +61,32 @@ def test_reference_and_exact_mode_agree(spec_bench: tuple[Path, dict]) -> None:
     assert rows["spd"]["identical"] == 1.0
 
 
+def test_plots_are_titled_and_labelled(spec_bench: tuple[Path, dict]) -> None:
+    from PIL import Image
+
+    out, result = spec_bench
+    for png in ("speedup_by_category.png", "accepted_lengths.png"):
+        with Image.open(out / png) as image:
+            width, height = image.size
+            title = image.text["Title"]  # the figure's title, also in the PNG's metadata
+        assert 600 <= width <= 1600 and 300 <= height <= 1200, (png, image.size)
+        assert "spec_bench" in title and "stories260K.gguf" in title and "stories260K-draft.gguf" in title
+
+
+def test_terminal_table_fits_and_legend_fits_the_rows(spec_bench: tuple[Path, dict]) -> None:
+    from fly_cpp.bench import report
+
+    _, result = spec_bench
+    printed = report.terminal(result)
+    assert max(len(line) for line in printed.splitlines()) <= 100
+    assert "| mode | tok/s | speedup (geo) | mean acc." in printed and "host ms/rd" not in printed
+    assert "llama.cpp" not in printed and "llama.cpp" not in report.markdown(result)
+    assert "host ms/rd" in report.markdown(result)  # the details stay in summary.md
+    with_peer = {**result, "summary": [*result["summary"], {"mode": "llama.cpp-spd", "peer": True,
+                                                            "tokens_per_second": 1.0}]}
+    assert "llama.cpp rows:" in report.markdown(with_peer)
+
+
 def test_counters_consistent(spec_bench: tuple[Path, dict]) -> None:
     _, result = spec_bench
     for rec in result["records"]:
@@ -72,7 +99,11 @@ def test_counters_consistent(spec_bench: tuple[Path, dict]) -> None:
         assert 0.0 <= rec["agreement"] <= 1.0 and rec["nll"] > 0
     for row in result["summary"]:
         assert sum(row["accepted_length_histogram"].values()) == row["n_rounds"]
-        assert row["mean_accepted"] == pytest.approx(row["n_tokens"] / row["n_rounds"])
+        n_eog = sum(r["stats"]["n_eog"] for r in by_mode(result, row["mode"]))
+        assert row["mean_accepted"] == pytest.approx((row["n_tokens"] + n_eog) / row["n_rounds"])
+        loose = row["accepted_length_histogram_loose"]
+        assert all(n <= row["accepted_length_histogram"][k] for k, n in loose.items())
+        assert (sum(loose.values()) > 0) == (row["n_loose"] > 0)
         assert row["n_tokens"] == sum(r["stats"]["n_tokens"] for r in by_mode(result, row["mode"]))
 
 
@@ -108,7 +139,6 @@ def test_custom_jsonl(tmp_path: Path) -> None:
     (["--dataset", "spec_bench", "--k", "0"], "every value must be >= 1"),
     (["--dataset", "humaneval", "--offset", "164"], "--offset 164 leaves no prompts to run"),
     (["--dataset", "spec_bench", "--llama-cpp-bin", "/nonexistent"], "no such directory"),
-    ([], "Missing option '--dataset'"),
 ])
 def test_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     code = main(["bench", "--out", str(tmp_path / "o"), "--no-progress", *args])
@@ -137,10 +167,10 @@ def test_resume_keeps_records_and_runs_only_what_is_missing(tmp_path: Path, caps
     for key, rec in before.items():  # kept as they were, not run again
         assert after[key]["stats"]["seconds"] == rec["stats"]["seconds"]
     assert [row["mode"] for row in result["summary"]] == ["target", "fly-paper", "fly-r50@k4"]
-    assert result["meta"]["complete"] and result["meta"]["n_prompts"] == 3 and result["meta"]["k"] == [4, 15]
+    assert result["meta"]["complete"] and result["meta"]["n_prompts"] == 3 and result["meta"]["k"] == [4, "auto"]
     assert all(row.get("n_paired") == 3 for row in result["summary"][1:])
     out_text = capsys.readouterr().out
-    assert "fly-r50@k4 won" in out_text and "sign test p =" in out_text
+    assert "- fly-r50@k4: won 0, lost 0 of 3, p = 1.000" in out_text
     # nothing left to run: the file stays as it is
     assert main([*args, "--limit", "3", "--modes", "fly-paper", "--resume"]) == 0
     again = json.loads((out / "results.json").read_text())
@@ -200,4 +230,4 @@ def test_a_stopped_run_keeps_its_finished_prompts(tmp_path: Path, stories: Path,
     assert first["meta"]["complete"] and len(first["records"]) == 6
     assert first["records"][:2] == partial["records"]
     assert done["meta"]["complete"] and len(done["records"]) == 9
-    assert [r for r in done["records"] if r["mode"] != "spd"] == first["records"]
+    assert [r for r in done["records"] if r["mode"] != "spd"] == json.loads(json.dumps(first["records"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp.chat_format import ChatFormat, builtin, check_messages, resolve
+from fly_cpp.chat_format import BUILTIN, ChatFormat, builtin, check_messages, is_builtin, resolve
 from fly_cpp.errors import FlyError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -31,8 +31,24 @@ def test_resolve_prefers_the_argument_then_the_gguf_template():
         resolve("no-such-format", gguf)
 
 
+def test_family_builtins_render_as_their_models_expect():
+    assert builtin("llama-3").render(CHAT[:2]) == (
+        "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert builtin("mistral-instruct", eos_token="</s>").render(CHAT) == (
+        "[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] Bye [/INST]")  # no system role: it opens the first turn
+    assert builtin("gemma").render(CHAT[1:2]) == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert builtin("gemma").render(CHAT[:2]).startswith("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>")
+    assert builtin("phi-3").render(CHAT[:2]) == "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    assert builtin("llama-3").stop == ("<|eot_id|>",) and builtin("gemma").stop == ("<end_of_turn>",)
+    assert builtin("phi-3").stop == ("<|end|>",)
+    # the names as llama.cpp and llama-cpp-python users spell them
+    assert builtin("llama3").name == "llama-3" and builtin("Phi3").name == "phi-3" and is_builtin("mistral_instruct")
+    assert resolve("gemma", "{{ 'the GGUF template' }}").name == "gemma"  # a chosen format beats the GGUF's
+
+
 def test_prefix_property_for_multi_turn_cache_reuse():
-    for fmt in (builtin("plain"), builtin("chatml")):
+    for fmt in (builtin(name, bos_token="<s>", eos_token="</s>") for name in BUILTIN):
         first = fmt.render(CHAT[:2], add_generation_prompt=True)
         assert fmt.render(CHAT, add_generation_prompt=True).startswith(first)
 

@@ -41,7 +41,7 @@ def saved(child: pexpect.spawn, path) -> dict:
 
 
 def test_chat_in_a_terminal(env, tmp_path):
-    child = spawn(env, "--system", "You tell stories.", "-n", "30", "--show-accepts")
+    child = spawn(env, "--system", "You tell stories.", "-n", "30", "--show-accepts", "--k", "8")
     child.sendline("Tell me a story.")
     child.expect(FOOTER)
     answer = child.before
@@ -131,3 +131,72 @@ def test_bad_options_fail_with_one_line():
     assert out.returncode == 1 and out.stderr.strip() == "fly-cpp: error: temperature must be >= 0, got -1.0"
     out = subprocess.run(command("--chat-format", "nope"), input="", capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "unknown chat format 'nope'" in out.stderr
+
+
+def test_llama_cpp_habits_in_a_terminal(env, tmp_path):
+    child = spawn(env, "-n", "1", "--show-accepts")
+    # between the banner and the first prompt: the legend of the colours
+    assert "colours: \x1b[32mdrafted and kept\x1b[0m, \x1b[30;43mloosely accepted\x1b[0m" in child.before
+    child.sendline("/set temp 0.2")  # llama.cpp's spelling of temperature
+    child.expect(r"\(temperature = 0.2\)")
+    child.sendline("/set draft-max 4")
+    child.expect(r"\(k = 4\)")
+    child.sendline("/set n_predict 1")
+    child.expect(r"\(max_tokens = 1\)")
+    child.sendline("/set temperature 0")
+    child.expect("> ")
+
+    child.sendline("first line \\")  # a message continued on a second line
+    child.expect("… ")
+    child.sendline("second line")
+    child.expect(r"\[1 token, [\d.]+ tok/s, mean accepted 1\.00, loose \d+\]")  # one token: singular, 1 per round
+    child.expect("> ")
+    child.send("\x1b[A")  # Up: the whole message comes back, both lines
+    child.send("\r")
+    child.expect(r"\[1 token,")
+    child.expect("> ")
+    data = saved(child, tmp_path / "chat.json")
+    users = [m["content"] for m in data["messages"] if m["role"] == "user"]
+    assert users == ["first line \nsecond line"] * 2
+    assert data["settings"]["temperature"] == 0 and data["settings"]["k"] == 4
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    # the history file keeps the joined message as one entry
+    assert "first line \\" not in (tmp_path / "history").read_text()
+
+
+def test_interrupted_footer_counts_only_what_was_shown(stories, stories_draft, monkeypatch, capsys):
+    from fly_cpp.api import Fly
+    from fly_cpp.cli.chat import Session
+
+    class Screen:
+        """stdout that asks for a stop (as Ctrl-C does) once 7 tokens are on it."""
+
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.writes.append(text)
+            if len(self.writes) == 7:
+                session.stop_requested = True
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return False
+
+    with Fly(stories, stories_draft, n_ctx=512, n_threads=1, draft_n_threads=1, k=15) as fly:
+        session = Session(fly, None, 200, (), False)
+        screen = Screen()
+        monkeypatch.setattr(sys, "stdout", screen)
+        session.answer("Tell me a story.")
+        monkeypatch.undo()
+        footer = capsys.readouterr().err.strip().splitlines()[-1]
+        assert footer.startswith("[7 tokens, ") and footer.endswith(", interrupted]")
+        assert session.last is not None and session.last.n_tokens == 7 and session.total.n_tokens == 7
+        assert session.last.n_rounds <= 7 and session.last.mean_accepted >= 1.0
+        shown = "".join(screen.writes[:7])
+        assert session.messages[-1] == {"role": "assistant", "content": shown.strip()}

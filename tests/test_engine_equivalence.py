@@ -16,7 +16,7 @@ import pytest
 
 import numpy as np
 
-from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp._llama import Context
 
 STORY_PROMPTS = [
@@ -103,8 +103,8 @@ def test_fly_with_gate_at_infinity_equals_spd(stories_pair, llama3_pair):
 def test_fly_accepts_at_least_as_much_as_spd(stories_pair):
     fly = spd = 0.0
     for prompt in STORY_PROMPTS:
-        a = stories_pair.generate(prompt, spec=SpecSettings(mode="fly"), max_tokens=96).run().stats
-        b = stories_pair.generate(prompt, spec=SpecSettings(mode="spd"), max_tokens=96).run().stats
+        a = stories_pair.generate(prompt, spec=SpecSettings(mode="fly", k=15), max_tokens=96).run().stats
+        b = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k=15), max_tokens=96).run().stats
         assert a.n_loose >= 0 and b.n_loose == 0
         fly, spd = fly + a.mean_accepted, spd + b.mean_accepted
     assert fly >= spd
@@ -136,8 +136,32 @@ def test_batched_verification_diverges_only_at_near_ties(stories, stories_draft)
         probe.close()
 
 
+@pytest.mark.parametrize("mode", ["spd", "fly"])
+def test_k_auto_runs_and_reports_its_draft_lengths(stories_pair, mode):
+    gen = stories_pair.generate("Once upon a time", spec=SpecSettings(mode=mode, k="auto"), max_tokens=64).run()
+    s = gen.stats
+    assert len(gen.tokens) == 64 and sum(s.draft_lengths.values()) == s.n_rounds
+    assert sum(n * r for n, r in s.draft_lengths.items()) == s.n_drafted and max(s.draft_lengths) <= 16
+    assert s.pacing is not None and s.pacing["costs"]["target_ms"] and sum(s.pacing["plans"].values()) >= s.n_rounds - 1
+
+
+def test_spd_with_k_auto_is_still_the_target_greedy_and_seeded(stories_pair):
+    """Whatever draft lengths the controller picks (they follow live timings), spd writes the
+    target's own tokens: greedy, and sampled with the same seed (draws depend on seed and
+    position only)."""
+    for prompt in STORY_PROMPTS[:4]:
+        target = stories_pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=48).run().tokens
+        auto = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k="auto"), max_tokens=48).run().tokens
+        assert auto == target, prompt
+        sampling = SamplingSettings(temperature=0.9, seed=11)
+        target = stories_pair.generate(prompt, spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=48)
+        spd = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k="auto"), sampling=sampling, max_tokens=48)
+        fixed = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k=7), sampling=sampling, max_tokens=48)
+        assert spd.run().tokens == target.run().tokens == fixed.run().tokens, prompt
+
+
 def run_fly(engine: Engine, prompt: str, n: int = 64, **spec):
-    gen = engine.generate(prompt, spec=SpecSettings(mode="fly", **spec), max_tokens=n)
+    gen = engine.generate(prompt, spec=SpecSettings(mode="fly", k=15, **spec), max_tokens=n)
     loose = [i for i, step in enumerate(gen) if step.loose]
     return gen, loose
 

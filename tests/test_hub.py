@@ -128,7 +128,7 @@ def test_generate_with_hf_options(offline_cache: Path, capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize("args, message", [
     (["--hf-file", "a.gguf"], "--hf-file needs --hf-repo"),
-    (["--hf-repo", "a/b"], "--hf-repo needs --hf-file"),
+    (["-hff", "a.gguf"], "--hf-file needs --hf-repo"),
     (["-m", str(STORIES), "--hf-repo", "a/b", "--hf-file", "c.gguf"], "not both"),
     (["--hf-draft-file", "d.gguf"], "--hf-draft-repo"),
     (["--pair", "llama3.1-8b", "-m", str(STORIES)], "--pair"),
@@ -138,3 +138,54 @@ def test_model_option_usage_errors(args: list[str], message: str, capsys: pytest
                                    offline_cache: Path) -> None:
     assert main(["generate", *args, "-p", "x", "-n", "1"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_choose_file_as_llama_cpp_does() -> None:
+    files = ["README.md", "Qwen-Q8_0.gguf", "Qwen-Q4_K_M.gguf", "mmproj-Qwen-Q4_K_M.gguf", "Qwen-f16.gguf",
+             "big/Qwen-Q6_K-00002-of-00002.gguf", "big/Qwen-Q6_K-00001-of-00002.gguf"]
+    assert hub.choose_file(files, "") == "Qwen-Q4_K_M.gguf"  # the default quant; never the projector
+    assert hub.choose_file(files, "q8_0") == "Qwen-Q8_0.gguf"  # case-insensitive
+    assert hub.choose_file(files, "F16") == "Qwen-f16.gguf"
+    assert hub.choose_file(files, "Q6_K") == "big/Qwen-Q6_K-00001-of-00002.gguf"  # a split model's first part
+    assert hub.choose_file(files, "Q2_K") is None
+    assert hub.choose_file(["a-Q8_0.gguf", "b-Q5_0.gguf"], "") == "a-Q8_0.gguf"  # then Q8_0
+    assert hub.choose_file(["b-Q5_0.gguf", "a-Q3_K.gguf"], "") == "b-Q5_0.gguf"  # then the first model file
+    assert hub.choose_file(["imatrix.gguf", "x.txt"], "") is None
+    assert hub.split_tag("owner/name:Q4_0") == ("owner/name", "Q4_0")
+    with pytest.raises(FlyError, match="owner/name"):
+        hub.split_tag("name:Q4_0")
+
+
+def test_hf_repo_with_a_quant_from_the_cache(offline_cache: Path, capsys: pytest.CaptureFixture[str],
+                                             stories_draft: Path) -> None:
+    fill_cache(offline_cache, "someone/Stories-GGUF", {"stories-Q8_0.gguf": STORIES, "stories-Q4_0.gguf": stories_draft})
+    common = ["-p", "Once upon a time", "-n", "8", "--json", "-c", "256", "-t", "1", "--mode", "spd"]
+    assert main(["generate", "-hf", "someone/Stories-GGUF:q8_0", "-hfd", "someone/Stories-GGUF:Q4_0", *common]) == 0
+    tagged = json.loads(capsys.readouterr().out)
+    assert main(["generate", "-m", str(STORIES), *common, "--mode", "target"]) == 0
+    assert tagged["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+    # no quant: Q4_K_M, else Q8_0
+    assert hub.pull_tagged("someone/Stories-GGUF").name == "stories-Q8_0.gguf"
+    assert main(["generate", "-hf", "someone/Stories-GGUF:Q5_K_M", *common]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("fly-cpp: error: Hugging Face repository someone/Stories-GGUF has no GGUF file for quant "
+                           "Q5_K_M (files: stories-Q4_0.gguf, stories-Q8_0.gguf)")
+
+
+def test_offline_pull_fails_fast_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the hub is out of reach
+    assert hub.unreachable() is not None
+    assert main(["models", "pull", "owner/name", "x.gguf"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "not in the Hugging Face cache" in lines[0] and "cannot reach 127.0.0.1:9" in lines[0]
+    assert main(["generate", "-hf", "owner/name", "-p", "x"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach 127.0.0.1:9" in lines[0]

@@ -155,7 +155,8 @@ def test_fallback_generation_without_native() -> None:
         for extra in ([], ["--temperature", "0.8", "--seed", "3"]):
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                assert main(["generate", "-p", "Once upon a time", "-n", "20", "-t", "1", "--json", *extra]) == 0
+                assert main(["generate", "-p", "Once upon a time", "-n", "20", "-t", "1", "--k", "15", "--json",
+                             *extra]) == 0
             runs.append(json.loads(out.getvalue())["tokens"])
         print(json.dumps({"native": native.available(), "runs": runs}))
     """

@@ -64,3 +64,14 @@ def test_zero_max_tokens_is_finished_before_any_token():
     assert out.finish == Finish("length", "limit")
     out.add(5, True, False, 1)
     assert out.take() == [] and out.stats.n_tokens == 0
+
+
+def test_a_one_token_answer_counts_its_end_token_per_round():
+    out = output()
+    out.stats.n_rounds = 1
+    out.add(5, drafted=False, loose=False, round=1)
+    out.stats.n_rounds = 2
+    out.add(EOG, drafted=False, loose=False, round=2)  # the second round committed the end of the text
+    assert out.stats.n_tokens == 1 and out.stats.n_eog == 1
+    assert out.stats.mean_accepted == 1.0  # two tokens in two rounds, not "0.50"
+    assert out.stats.summary().startswith("fly: 1 token in ") and ", 2 rounds," in out.stats.summary()

@@ -238,6 +238,25 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def test_llama_cpp_flags_alias_and_chat_format(tmp_path):
+    """-a names the model in /v1/models and in every response; llama.cpp's spellings start it."""
+    s = Server(tmp_path, "-a", "my-model", "--chat-format", "llama3", "-t", "1", "-c", "512", "--temp", "0",
+               "--draft-max", "4", "-fa", "off")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        assert [m.id for m in client.models.list().data] == ["my-model"]
+        out = client.chat.completions.create(model="whatever", messages=[{"role": "user", "content": "Hi"}],
+                                             max_tokens=4)
+        assert out.model == "my-model" and out.usage.completion_tokens == 4
+        assert httpx.post(s.url + "/completion", json={"prompt": "a", "n_predict": 2}, timeout=60).json()["model"] == \
+            "my-model"
+    finally:
+        assert s.stop() == 0, s.stderr()
+    r = subprocess.run([*FLY, "serve", "--port", "0", "--chat-format", "llama9"], capture_output=True, text=True,
+                       timeout=120)
+    assert "llama9" in one_line_error(r)
+
+
 def test_port_in_use_is_one_line():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

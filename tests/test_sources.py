@@ -18,7 +18,6 @@ def test_nothing_named_is_the_bundled_pair():
 @pytest.mark.parametrize("kwargs, python, cli", [
     ({"draft": "d.gguf"}, "a draft model (draft) needs a target model (target)", "(-d) needs a target model (-m)"),
     ({"hf_file": "f.gguf"}, "hf_file needs hf_repo", "--hf-file needs --hf-repo"),
-    ({"hf_repo": "a/b"}, "hf_repo needs hf_file", "--hf-repo needs --hf-file"),
     ({"target": "t.gguf", "hf_repo": "a/b", "hf_file": "f"}, "as target or as hf_repo, not both", "-m or as --hf-repo"),
     ({"hf_draft_file": "d.gguf"}, "hf_draft_file needs hf_draft_repo (or hf_repo)", "--hf-draft-file needs"),
     ({"pair": "costly", "target": "t.gguf"}, "pair names both models", "--pair names both models"),

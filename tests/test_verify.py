@@ -1,6 +1,6 @@
 """The target's side of a round on hand-built logits (no model needed): greedy verdicts with
-entropies computed only where they matter, the authors' two-draw rule, lossless rejection
-sampling."""
+entropies computed only where they matter, the authors' two-draw rule, and sampled exact
+matching against the target's own position-keyed draws."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.request import Request
-from fly_cpp.verify import Verifier, rejection_sample
+from fly_cpp.verify import Verifier
 
 V = 8
 
@@ -49,20 +49,29 @@ def test_sampled_rules():
     verdict, chosen = verifier("fly", temperature=0.5)(rows, [1, 2], [0])  # peaked rows: every draw is the top
     assert list(chosen) == target and (verdict.accepted, verdict.next_token) == (2, 3)
     verdict, chosen = verifier("spd", temperature=0.5)(rows, [1, 6], [0])
-    assert chosen is None and (verdict.accepted, verdict.next_token) == (1, 2)
+    assert list(chosen[:2]) == [1, 2] and (verdict.accepted, verdict.next_token) == (1, 2)
 
 
-@pytest.mark.parametrize("draft", [0, 1])
-def test_rejection_sampling_is_lossless(draft):
-    """Over many rounds, the first emitted token is distributed as the target's own p."""
-    p = np.array([0.6, 0.3, 0.1])
-    ids = np.arange(3)
+def test_a_draw_is_an_exact_sample_that_depends_only_on_its_place():
     sampler = verifier("spd", temperature=1.0).sampler
-    counts = np.zeros(3)
-    for _ in range(20000):
-        n, token = rejection_sample([draft], lambda i: (ids, p), sampler)
-        counts[draft if n == 1 else token] += 1
-    assert counts / counts.sum() == pytest.approx(p, abs=0.015)
+    ids, p = np.arange(3), np.array([0.6, 0.3, 0.1])
+    counts = np.bincount([sampler.draw(ids, p, position) for position in range(20000)], minlength=3)
+    assert counts / counts.sum() == pytest.approx(p, abs=0.015)  # over positions: distributed as p
+    assert sampler.draw(ids, p, 7) == sampler.draw(ids, p, 7)  # the same place: the same token
+    streams = [sampler.draw(ids, p, 7, stream) for stream in range(40)]
+    assert len(set(streams)) > 1  # streams are independent draws
+
+
+def test_sampled_spd_keeps_exactly_the_target_draws():
+    """Whatever was drafted, what a sampled spd round emits is the target's own draws."""
+    rows = logits([1, 2, 3, 4], [True] * 4)  # flat rows: draws vary
+    v = verifier("spd", temperature=1.0)
+    committed = [0]
+    own = [v.sampler.sample(rows[i], committed + [None] * i) for i in range(4)]  # type: ignore[list-item]
+    for drafted in ([own[0], own[1], own[2]], [own[0], 7, 5], [6, 6, 6]):
+        verdict, chosen = v(rows, drafted, committed)
+        emitted = [*drafted[: verdict.accepted], verdict.next_token]
+        assert emitted == own[: len(emitted)]
 
 
 def guarded(**spec) -> Verifier:

@@ -4,7 +4,7 @@
 and one k); new variants register themselves here, e.g. a cross-round FLy variant as
 ``VARIANTS["fly+xr"] = lambda s: replace(s, mode="fly", cross_round=True)``. With several k
 values, every drafting mode runs once per k and is labelled ``name@kN``; a mode written
-``name@kN`` in the list runs at that k only (``--modes fly,fly+xr@k5``).
+``name@kN`` (or ``name@kauto``) in the list runs at that k only (``--modes fly,fly+xr@k5``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.errors import FlyError
 
 REFERENCE = "target"  # the mode every other one is compared with
+PEER_DEFAULT_K = 3  # llama.cpp's default --spec-draft-n-max
 
 VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     "target": lambda s: dataclasses.replace(s, mode="target"),
@@ -54,25 +55,36 @@ class Mode:
     label: str
     spec: SpecSettings | None  # None for a peer
     peer: str | None = None  # "speculative" or "target" for llama.cpp's binaries
-    k: int | None = None
+    k: int | str | None = None  # a number, "auto", or None (no drafting)
+
+    @property
+    def max_draft(self) -> int:
+        """The longest draft a round of this mode may make."""
+        if self.spec is not None:
+            return self.spec.max_draft if self.spec.mode != "target" else 0
+        return int(self.k) if isinstance(self.k, int) else 0
 
     @property
     def drafts(self) -> bool:
         return self.peer == "speculative" or (self.spec is not None and self.spec.mode != "target")
 
 
-def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool = False) -> list[Mode]:
-    """Modes from "target,spd,fly" and k values; the reference mode is always run first."""
+def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
+                peer_ks: Sequence[int] = ()) -> list[Mode]:
+    """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
+    run first. With ``peer``, llama.cpp's target-only run and its speculative decoding at each of
+    ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
-    pinned: dict[str, int] = {}
+    pinned: dict[str, int | str] = {}
     for n in names:
         name, at, k = n.partition("@k")
         if at:
-            if not k.isdigit() or int(k) < 1 or name == REFERENCE:
-                raise FlyError(f"bad mode {n!r} in --modes: write name@kN with N >= 1 (the target drafts nothing)")
-            pinned[n] = int(k)
+            if not (k == "auto" or k.isdigit() and int(k) >= 1) or name == REFERENCE:
+                raise FlyError(f"bad mode {n!r} in --modes: write name@kN with N >= 1 or name@kauto "
+                               "(the target drafts nothing)")
+            pinned[n] = k if k == "auto" else int(k)
     unknown = [n for n in names if n.partition("@k")[0] not in VARIANTS]
     if unknown:
         raise FlyError(f"unknown mode {unknown[0]!r} in --modes: use some of {', '.join(VARIANTS)}")
@@ -80,8 +92,8 @@ def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool 
         raise FlyError(f"a mode is listed twice in --modes: {text}")
     if not ks:
         ks = [base.k]
-    if any(k < 1 for k in ks):
-        raise FlyError(f"k must be >= 1, got {min(ks)}")
+    for k in ks:
+        SpecSettings(k=k)  # checks it
     sweep = len(ks) > 1
     modes = [Mode(REFERENCE, VARIANTS[REFERENCE](base))]
     for name in names:
@@ -99,7 +111,9 @@ def parse_modes(text: str, ks: Sequence[int], base: SpecSettings, *, peer: bool 
     if twice is not None:
         raise FlyError(f"mode {twice!r} is listed twice in --modes: {text}")
     if peer:
+        numbers = list(peer_ks) or [k for k in ks if isinstance(k, int)] or [PEER_DEFAULT_K]
         modes.append(Mode("llama.cpp-target", None, peer="target"))
-        for k in ks:
-            modes.append(Mode(f"llama.cpp-spd@k{k}" if sweep else "llama.cpp-spd", None, peer="speculative", k=k))
+        for k in numbers:
+            label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
+            modes.append(Mode(label, None, peer="speculative", k=k))
     return modes

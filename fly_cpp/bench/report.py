@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from fly_cpp.errors import FlyError
 
-COLUMNS = [  # (header, key, format)
+COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("mode", "mode", "{}"),
     ("tok/s", "tokens_per_second", "{:.1f}"),
     ("speedup (geo)", "speedup_geomean", "{:.2f}x"),
@@ -40,6 +41,18 @@ COLUMNS = [  # (header, key, format)
     ("lost", "lost", "{}"),
     ("sign p", "sign_p", "{:.3f}"),
 ]
+WIDTH = 100  # the terminal's text fits this many columns
+# the terminal's table: the headline numbers, narrow enough for WIDTH columns (the rest: summary.md)
+TERMINAL = ("mode", "tok/s", "speedup (geo)", "mean acc.", "exact", "loose", "agree", "NLL / target", "accuracy")
+LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup the "
+          "measured acceptance would give with no host time. mean acc.: tokens per target forward pass. host: "
+          "loop time outside the draft and target forward passes. agree: share of positions where the output "
+          "equals the target's; identical: share of prompts with the target's exact output; NLL: the target's "
+          "mean negative log-likelihood of the output (nats/token). cut: outputs that ended on the token budget. "
+          "won / lost: problems this mode passed and the target failed / the other way round; sign p: the "
+          "two-sided exact sign test on won vs lost.")
+PEER_LEGEND = (" llama.cpp rows: their decode speed (model loading and prompt excluded); identical there compares "
+               "text (its output starts as the target's).")
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -48,11 +61,17 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def markdown(result: dict[str, Any]) -> str:
-    rows = result["summary"]
-    cols = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:
+    cols = [c for c in columns if any(r.get(c[1]) is not None for r in rows)]
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r.get(key), fmt) for _, key, fmt in cols) + " |")
+    return lines
+
+
+def _head(result: dict[str, Any]) -> list[str]:
     meta = result["meta"]
-    lines = [
+    return [
         f"# fly-cpp bench: {meta['dataset']}",
         "",
         f"target `{meta['target']}`, draft `{meta['draft']}`; {meta['n_prompts']} prompts, "
@@ -60,33 +79,77 @@ def markdown(result: dict[str, Any]) -> str:
         f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}"
         f"{', system message' if meta.get('system') else ''}{'' if meta.get('complete', True) else ' (partial run)'}.",
         "",
-        "| " + " | ".join(c[0] for c in cols) + " |",
-        "|" + "|".join("---" for _ in cols) + "|",
     ]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(key), fmt) for _, key, fmt in cols) + " |")
-    paired = [r for r in rows if r.get("n_paired")]
+
+
+def _has_peer(result: dict[str, Any]) -> bool:
+    return any(r.get("peer") for r in result["summary"])
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """Findings about the run as a whole, under the table (here and in summary.md)."""
+    lines = []
+    paired = [r for r in result["summary"] if r.get("n_paired")]
     if paired:
-        lines += ["", "Task correctness against the target, problem by problem: " + "; ".join(
-            f"{r['mode']} won {r['won']}, lost {r['lost']} of {r['n_paired']} (sign test p = {r['sign_p']:.3f})"
-            for r in paired) + "."]
+        lines += ["", "Task correctness against the target, problem by problem (won / lost, sign test):", ""]
+        lines += [f"- {r['mode']}: won {r['won']}, lost {r['lost']} of {r['n_paired']}, p = {r['sign_p']:.3f}"
+                  for r in paired]
+    rows = {r["mode"]: r for r in result["summary"]}
+    target = rows.get("target")
+    slow = [r for r in result["summary"] if not r["peer"] and r["mode"] != "target"
+            and (r.get("speedup_geomean") or 1.0) < 1.0]
+    if slow and target and target.get("target_ms_per_round"):
+        lines += ["", "Slower than the target alone, measured:", ""]
+        for r in slow:
+            lines.append(f"- {r['mode']}: {r['speedup_geomean']:.2f}x. {slower_reason(r, target)}")
+    for r in (r for r in result["summary"] if r.get("k") == "auto"):
+        hist = ", ".join(f"{k}: {v}" for k, v in (r.get("draft_length_histogram") or {}).items())
+        lines += ["", f"{r['mode']} (k auto) drafted per round (length: rounds): {hist}"]
     if result.get("comparisons"):
         lines += ["", "fly-cpp vs llama.cpp (tokens/s ratio per prompt, geometric mean):", ""]
         for c in result["comparisons"]:
             lines.append(f"- {c['ours']} / {c['peer']}: {_cell(c['tokens_per_second_ratio'], '{:.3f}')}")
-    lines += [
-        "",
-        "speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup "
-        "the measured acceptance would give with no host time. mean acc.: tokens per target forward pass. "
-        "host: loop time outside the draft and target forward passes. agree: share of positions where the "
-        "output equals the target's; identical: share of prompts with the target's exact output; NLL: the "
-        "target's mean negative log-likelihood of the output (nats/token). llama.cpp rows: their decode speed "
-        "(model loading and prompt excluded); identical there compares text (its output starts as the target's). "
-        "cut: outputs that ended on the token budget. won / lost: problems this mode passed and the target "
-        "failed / the other way round; sign p: two-sided exact sign test on won vs lost.",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
+
+
+def slower_reason(row: dict[str, Any], target: dict[str, Any]) -> str:
+    """Why a mode was slower than the target, from the bench's own per-round times."""
+    t1 = target["target_ms_per_round"]  # the target alone: one decode per token
+    drafted = row.get("mean_draft_length") or 0.0
+    per_draft = row["draft_ms_per_round"] / drafted if drafted else 0.0
+    verify = row["target_ms_per_round"]
+    return (f"A round spent {row['draft_ms_per_round']:.1f} ms drafting ({per_draft / t1:.2f} of a target "
+            f"token per drafted token) and {verify:.1f} ms verifying {drafted + 1:.1f} rows "
+            f"({verify / t1:.1f} target tokens) for {row['mean_accepted']:.2f} tokens. Try k auto "
+            "(it drafts only where that pays), a cheaper draft, or the target alone.")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """summary.md: every column, the notes and the legend."""
+    legend = LEGEND + (PEER_LEGEND if _has_peer(result) else "")
+    return "\n".join([*_head(result), *_table(result["summary"], COLUMNS), *notes(result), "", legend, ""])
+
+
+def terminal(result: dict[str, Any]) -> str:
+    """What ``fly-cpp bench`` prints: the headline columns and the notes (details: summary.md)."""
+    cols = [c for c in COLUMNS if c[0] in TERMINAL]
+    legend = ("speedup: tokens/s over `target` on the same prompt; mean acc.: tokens per target forward pass; "
+              "agree: share of positions equal to the target's output. Every column and its meaning: summary.md.")
+    lines = [*_head(result), *_table(result["summary"], cols), *notes(result), "", legend, ""]
+    return "\n".join(textwrap.fill(line, WIDTH) if not line.startswith("|") else line for line in lines)
+
+
+def _title(result: dict[str, Any], what: str) -> str:
+    meta = result["meta"]
+    return (f"{what}: {meta['dataset']}, {meta['n_prompts']} prompts, max {meta['max_tokens']} tokens\n"
+            f"target {meta['target']}, draft {meta['draft'] or 'none (n-gram lookup)'}")
+
+
+def _save(fig: Any, path: Path, title: str) -> None:
+    """Title on the figure, and in the PNG's metadata (what tests and other tools read back)."""
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Title": title, "Software": "fly-cpp bench"})
 
 
 def plots(result: dict[str, Any], out: Path) -> list[str]:
@@ -94,37 +157,49 @@ def plots(result: dict[str, Any], out: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     written = []
     cats = result["by_category"]
     modes = [r["mode"] for r in result["summary"] if r["mode"] != "target"]
     if cats and modes:
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(cats) * max(1, len(modes)) / 2 + 3), 4))
+        fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(cats) * max(1, len(modes)) / 2 + 3), 4.6))
         width = 0.8 / len(modes)
         names = sorted(cats)
         for j, mode in enumerate(modes):
             values = [cats[c].get(mode) or 0.0 for c in names]
             ax.bar([i + j * width for i in range(len(names))], values, width, label=mode)
-        ax.axhline(1.0, color="black", linewidth=0.8)
+        top = max([1.0, *(v or 0.0 for c in names for v in cats[c].values())])
+        ax.set_ylim(0, 1.2 * top)
+        ax.axhline(1.0, color="black", linewidth=0.9, linestyle="--")
+        ax.annotate("1.0x: the target alone", (0.0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                    textcoords="offset points", ha="left", va="bottom", fontsize="small")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right")
         ax.set_ylabel("speedup over target (geometric mean)")
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out / "speedup_by_category.png", dpi=100)
+        ax.legend(fontsize="small", loc="upper right", ncols=len(modes))
+        _save(fig, out / "speedup_by_category.png", _title(result, "Speedup by category"))
         plt.close(fig)
         written.append("speedup_by_category.png")
-    hists = [(r["mode"], r["accepted_length_histogram"]) for r in result["summary"]
-             if r.get("accepted_length_histogram") and r["mode"] != "target"]
+    hists = [(r["mode"], r["accepted_length_histogram"], r.get("accepted_length_histogram_loose") or {})
+             for r in result["summary"] if r.get("accepted_length_histogram") and r["mode"] != "target"]
     if hists:
-        fig, axes = plt.subplots(len(hists), 1, figsize=(6, 1.8 * len(hists) + 0.6), squeeze=False)
-        top = max(int(k) for _, h in hists for k in h)
-        for ax, (mode, h) in zip(axes[:, 0], hists):
-            ax.bar([int(k) for k in h], list(h.values()))
+        fig, axes = plt.subplots(len(hists), 1, figsize=(7, 1.9 * len(hists) + 1.2), squeeze=False)
+        top = max(int(k) for _, h, _ in hists for k in h)
+        for ax, (mode, h, loose) in zip(axes[:, 0], hists):
+            lengths = [int(k) for k in h]
+            with_loose = [loose.get(k, 0) for k in h]
+            exact_only = [n - m for n, m in zip(h.values(), with_loose)]
+            ax.bar(lengths, exact_only, color="tab:green", label="exact matches only")
+            if any(with_loose):
+                ax.bar(lengths, with_loose, bottom=exact_only, color="gold", label="with a loose accept")
             ax.set_xlim(0.5, top + 0.5)
-            ax.set_ylabel(mode)
+            ax.set_ylim(0, 1.35 * max(h.values()))  # room for the legend above the bars
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel(f"{mode}\nrounds")
+            ax.legend(fontsize="x-small", loc="upper center", ncols=2)
         axes[-1, 0].set_xlabel("tokens per round (accepted + correction/bonus)")
-        fig.tight_layout()
-        fig.savefig(out / "accepted_lengths.png", dpi=100)
+        _save(fig, out / "accepted_lengths.png", _title(result, "Tokens per round"))
         plt.close(fig)
         written.append("accepted_lengths.png")
     return written
@@ -139,6 +214,12 @@ def write(result: dict[str, Any], out: Path, *, with_plots: bool = True) -> list
     _replace(out / "results.json", json.dumps(result, indent=1, allow_nan=False, default=_json_default) + "\n")
     _replace(out / "summary.md", markdown(result))
     return files
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
 def read(out: Path) -> dict[str, Any] | None:
@@ -159,9 +240,3 @@ def _replace(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")

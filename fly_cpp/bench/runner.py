@@ -57,7 +57,7 @@ class Runner:
         if any(m.peer for m in modes) and peer is None:
             raise ValueError("peer modes need a Peer")
         self.engine, self.modes, self.config, self.peer = engine, list(modes), config, peer
-        reserve = config.max_tokens + max((m.k or 0) for m in modes) + 2
+        reserve = config.max_tokens + max(m.max_draft for m in modes) + 2
         self.renderer = PromptRenderer(engine, template=config.template, reserve=reserve, system=config.system)
 
     def _generate(self, mode: Mode, rendered: Rendered, max_tokens: int) -> dict[str, Any]:
@@ -70,11 +70,13 @@ class Runner:
         self.engine.prefill(rendered.tokens)
         gen = self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
                                    max_tokens=max_tokens)
-        loose = [i for i, step in enumerate(gen) if step.loose]
+        steps = list(gen)
+        loose_at = [i for i, step in enumerate(steps) if step.loose]
         stats = gen.stats.as_dict()
-        stats["accepted_lengths"] = list(gen.stats.accepted_lengths)
+        stats["accepted_lengths"] = list(gen.stats.accepted_lengths)  # per round, 1-based round i at i - 1
+        stats["loose_rounds"] = sorted({steps[i].round for i in loose_at})  # rounds that kept a token loosely
         return {"stats": stats, "tokens": gen.tokens, "text": gen.text, "finish_reason": gen.finish_reason,
-                "loose_at": loose}
+                "loose_at": loose_at}
 
     def warm_up(self, rendered: Rendered) -> None:
         for mode in self.modes:

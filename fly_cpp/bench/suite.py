@@ -86,7 +86,7 @@ def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], confi
         "target": os.path.basename(info.target.path), "draft": os.path.basename(draft) if draft else None,
         "target_path": info.target.path, "draft_path": draft, "n_ctx": info.n_ctx,
         "n_threads": info.n_threads, "max_tokens": config.max_tokens,
-        "k": sorted({m.k for m in modes if m.k is not None}) or [m.spec.k for m in modes if m.spec][:1],
+        "k": sorted({m.k for m in modes if m.k is not None}, key=str) or [m.spec.k for m in modes if m.spec][:1],
         "modes": {m.label: _mode_settings(m) for m in modes},
         "templated": runner.renderer.template is not None, "temperature": config.sampling.temperature,
         "sampling": _plain(dataclasses.asdict(config.sampling)), "system": config.system,
@@ -98,7 +98,7 @@ def run_benchmark(engine: Engine, dataset: Dataset, modes: Sequence[Mode], confi
         _check_resume(previous, meta, modes, [p.id for p in prompts])
         done = list(previous.get("records", []))
         meta["modes"] = {**previous["meta"].get("modes", {}), **meta["modes"]}
-        meta["k"] = sorted(set(previous["meta"].get("k", [])) | set(meta["k"]))
+        meta["k"] = sorted(set(previous["meta"].get("k", [])) | set(meta["k"]), key=str)
         meta["started"] = previous["meta"].get("started", meta["started"])
     ids = {p.id for p in prompts}
     others = [r for r in done if r["prompt_id"] not in ids]  # prompts this run does not select

@@ -75,7 +75,7 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
         "tokens_per_second": n_tokens / seconds if seconds > 0 else None,
         "speedup_median": median(r.get("speedup") for r in recs),
         "speedup_geomean": geomean(r.get("speedup") for r in recs),
-        "n_rounds": rounds, "mean_accepted": n_tokens / rounds if rounds else None,
+        "n_rounds": rounds, "mean_accepted": (n_tokens + total("n_eog")) / rounds if rounds else None,
         "n_drafted": total("n_drafted"),
     }
     if out["peer"]:
@@ -92,6 +92,10 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
     host_s = total("host_seconds")
     per_round = lambda x: 1000.0 * x / rounds if rounds else None  # noqa: E731
     hist = Counter(n for s in stats for n in s.get("accepted_lengths", []))
+    drafts: Counter[int] = Counter()
+    for s in stats:
+        drafts.update({int(k): v for k, v in (s.get("draft_lengths") or {}).items()})
+    loose = Counter(s["accepted_lengths"][r - 1] for s in stats for r in s.get("loose_rounds", []))
     nll = mean(r.get("nll") for r in recs)
     out.update(
         n_exact=total("n_exact"), n_loose=total("n_loose"), n_gate_rejected=total("n_gate_rejected"),
@@ -105,6 +109,9 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
         nll=nll, nll_ratio=_ratio(mean(r.get("nll") for r in recs if r["prompt_id"] in ref_nll),
                                   mean(ref_nll[r["prompt_id"]] for r in recs if r["prompt_id"] in ref_nll)),
         accepted_length_histogram={str(k): hist[k] for k in sorted(hist)},
+        accepted_length_histogram_loose={str(k): loose[k] for k in sorted(loose)},  # rounds with a loose accept
+        draft_length_histogram={str(k): drafts[k] for k in sorted(drafts)},  # tokens drafted -> rounds
+        mean_draft_length=total("n_drafted") / rounds if rounds else None,
     )
     out["efficiency"] = _ratio(out["speedup_geomean"], out["ideal_speedup_geomean"])
     ends = [r["finish_reason"] for r in recs if r.get("finish_reason")]

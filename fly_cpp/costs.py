@@ -1,0 +1,232 @@
+"""What a forward pass costs on this machine: measured, cached, and kept current.
+
+A round of speculative decoding pays for drafting (one draft decode per step, plus the rows it
+catches up on) and for one target decode of the drafted rows plus one. Whether that beats a
+plain target decode depends on the machine, the models, their quantization, the threads and
+the offload, so nothing here is assumed: ``measure`` times llama_decode on a context for a few
+batch sizes (``Curve``: seconds by rows, linear in between), ``calibrate`` does it for a pair
+and caches the result in ``<cache>/costs.json`` under a key made of everything that changes
+it (the model files, the settings they are loaded with, the machine and the llama.cpp build),
+and ``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a
+GPU, a throttled CPU are handled alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import statistics
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+
+from fly_cpp._llama import Context, backend_version
+from fly_cpp.config import ModelSettings
+
+TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
+DRAFT_ROWS = (1, 2, 4, 8, 16, 32)
+REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the median kept
+MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
+MAX_REPEATS = 15
+SMOOTHING = 0.1  # weight of one round in the running scale
+MAX_ENTRIES = 64
+_file_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds of one llama_decode by number of rows: measured at ``rows``, linear between
+    them and beyond the last two."""
+
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, n: int) -> float:
+        rows, secs = self.rows, self.seconds
+        if n <= rows[0] or len(rows) == 1:
+            return secs[0] * max(n, 0) / rows[0] if n < rows[0] else secs[0]
+        for i in range(1, len(rows)):
+            if n <= rows[i] or i == len(rows) - 1:
+                lo, hi = rows[i - 1], rows[i]
+                return secs[i - 1] + (secs[i] - secs[i - 1]) * (n - lo) / (hi - lo)
+        raise AssertionError("unreachable")
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(r): round(s * 1e3, 3) for r, s in zip(self.rows, self.seconds)}
+
+
+def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+    """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
+    after each (the cache is left as it was). A decode of more rows never costs less than one
+    of fewer (the curve is made non-decreasing: timing noise must not make batches look free)."""
+    base = len(ctx.tokens)
+    sizes = [r for r in rows if r <= min(ctx.n_batch, ctx.n_ctx - base)] or [1]
+    seconds: list[float] = []
+    for r in sizes:
+        times: list[float] = []
+        for rep in range(MAX_REPEATS + 1):
+            t0 = perf_counter()
+            ctx.decode([token] * r, logits="all")
+            if rep:  # the first is a warm-up (caches, allocations)
+                times.append(perf_counter() - t0)
+            ctx.truncate(base)
+            if len(times) >= repeats and sum(times) >= MIN_SECONDS:
+                break
+        seconds.append(max(statistics.median(times), seconds[-1] if seconds else 0.0))
+    return Curve(tuple(sizes), tuple(seconds))
+
+
+def _identity(settings: ModelSettings, threads: int) -> dict[str, object]:
+    stat = os.stat(settings.path)
+    loaded = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("path", "n_ctx", "n_threads")}
+    return {"path": os.path.abspath(settings.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "threads": threads, **loaded}
+
+
+def _machine() -> dict[str, object]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"machine": platform.machine(), "cpu": model or platform.processor(), "cores": os.cpu_count(),
+            "llama.cpp": backend_version()}
+
+
+def cache_path() -> Path:
+    root = os.environ.get("FLY_CPP_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "fly-cpp")
+    return Path(root).expanduser() / "costs.json"
+
+
+def cache_key(target: ModelSettings, target_threads: int, draft: ModelSettings | None, draft_threads: int) -> str:
+    parts = {"target": _identity(target, target_threads),
+             "draft": _identity(draft, draft_threads) if draft is not None else None, "on": _machine()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _load_cache() -> dict[str, dict[str, object]]:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _curve(entry: object) -> Curve | None:
+    try:
+        rows, secs = entry["rows"], entry["seconds"]  # type: ignore[index]
+        curve = Curve(tuple(int(r) for r in rows), tuple(float(s) for s in secs))
+        return curve if curve.rows and len(curve.rows) == len(curve.seconds) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class Costs:
+    """The cost model of one pair: calibrated curves times running scales."""
+
+    def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False) -> None:
+        self.target_curve, self.draft_curve = target, draft
+        self.cached = cached  # the curves came from the cache, not from a measurement now
+        self.target_scale = self.draft_scale = 1.0
+        self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
+
+    def target(self, rows: int) -> float:
+        """Seconds of one target decode of ``rows`` rows, now."""
+        return self.target_curve(rows) * self.target_scale
+
+    def draft(self, rows: int) -> float:
+        """Seconds of one draft decode of ``rows`` rows, now (0 without a draft model)."""
+        return self.draft_curve(rows) * self.draft_scale if self.draft_curve is not None else 0.0
+
+    def observe_target(self, rows: int, seconds: float) -> None:
+        self.target_scale = _blend(self.target_scale, seconds / self.target_curve(rows))
+
+    def observe_host(self, seconds: float) -> None:
+        self.host = max(seconds, 0.0) if self.host == 0 else (1 - SMOOTHING) * self.host + SMOOTHING * max(seconds, 0.0)
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        if self.draft_curve is not None and rows > 0:
+            self.draft_scale = _blend(self.draft_scale, seconds / self.draft_curve(rows))
+
+    def as_dict(self) -> dict[str, object]:
+        """Milliseconds by rows, as calibrated, and the running scales."""
+        return {"target_ms": self.target_curve.as_dict(),
+                "draft_ms": self.draft_curve.as_dict() if self.draft_curve is not None else None,
+                "target_scale": round(self.target_scale, 3), "draft_scale": round(self.draft_scale, 3),
+                "host_ms": round(self.host * 1e3, 3),
+                "cached": self.cached}
+
+
+def _blend(scale: float, ratio: float) -> float:
+    return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.2), 5.0)
+
+
+def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,
+              draft_settings: ModelSettings | None, token: int, *, refresh: bool = False) -> Costs:
+    """The pair's cost model: from the cache when this pair, loaded this way on this machine,
+    was measured before (unless ``refresh``), else measured now (a few seconds at most) and
+    cached."""
+    key = cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
+    entry = _load_cache().get(key) if not refresh else None
+    if entry is not None:
+        t = _curve(entry.get("target"))
+        d = _curve(entry.get("draft")) if draft is not None else None
+        if t is not None and (draft is None or d is not None):
+            return Costs(t, d, cached=True)
+    t = measure(target, TARGET_ROWS, token)
+    d = measure(draft, DRAFT_ROWS, token) if draft is not None else None
+    _store(key, t, d)
+    return Costs(t, d)
+
+
+def _store(key: str, target: Curve, draft: Curve | None) -> None:
+    with _file_lock:
+        data = _load_cache()
+        data.pop(key, None)
+        data[key] = {"target": {"rows": target.rows, "seconds": target.seconds},
+                     "draft": {"rows": draft.rows, "seconds": draft.seconds} if draft is not None else None}
+        while len(data) > MAX_ENTRIES:  # the oldest entries go first
+            data.pop(next(iter(data)))
+        path = cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only home: measure again next time
+
+
+def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,
+                auto: bool) -> str | None:
+    """One line when a generation ran slower than the target alone would here (measured costs),
+    saying why (draft cost and verification cost against one target decode) and what to try;
+    None when it did not."""
+    single = costs.host + costs.target(1)
+    alone = 1.0 / single
+    if tokens_per_second <= 0 or tokens_per_second >= 0.95 * alone or mean_drafted <= 0:
+        return None
+    rows = max(int(round(mean_drafted)) + 1, 2)
+    advice = ("k auto was still exploring whether drafting pays on this text" if auto else
+              "try --k auto (it drafts only where that pays)") + ", or --mode target"
+    return (f"{tokens_per_second:.1f} tok/s is slower than the target alone would be here (~{alone:.1f} tok/s): "
+            f"a drafted token costs {costs.draft(1) / single:.2f} of a target decode and verifying {rows} rows "
+            f"costs {costs.target(rows) / costs.target(1):.1f} decodes, for {mean_accepted:.2f} tokens per round; "
+            f"{advice}")
+
+
+def format_curve(costs: Costs) -> str:
+    """The calibrated curves as a table: ms by rows, and each as a multiple of one target decode."""
+    single = costs.target_curve(1)
+    lines = [f"{'rows':>5} {'target ms':>10} {'x 1 row':>8} {'draft ms':>9} {'x target':>9}"]
+    for r in sorted({*costs.target_curve.rows, *(costs.draft_curve.rows if costs.draft_curve else ())}):
+        t = costs.target_curve(r)
+        d = f"{costs.draft_curve(r) * 1e3:9.2f} {costs.draft_curve(r) / single:9.2f}" if costs.draft_curve else ""
+        lines.append(f"{r:>5} {t * 1e3:10.2f} {t / single:8.2f} {d}")
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""Cost-aware speculation (``k="auto"``): how many tokens to draft, every round.
+
+A round that drafts h tokens costs the draft steps plus one target decode of h+1 rows, and
+emits 1 + (accepted drafted tokens). ``Pacer`` keeps what that means here and now:
+
+- costs: ``fly_cpp.costs`` (measured curves, scaled by real rounds);
+- acceptance: ``Acceptance``, the chance that a drafted token is kept given that every earlier
+  one in its round was, learned from the rounds (FLy's loose accepts count as kept), by the
+  draft's own confidence in the token (its top probability) and on average; n-gram guesses
+  have their own.
+
+Each round it picks the plan with the most expected tokens per second: a plain target decode
+(no draft call at all), an n-gram guess (no draft decode), or drafting with the draft model.
+While the draft model drafts, it stops as soon as one more step is expected to add fewer tokens
+per second than the pace the rounds have been keeping, and leaves trailing tokens out of the
+batch when verifying them costs more than they are worth. When speculation does not pay it
+still explores now and then (less often after each fruitless try) so that it notices when the
+text turns predictable again; when even a draft that is always right could not pay, it never
+drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fly_cpp import ngram
+from fly_cpp.costs import Costs
+from fly_cpp.drafters import Drafter, ModelDrafter
+
+BINS = 10  # confidence bins of the acceptance model
+PRIOR = 2.0  # pseudo-observations of the prior in each bin (prior mean: the bin's confidence)
+MEMORY = 0.99  # weight of old acceptance evidence per new observation (recent text counts more)
+PACE = 0.1  # weight of one round in the running pace (tokens per second)
+PATIENCE = 4  # rounds between explorations at first, and again after a fruitful one
+EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
+OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
+REST = 32  # rounds without planning when no speculation at all can pay (costs are checked again after)
+
+
+class Acceptance:
+    """P(a drafted token is kept | the earlier ones in its round were), overall and by the
+    draft's confidence in it."""
+
+    def __init__(self, prior: float = 0.5) -> None:
+        self.hits = [0.0] * BINS
+        self.trials = [0.0] * BINS
+        self.all_hits, self.all_trials, self.prior = 0.0, 0.0, prior
+
+    def mean(self) -> float:
+        return (self.all_hits + PRIOR * self.prior) / (self.all_trials + PRIOR)
+
+    def __call__(self, confidence: float | None) -> float:
+        if confidence is None:
+            return self.mean()
+        b = min(int(confidence * BINS), BINS - 1)
+        return (self.hits[b] + PRIOR * (b + 0.5) / BINS) / (self.trials[b] + PRIOR)
+
+    def observe(self, confidences: Sequence[float | None], kept: int) -> None:
+        """One round: the first ``kept`` drafted tokens were kept, the next one (if any) was not."""
+        for i, q in enumerate(confidences[: kept + 1]):
+            hit = float(i < kept)
+            self.all_hits = self.all_hits * MEMORY + hit
+            self.all_trials = self.all_trials * MEMORY + 1
+            if q is not None:
+                b = min(int(q * BINS), BINS - 1)
+                self.hits = [h * MEMORY for h in self.hits]
+                self.trials = [t * MEMORY for t in self.trials]
+                self.hits[b] += hit
+                self.trials[b] += 1
+
+
+@dataclass
+class Pacer:
+    """The controller's state for one engine and mode (it carries over between generations).
+    ``load`` gives the cost model; it is called on first use, inside a generation."""
+
+    load: Callable[[], Costs]
+    k_max: int
+    model: Acceptance = field(default_factory=lambda: Acceptance(0.6))
+    guesses: Acceptance = field(default_factory=lambda: Acceptance(0.3))
+    pace: float = 0.0  # tokens per second the recent rounds kept (0: none yet)
+    idle: int = 0  # rounds since speculation was last tried
+    patience: int = PATIENCE  # rounds to wait before the next exploration
+    rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay)
+    plans: dict[str, int] = field(default_factory=lambda: {"target": 0, "ngram": 0, "draft": 0, "explore": 0})
+    _costs: Costs | None = None
+
+    @property
+    def costs(self) -> Costs:
+        if self._costs is None:
+            self._costs = self.load()
+        return self._costs
+
+    def floor(self) -> float:
+        """The pace to beat: what the rounds achieve lately, and at least the target's own."""
+        return max(self.pace, 1.0 / (self.costs.host + self.costs.target(1)))
+
+    def best(self, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
+        """(tokens per second, h) of the best draft length h <= h_max for a round whose first
+        draft step costs ``first`` seconds and later ones ``step``, each token kept with
+        probability ``accept`` given the earlier ones were."""
+        host = self.costs.host
+        best, best_h, expected, p = 1.0 / (host + self.costs.target(1)), 0, 1.0, 1.0
+        for h in range(1, h_max + 1):
+            p *= accept
+            expected += p
+            rate = expected / (host + first + (h - 1) * step + self.costs.target(h + 1))
+            if rate > best:
+                best, best_h = rate, h
+        return best, best_h
+
+    def plan(self, limit: int, lag: int, guess: Callable[[], int], has_draft: bool) -> tuple[str, int]:
+        """This round's plan: ("target", 0), ("ngram", n) or ("draft", max tokens). ``lag``:
+        tokens the draft model must catch up on; ``guess()``: the length of the n-gram guess
+        (asked only when a guess could pay)."""
+        if limit <= 0 or self.rest > 0:
+            self.rest = max(self.rest - 1, 0)
+            return self._chose("target", 0)
+        target_rate = 1.0 / (self.costs.host + self.costs.target(1))
+        g_rate, g = 0.0, 0
+        if self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0 and (n := guess()):
+            g_rate, g = self.best(self.guesses.mean(), min(n, limit), 0.0, 0.0)
+        d_rate, d, could = 0.0, 0, False
+        if has_draft:
+            first, step = self.costs.draft(lag + 1), self.costs.draft(1)
+            d_rate, d = self.best(self.model.mean(), limit, first, step)
+            could = self.best(1.0, limit, first, step)[1] > 0
+        if max(g_rate, d_rate) > target_rate:
+            return self._chose("ngram", g) if g_rate >= d_rate else self._chose("draft", limit)
+        if could:  # drafting could pay if the draft were right more often: try it now and then,
+            self.idle += 1  # as far as it would pay if the draft were right as often as it is at best
+            if self.idle >= self.patience:
+                return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
+        elif not self.best(1.0, limit, 0.0, 0.0)[1]:  # not even free, always right guesses pay: rest a while
+            self.rest = REST
+        return self._chose("target", 0)
+
+    def _chose(self, kind: str, n: int) -> tuple[str, int]:
+        self.plans[kind] += 1
+        if kind != "target":
+            self.idle = 0
+        return kind, n
+
+    def more(self, drafted: int, kept: float, accept: float) -> bool:
+        """After ``drafted`` tokens whose chance to be all kept is ``kept``: is one more draft
+        step worth its cost at the recent pace?"""
+        step, base = self.costs.draft(1), self.costs.target(drafted + 1)
+        gain, p = 0.0, kept
+        for h in range(1, self.k_max - drafted + 1):
+            p *= accept
+            gain += p
+            if gain / (h * step + self.costs.target(drafted + 1 + h) - base) >= self.floor():
+                return True
+        return False
+
+    def trim(self, chances: Sequence[float]) -> int:
+        """How many drafted tokens to verify: trailing ones whose chance to be kept is worth
+        less than the target rows they add are left out. ``chances[i]``: all of 0..i kept."""
+        n = len(chances)
+        while n > 0 and chances[n - 1] < (self.costs.target(n + 1) - self.costs.target(n)) * self.floor():
+            n -= 1
+        return n
+
+    def observe(self, kind: str, confidences: Sequence[float | None], kept: int, emitted: int,
+                seconds: float) -> None:
+        """A verified round: how many drafted tokens were kept, how many tokens it emitted, and
+        how long it took (drafting and verifying)."""
+        if kind in ("draft", "explore"):
+            self.model.observe(confidences, kept)
+        if kind == "explore":  # a fruitful try makes the next one come soon, a fruitless one later
+            self.patience = PATIENCE if 2 * kept >= len(confidences) else min(self.patience * 2, EXPLORE_MAX)
+        elif kind == "ngram":
+            self.guesses.observe(confidences, kept)
+        if seconds > 0:
+            rate = emitted / seconds
+            self.pace = rate if self.pace == 0 else (1 - PACE) * self.pace + PACE * rate
+
+    def as_dict(self) -> dict[str, object]:
+        return {"plans": dict(self.plans), "acceptance": round(self.model.mean(), 3),
+                "ngram_acceptance": round(self.guesses.mean(), 3), "tokens_per_second": round(self.pace, 2),
+                "costs": self._costs.as_dict() if self._costs is not None else None}
+
+
+class PacedDrafter:
+    """Drafts what the pacer plans each round, with the engine's drafter (the draft model's,
+    when there is one) or n-gram lookup. The loop tells it how each round went (``observe``)."""
+
+    def __init__(self, inner: Drafter, pacer: Pacer, ngram_max: int, ngram_tokens: int, use_ngram: bool) -> None:
+        self.inner, self.pacer = inner, pacer
+        self.model = inner if isinstance(inner, ModelDrafter) else None
+        self.ngram_max, self.ngram_tokens, self.use_ngram = ngram_max, ngram_tokens, use_ngram
+        self.kind = "target"
+        self.confidences: list[float | None] = []
+
+    def draft(self, committed: Sequence[int], limit: int) -> list[int]:
+        guess: list[int] = []
+
+        def lookup() -> int:
+            guess.extend(ngram.lookup(committed, self.ngram_max, min(self.ngram_tokens, limit)))
+            return len(guess)
+
+        lag = self.model.lag(committed) if self.model is not None else 0
+        self.kind, n = self.pacer.plan(limit, lag, lookup if self.use_ngram else lambda: 0, self.model is not None)
+        if self.kind == "ngram":
+            self.confidences = [None] * n
+            return guess[:n]
+        if self.kind in ("draft", "explore") and self.model is not None:
+            out = self.model.draft(committed, n, self.pacer if self.kind == "draft" else None, confident=True)
+            self.confidences = list(self.model.confidences)
+            return out
+        self.confidences = []
+        return []
+
+    def observe(self, kept: int, emitted: int, draft_seconds: float, target_rows: int, target_seconds: float,
+                round_seconds: float) -> None:
+        costs = self.pacer.costs
+        costs.observe_target(target_rows, target_seconds)
+        costs.observe_host(round_seconds - draft_seconds - target_seconds)
+        verified = self.confidences[: target_rows - 1]  # a draft may have been dropped (n_min)
+        self.pacer.observe(self.kind if verified else "target", verified, kept, emitted, round_seconds)

@@ -1,0 +1,59 @@
+"""The cost model: curves measured on a real context, cached per pair/settings/machine, scaled
+by real rounds; and the one-line note when speculation was slower than the target alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from fly_cpp import Engine, ModelSettings
+from fly_cpp.costs import Costs, Curve, cache_key, calibrate, format_curve, measure, slower_note
+from fly_cpp._llama import Context, Model
+
+MS = 1e-3
+
+
+def test_curve_interpolates_and_extrapolates():
+    c = Curve((1, 2, 4), (10 * MS, 14 * MS, 20 * MS))
+    assert c(1) == 10 * MS and c(3) == pytest.approx(17 * MS) and c(6) == pytest.approx(26 * MS)
+    assert c.as_dict() == {"1": 10.0, "2": 14.0, "4": 20.0}
+
+
+def test_measure_leaves_the_cache_as_it_was_and_never_decreases(stories):
+    with Model(stories) as m, Context(m, n_ctx=256, n_threads=1) as ctx:
+        ctx.decode(m.tokenize("Once upon a time"), logits="none")
+        before = list(ctx.tokens)
+        curve = measure(ctx, (1, 2, 4, 8), token=m.bos)
+        assert ctx.tokens == before and curve.rows == (1, 2, 4, 8)
+        assert all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:])) and curve.seconds[0] > 0
+
+
+def test_calibration_is_cached_by_pair_settings_and_machine(stories, stories_draft, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_CACHE", str(tmp_path))
+    t, d = ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1)
+    with Engine(t, d) as e:
+        first = calibrate(e.target, t, e.draft_ctx, d, token=0)
+        again = calibrate(e.target, t, e.draft_ctx, d, token=0)
+    assert not first.cached and again.cached and again.target_curve == first.target_curve
+    assert (tmp_path / "costs.json").exists()
+    assert cache_key(t, 1, d, 1) != cache_key(t, 2, d, 1)  # other threads: measured again
+    assert cache_key(t, 1, d, 1) != cache_key(t, 1, None, 0)
+    assert "target ms" in format_curve(first)
+
+
+def test_online_scale_follows_real_rounds():
+    c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), Curve((1,), (5 * MS,)))
+    for _ in range(100):
+        c.observe_target(1, 20 * MS)  # the machine got twice as slow
+        c.observe_draft(1, 5 * MS)
+        c.observe_host(1 * MS)
+    assert c.target(1) == pytest.approx(20 * MS, rel=0.01) and c.target(4) == pytest.approx(40 * MS, rel=0.01)
+    assert c.draft(1) == pytest.approx(5 * MS, rel=0.01) and c.host == pytest.approx(1 * MS)
+
+
+def test_slower_note_says_why_and_what_to_try():
+    c = Costs(Curve((1, 2, 6), (34 * MS, 58 * MS, 133 * MS)), Curve((1,), (20 * MS,)))
+    note = slower_note(14.0, 5.0, 3.0, c, auto=False)
+    assert note is not None and "slower than the target alone" in note and "~29.4 tok/s" in note
+    assert "0.59 of a target decode" in note and "verifying 6 rows costs 3.9 decodes" in note and "--k auto" in note
+    assert slower_note(29.0, 5.0, 3.0, c, auto=False) is None  # as fast as the target: nothing to say
+    assert "exploring" in (slower_note(14.0, 5.0, 3.0, c, auto=True) or "")

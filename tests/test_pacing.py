@@ -1,0 +1,99 @@
+"""The cost-aware controller on made-up costs (no model needed): when speculation cannot pay
+it never drafts, when it pays it drafts about as far as it pays, and it explores less and less
+while the draft keeps being wrong."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fly_cpp.costs import Costs, Curve
+from fly_cpp.pacing import EXPLORE_MAX, Acceptance, Pacer
+
+MS = 1e-3
+# 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
+CPU_Q4 = Costs(Curve((1, 2, 4, 6, 9, 16), (34 * MS, 58 * MS, 93 * MS, 133 * MS, 241 * MS, 271 * MS)),
+               Curve((1, 2, 4, 8), (20 * MS, 30 * MS, 45 * MS, 80 * MS)))
+# the same target in F16: memory-bound, 16 rows cost 4 decodes
+CPU_F16 = Costs(Curve((1, 2, 4, 6, 9, 16), (86 * MS, 143 * MS, 161 * MS, 190 * MS, 233 * MS, 340 * MS)),
+                Curve((1, 2, 4, 8), (20 * MS, 30 * MS, 45 * MS, 80 * MS)))
+
+
+def pacer(costs: Costs) -> Pacer:
+    return Pacer(lambda: costs, k_max=16)
+
+
+def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float, dict[str, int]]:
+    """Run the pacer's plans against a draft whose tokens are each kept with ``accept``;
+    returns (tokens per second, plans)."""
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    for _ in range(rounds):
+        kind, limit = p.plan(16, 0, lambda: 0, True)
+        drafted, chances = 0, []
+        if kind == "explore":
+            drafted = limit
+        if kind == "draft":
+            while drafted < limit:
+                drafted += 1
+                chances.append((chances[-1] if chances else 1.0) * p.model(0.95))
+                if not p.more(drafted, chances[-1], p.model.mean()):
+                    break
+            drafted = p.trim(chances)
+        kept = 0
+        while kept < drafted and rng.random() < accept:
+            kept += 1
+        took = p.costs.target(drafted + 1) + drafted * p.costs.draft(1)
+        p.observe(kind, [0.95] * drafted, kept, kept + 1, took)
+        tokens += kept + 1
+        seconds += took
+    return tokens / seconds, dict(p.plans)
+
+
+def test_never_drafts_where_even_a_perfect_draft_loses():
+    p = pacer(CPU_Q4)
+    rate, plans = simulate(p, accept=1.0, rounds=300)
+    assert plans["draft"] == 0 and plans["ngram"] == 0
+    assert rate == pytest.approx(1 / (34 * MS))
+
+
+def test_drafts_where_it_pays_and_beats_the_target():
+    p = pacer(CPU_F16)
+    rate, plans = simulate(p, accept=0.9, rounds=300)
+    assert plans["draft"] + plans["explore"] > 250
+    assert rate > 1.3 / (86 * MS)  # well above the target alone (~1.4x is the best for this curve and draft)
+
+
+def test_explores_less_and_less_while_the_draft_is_wrong():
+    p = pacer(CPU_F16)
+    _, plans = simulate(p, accept=0.05, rounds=2000)
+    assert plans["draft"] == 0 and 0 < plans["explore"] < 20 and p.patience == EXPLORE_MAX
+    rate, _ = simulate(p, accept=0.05, rounds=500, seed=1)
+    assert rate > 0.97 / (86 * MS)  # exploring costs little
+
+
+def test_recovers_when_the_draft_turns_right_again():
+    p = pacer(CPU_F16)
+    simulate(p, accept=0.05, rounds=300)
+    before = p.plans["draft"]
+    simulate(p, accept=0.95, rounds=1200, seed=2)
+    assert p.plans["draft"] - before > 600  # from the first fruitful exploration on
+
+
+def test_free_guesses_that_are_right_pay_even_on_a_compute_bound_target():
+    p = pacer(CPU_Q4)
+    for _ in range(50):
+        p.guesses.observe([None] * 6, 6)  # n-gram guesses kept in full lately (repeated code)
+    kind, n = p.plan(16, 0, lambda: 6, False)
+    assert kind == "ngram" and n >= 4
+    fresh = pacer(CPU_Q4)
+    assert fresh.plan(16, 0, lambda: 6, False) == ("target", 0)  # no evidence: too costly to try
+
+
+def test_acceptance_by_confidence():
+    a = Acceptance()
+    for _ in range(200):
+        a.observe([0.95, 0.15], 1)  # confident tokens kept, unsure ones not
+    assert a(0.97) > 0.9 and a(0.1) < 0.1 and 0.3 < a.mean() < 0.7
+    assert Acceptance()(0.85) == (0.85 * 0 + 2.0 * 0.85) / 2.0  # the prior: the bin's confidence
