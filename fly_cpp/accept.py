@@ -26,6 +26,8 @@ The parts of a round, named once and used with these words everywhere in fly-cpp
     when sampling.
   - *code blocks*: with ``loose_in_code`` off, no mismatch inside a ``` code block of the
     answer is loosened (there a different token is a different program more often than not).
+  - *numbers*: with ``loose_digits`` off, no mismatch where the drafted or the target's token
+    holds a digit is loosened (a different digit is a different quantity, not a paraphrase).
   A safeguard only ever removes loose accepts: every one is an extra AND in the rule.
 
 Window semantics: ``window`` W counts the mismatch itself (the authors' released code).
@@ -61,6 +63,7 @@ class AcceptPolicy:
     min_ratio: loosen only where p(d)/p(top) >= min_ratio (0 = off).
     supported: loosen only where the target's sampler could produce the drafted token.
     loose_in_code: loosen inside ``` code blocks too (False = never there).
+    loose_digits: loosen where the drafted or the target's token holds a digit too.
     """
 
     window: int = 6
@@ -69,6 +72,7 @@ class AcceptPolicy:
     min_ratio: float = 0.0
     supported: bool = False
     loose_in_code: bool = True
+    loose_digits: bool = True
 
     @staticmethod
     def exact() -> AcceptPolicy:
@@ -82,7 +86,8 @@ class AcceptPolicy:
     @property
     def guarded(self) -> bool:
         """Whether any safeguard is on (then ``Facts`` are needed to loosen anything)."""
-        return self.top_n > 0 or self.min_ratio > 0 or self.supported or not self.loose_in_code
+        return (self.top_n > 0 or self.min_ratio > 0 or self.supported or not self.loose_in_code
+                or not self.loose_digits)
 
 
 @dataclass(frozen=True)
@@ -95,16 +100,18 @@ class Facts:
     rank: how many tokens the target scores strictly above d_i (0: d_i is its top token).
     supported: the target's sampler gives d_i a non-zero probability (greedy: a finite logit).
     in_code: d_i starts inside a ``` code block of the answer.
+    digits: d_i or the target's token t_i there holds a digit.
     """
 
     log_ratio: np.ndarray | None = None
     rank: np.ndarray | None = None
     supported: np.ndarray | None = None
     in_code: np.ndarray | None = None
+    digits: np.ndarray | None = None
 
     def tail(self, start: int) -> Facts:
         cut = lambda a: None if a is None else np.asarray(a)[start:]  # noqa: E731
-        return Facts(cut(self.log_ratio), cut(self.rank), cut(self.supported), cut(self.in_code))
+        return Facts(cut(self.log_ratio), cut(self.rank), cut(self.supported), cut(self.in_code), cut(self.digits))
 
 
 def admitted(policy: AcceptPolicy, facts: Facts | None, m: int) -> np.ndarray:
@@ -129,6 +136,8 @@ def admitted(policy: AcceptPolicy, facts: Facts | None, m: int) -> np.ndarray:
         ok &= sup.astype(bool)
     if not policy.loose_in_code and (code := need(f.in_code)) is not None:
         ok &= ~code.astype(bool)
+    if not policy.loose_digits and (digits := need(f.digits)) is not None:
+        ok &= ~digits.astype(bool)
     return ok
 
 

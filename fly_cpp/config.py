@@ -137,6 +137,8 @@ class SpecSettings:
         "fly, guarded: loosen a mismatch only where the drafted token is among the target's n most likely; 0 = any"))
     loose_in_code: bool = field(default=True, metadata=_help(
         "fly, guarded: loosen mismatches inside ``` code blocks of the answer too"))
+    loose_digits: bool = field(default=True, metadata=_help(
+        "fly, guarded: loosen mismatches where the drafted or the target's token holds a digit too"))
     ngram: bool = field(default=True, metadata=_help("speed up the drafter with n-gram lookup"))
     ngram_max: int = field(default=4, metadata=_help("longest n-gram looked up"))
     ngram_tokens: int = field(default=6, metadata=_help("tokens proposed per n-gram hit"))
@@ -193,7 +195,8 @@ class SpecSettings:
         if self.fly_rule == "paper":
             return AcceptPolicy(self.window, self.entropy_threshold)
         return AcceptPolicy(self.window, self.entropy_threshold, top_n=self.loose_top_n,
-                            min_ratio=self.loose_min_ratio, supported=True, loose_in_code=self.loose_in_code)
+                            min_ratio=self.loose_min_ratio, supported=True, loose_in_code=self.loose_in_code,
+                            loose_digits=self.loose_digits)
 
 
 @dataclass(frozen=True)

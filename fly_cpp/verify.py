@@ -18,7 +18,8 @@ draws (``fly_cpp.sampling``: a draw depends only on the seed, the position and t
 A guarded policy's safeguards read ``accept.Facts``, computed like the entropies only at the
 rows where they can change the verdict (candidate mismatches): the drafted token's logit against
 the row's largest (ratio and rank, read in place), whether the target's sampler could draw it,
-and whether it sits in a code block of the answer (``fences``, from the tokens' bytes).
+whether it sits in a code block of the answer (``fences``, from the tokens' bytes), and whether
+it or the target's token there spells a digit.
 """
 
 from __future__ import annotations
@@ -43,9 +44,12 @@ class Verifier:
         self.policy = request.spec.policy()
         self.sampler = Sampler(request.sampling, request.seed)
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
+        self.piece = piece
 
-    def facts(self, logits: np.ndarray, drafted: list[int], committed: list[int], at: np.ndarray) -> Facts | None:
-        """The safeguards' facts at rows ``at`` (None when the policy has none or ``at`` is empty)."""
+    def facts(self, logits: np.ndarray, drafted: list[int], committed: list[int], at: np.ndarray,
+              chosen: np.ndarray) -> Facts | None:
+        """The safeguards' facts at rows ``at`` (None when the policy has none or ``at`` is empty);
+        ``chosen``: the target's token per row."""
         policy, m = self.policy, len(drafted)
         if not policy.guarded or not at.size:
             return None
@@ -53,6 +57,7 @@ class Verifier:
         log_ratio = np.full(m, np.nan) if policy.min_ratio > 0 else None
         rank = np.zeros(m, dtype=np.int64) if policy.top_n > 0 else None
         supported = np.zeros(m, dtype=bool) if policy.supported else None
+        digits = np.zeros(m, dtype=bool) if not policy.loose_digits and self.piece is not None else None
         for i in at:
             row, d = logits[i], drafted[i]  # row: a view of llama.cpp's buffer
             logit = row[d]
@@ -65,8 +70,10 @@ class Verifier:
                     supported[i] = bool((self.sampler.distribution(row, committed + drafted[:i])[0] == d).any())
                 else:
                     supported[i] = bool(np.isfinite(logit))
+            if digits is not None:
+                digits[i] = any(c in b"0123456789" for t in (d, int(chosen[i])) for c in self.piece(t))
         in_code = None if self.fences is None else self.fences.inside(committed, drafted)
-        return Facts(log_ratio, rank, supported, in_code)
+        return Facts(log_ratio, rank, supported, in_code, digits)
 
     def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, cross_round: bool = False,
                  window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray]:
@@ -98,8 +105,9 @@ class Verifier:
                 # contiguous row slices are views of llama.cpp's buffer; fancy indexing would copy them
                 for i in need:
                     entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
-            facts = self.facts(logits, drafted, committed, need)
+            facts = self.facts(logits, drafted, committed, need, chosen)
             return judge(draft_ids, chosen, entropy, policy, facts=facts, **options), chosen
         second = np.array([sampler.sample(logits[i], history(i), stream=1) for i in range(m)])
-        facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)))
+        facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)),
+                           chosen)
         return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts, **options), chosen

@@ -267,6 +267,13 @@ def test_support_guard(supported, result):
     assert outcome(guarded(facts=at0(supported=supported), supported=True)) == result
 
 
+@pytest.mark.parametrize("digits, loose_digits, result", [
+    (True, False, REFUSED),   # "$80,000" drafted as "$130,000": a number is not a paraphrase
+    (False, False, KEPT), (True, True, KEPT)])
+def test_digits(digits, loose_digits, result):
+    assert outcome(guarded(facts=at0(digits=digits), loose_digits=loose_digits)) == result
+
+
 @pytest.mark.parametrize("in_code, loose_in_code, result", [
     (True, False, REFUSED), (False, False, KEPT), (True, True, KEPT)])
 def test_code_blocks(in_code, loose_in_code, result):
@@ -275,14 +282,15 @@ def test_code_blocks(in_code, loose_in_code, result):
 
 
 def test_a_guard_without_its_facts_keeps_exact_matches_only():
-    for policy in ({"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code": False}):
+    for policy in ({"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code": False},
+                   {"loose_digits": False}):
         assert outcome(guarded(facts=Facts(), **policy)) == REFUSED
         assert outcome(guarded(facts=None, **policy)) == REFUSED
 
 
 def test_the_paper_rule_reads_no_facts():
     nothing = Facts(log_ratio=np.full(8, -50.0), rank=np.full(8, 999), supported=np.zeros(8, bool),
-                    in_code=np.ones(8, bool))
+                    in_code=np.ones(8, bool), digits=np.ones(8, bool))
     paper = AcceptPolicy(6, 0.3)
     assert not paper.guarded and admitted(paper, None, 8).all()
     assert outcome(guarded(facts=nothing)) == KEPT
@@ -329,8 +337,8 @@ def test_facts_are_sliced_after_a_confirmed_window():
     assert v.confirmed and (v.accepted, v.loose, v.next_token, v.guard_rejected) == (5, (2,), 6, True)
 
 
-GUARDS = [{"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code": False},
-          {"min_ratio": 0.3, "top_n": 3, "supported": True, "loose_in_code": False}]
+GUARDS = [{"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code": False}, {"loose_digits": False},
+          {"min_ratio": 0.3, "top_n": 3, "supported": True, "loose_in_code": False, "loose_digits": False}]
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -341,7 +349,7 @@ def test_safeguards_never_add_loose_accepts(seed):
     drafted = np.where(rng.random(m) < 0.8, target[:m], rng.integers(0, 4, m))
     entropy = rng.random(m)
     facts = Facts(log_ratio=np.log(rng.random(m)), rank=rng.integers(0, 5, m), supported=rng.random(m) < 0.8,
-                  in_code=rng.random(m) < 0.5)
+                  in_code=rng.random(m) < 0.5, digits=rng.random(m) < 0.3)
     window, left = int(rng.integers(1, 8)), int(rng.integers(0, 3))
     for cross in (False, True):
         options = {"cross_round": cross, "window_left": left}
@@ -360,5 +368,6 @@ def test_safeguards_never_add_loose_accepts(seed):
             noise = Facts(np.where(need, facts.log_ratio, np.log(rng.random(m))),
                           np.where(need, facts.rank, rng.integers(0, 5, m)),
                           np.where(need, facts.supported, rng.random(m) < 0.5),
-                          np.where(need, facts.in_code, rng.random(m) < 0.5))
+                          np.where(need, facts.in_code, rng.random(m) < 0.5),
+                          np.where(need, facts.digits, rng.random(m) < 0.5))
             assert judge(drafted, target, entropy, policy, facts=noise, **options) == v

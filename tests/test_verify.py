@@ -77,7 +77,10 @@ def test_sampled_spd_keeps_exactly_the_target_draws():
 def guarded(**spec) -> Verifier:
     """A greedy verifier under the guarded rule; token 7 spells a code fence."""
     settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded", **spec)
-    return Verifier(Request((1,), settings, SamplingSettings(), 16, (), seed=0), lambda t: b"```" if t == 7 else b"a")
+    return Verifier(Request((1,), settings, SamplingSettings(), 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
+
+
+PIECES = {7: b"```", 6: b" 80", 5: b"5"}  # token 7 spells a code fence; every other token "a"
 
 
 def flat_row(top: int, second: int, ratio: float) -> np.ndarray:
@@ -100,7 +103,7 @@ def test_guarded_facts_ratio_rank_and_support():
     assert v.loose == (1,)
     v, _ = guarded(loose_top_n=1)(rows, drafted, [0])
     assert v.guard_rejected
-    facts = guarded(loose_min_ratio=0.5, loose_top_n=3).facts(rows, drafted, [0], np.array([1]))
+    facts = guarded(loose_min_ratio=0.5, loose_top_n=3).facts(rows, drafted, [0], np.array([1]), np.array(target))
     assert facts.log_ratio[1] == pytest.approx(np.log(0.6), abs=1e-6) and facts.rank[1] == 1
     assert facts.supported[1] and facts.in_code is None  # support: always checked by the guarded rule
     rows[1, 6] = -np.inf  # a token the target can never produce is never loosened
@@ -120,7 +123,7 @@ def test_guarded_sampling_refuses_what_the_sampler_cannot_draw():
     for min_p, kept in ((0.05, False), (0.0, True)):
         v = Verifier(Request((1,), spec, SamplingSettings(temperature=0.01, top_k=0, top_p=1.0, min_p=min_p), 16, (),
                              seed=0))
-        facts = v.facts(rows, [1, 6, 3, 4], [0], np.array([1]))
+        facts = v.facts(rows, [1, 6, 3, 4], [0], np.array([1]), np.array([1, 2, 3, 4, 5]))
         assert bool(facts.supported[1]) is kept
 
 
@@ -134,3 +137,16 @@ def test_guarded_code_blocks():
     assert v.loose == (1,)
     v, _ = guarded(loose_in_code=True)(rows, [1, 6, 3, 4], [0, 7])
     assert v.loose == (1,)
+
+
+def test_guarded_digits():
+    target = [1, 2, 3, 4, 5]
+    rows = logits(target, [False, True, False, False, False])
+    # drafted 6 (" 80") where the target wanted 2 ("a"): a number, refused without loose_digits
+    v, _ = guarded(loose_digits=False)(rows, [1, 6, 3, 4], [0])
+    assert (v.accepted, v.guard_rejected) == (1, True)
+    v, _ = guarded(loose_digits=True)(rows, [1, 6, 3, 4], [0])
+    assert v.loose == (1,)
+    rows = logits([1, 5, 3, 4, 5], [False, True, False, False, False])  # the target's own token is "5"
+    v, _ = guarded(loose_digits=False)(rows, [1, 2, 3, 4], [0])
+    assert (v.accepted, v.guard_rejected) == (1, True)

@@ -41,13 +41,15 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     "fly-r80": lambda s: _guarded(s, min_ratio=0.8),
     "fly-top2": lambda s: _guarded(s, top_n=2),
     "fly-r50-nocode": lambda s: _guarded(s, min_ratio=0.5, in_code=False),
+    "fly-r50-nodigits": lambda s: _guarded(s, min_ratio=0.5, digits=False),
 }
 
 
-def _guarded(s: SpecSettings, *, min_ratio: float = 0.0, top_n: int = 0, in_code: bool = True) -> SpecSettings:
+def _guarded(s: SpecSettings, *, min_ratio: float = 0.0, top_n: int = 0, in_code: bool = True,
+             digits: bool = True) -> SpecSettings:
     """FLy under the guarded rule with exactly these safeguards (whatever the defaults are)."""
     return dataclasses.replace(s, mode="fly", fly_rule="guarded", loose_min_ratio=min_ratio, loose_top_n=top_n,
-                               loose_in_code=in_code)
+                               loose_in_code=in_code, loose_digits=digits)
 
 
 @dataclass(frozen=True)

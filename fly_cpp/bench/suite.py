@@ -28,8 +28,8 @@ from fly_cpp.errors import FlyError
 SAME_RUN = ("dataset", "target", "draft", "max_tokens", "templated", "system", "sampling")
 # settings that change nothing in a mode that does not loosen (and the safeguards under the paper's rule)
 LOOSENING = ("window", "entropy_threshold", "fly_rule", "loose_min_ratio", "loose_top_n", "loose_in_code",
-             "cross_round", "cross_round_confidence")
-SAFEGUARDS = ("loose_min_ratio", "loose_top_n", "loose_in_code")
+             "loose_digits", "cross_round", "cross_round_confidence")
+SAFEGUARDS = ("loose_min_ratio", "loose_top_n", "loose_in_code", "loose_digits")
 
 
 def _plain(value: Any) -> Any:
