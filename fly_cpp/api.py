@@ -181,10 +181,11 @@ class Fly:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.engine.detokenize(tokens)
 
-    def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The prompt tokens of a conversation: the chat format rendered, special tokens parsed,
-        BOS added when the model wants one and the template did not write it."""
-        text = self.chat_format.render(messages, add_generation_prompt=True)
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]], **template_vars: Any) -> list[int]:
+        """The prompt tokens of a conversation: the chat format rendered (``template_vars``:
+        extra variables for its template), special tokens parsed, BOS added when the model
+        wants one and the template did not write it."""
+        text = self.chat_format.render(messages, add_generation_prompt=True, **template_vars)
         tokens = self.tokenize(text, add_special=False, parse_special=True)
         info = self.info
         if info.add_bos and info.bos >= 0 and tokens[:1] != [info.bos]:
@@ -195,11 +196,13 @@ class Fly:
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int | None = 128,
                  stop: str | Sequence[str] | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,
-                 **settings: Any) -> Generation:
+                 n_probs: int = 0, cache_prompt: bool = True, **settings: Any) -> Generation:
         """Prepare a generation; iterate it for Steps. ``settings``: SpecSettings and
         SamplingSettings fields for this call (over the instance's defaults); ``fly``: a whole
         SpecSettings, or a dict of its fields. ``max_tokens=None``: until the context is full.
-        Request errors are raised here, before any token."""
+        ``n_probs``: each Step carries the target's top-n log-probabilities (``Step.probs``).
+        ``cache_prompt=False``: start from empty KV caches. Request errors are raised here,
+        before any token."""
         if self._closed:
             raise FlyError("this Fly instance is closed")
         if not isinstance(prompt, str) and not (
@@ -221,16 +224,18 @@ class Fly:
         spec = dataclasses.replace(base, **{k: v for k, v in spec_changes.items() if v is not None})
         sampling = dataclasses.replace(self.sampling, **{k: v for k, v in sampling_changes.items() if v is not None})
         return self.engine.generate(prompt, spec=spec, sampling=sampling,
-                                    max_tokens=self.n_ctx if max_tokens is None else max_tokens, stop=_stop_list(stop))
+                                    max_tokens=self.n_ctx if max_tokens is None else max_tokens, stop=_stop_list(stop),
+                                    n_probs=n_probs, cache_prompt=cache_prompt)
 
     def generate_chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = 128,
                       stop: str | Sequence[str] | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,
-                      **settings: Any) -> Generation:
+                      n_probs: int = 0, cache_prompt: bool = True, **settings: Any) -> Generation:
         """``generate`` for a conversation: the chat format's prompt, and its stop strings
         besides ``stop``. Iterate it for Steps; ``fly_cpp.oai.answer_text`` gives the answer's
         text pieces without the whitespace it starts with."""
         return self.generate(self.chat_tokens(messages), max_tokens=max_tokens,
-                             stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly, **settings)
+                             stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly, n_probs=n_probs,
+                             cache_prompt=cache_prompt, **settings)
 
     # -- layers 2 and 3: OpenAI-shaped completions -----------------------------------------
 

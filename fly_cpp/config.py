@@ -21,6 +21,9 @@ FLY_RULES = ("guarded", "paper")
 SPLIT_MODES = ("none", "layer", "row")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's KV cache types
 FLASH_ATTN = ("auto", "on", "off")
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: ggml's thread pool holds at most this many
+MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
+MAX_SEED = 2**64 - 1
 
 
 def _help(text: str, *, aliases: tuple[str, ...] = (), draft: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
@@ -34,6 +37,63 @@ def _help(text: str, *, aliases: tuple[str, ...] = (), draft: tuple[str, ...] = 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise FlyError(message)
+
+
+def _number(name: str, value: Any, lo: float | None = None, hi: float | None = None, *, inf: bool = False,
+            above: bool = False, kind: str = "a finite number") -> None:
+    """``value`` is a finite number (or +inf where ``inf``) within [lo, hi] ((lo, hi] where
+    ``above``); otherwise a FlyError naming the setting and the range."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    number = number and (math.isfinite(value) or (inf and value == math.inf))
+    ok = number and (lo is None or (value > lo if above else value >= lo)) and (hi is None or value <= hi)
+    if ok:
+        return
+    if lo is not None and hi is not None:
+        bound = f"in {'(' if above else '['}{_g(lo)}, {_g(hi)}]"
+    elif lo is not None:
+        bound = f"{'>' if above else '>='} {_g(lo)}"
+    else:
+        bound = f"<= {_g(hi)}" if hi is not None else ""
+    if not number:
+        kind = "a number (or inf)" if inf else kind
+        raise FlyError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
+    raise FlyError(f"{name} must be {bound}, got {value!r}")
+
+
+def _g(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def _integer(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise FlyError(f"{name} must be an integer, got {value!r}")
+    _number(name, value, lo, hi, kind="an integer")
+
+
+def cpu_cores() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+THREADS_PER_CPU = 4  # beyond a few threads per logical CPU llama.cpp only slows down (and at tens of
+                     # thousands it takes minutes to start, or crashes)
+
+
+def max_threads() -> int:
+    """The most threads a context may use: what ggml supports (512) and what the machine can
+    run (a few per logical CPU)."""
+    return min(MAX_THREADS, THREADS_PER_CPU * max(cpu_cores(), os.cpu_count() or 1))
+
+
+def _threads(name: str, n: Any) -> None:
+    limit = max_threads()
+    _integer(name, n, 0)
+    _require(n <= limit, f"{name} must be at most {limit} (" + (
+        f"{THREADS_PER_CPU} per CPU of this machine's {limit // THREADS_PER_CPU}), got {n}" if limit < MAX_THREADS
+        else f"ggml's thread limit), got {n}"))
 
 
 @dataclass(frozen=True)
@@ -52,13 +112,17 @@ class ModelSettings:
         "physical batch size; 1 makes batched verification numerically identical to one-token decoding (slow)",
         aliases=("-ub", "--ubatch-size")))
     n_gpu_layers: int = field(default=0, metadata=_help(
-        "layers to offload to the GPU; -1 = all", aliases=("-ngl", "--gpu-layers"),
+        "layers to offload to the GPUs or rpc servers; -1 = all; 0 = none, or all when rpc servers are given",
+        aliases=("-ngl", "--gpu-layers"),
         draft=("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl")))
     split_mode: str = field(default="layer", metadata=_help("multi-GPU split: none, layer or row",
                                                             aliases=("-sm", "--split-mode")))
-    tensor_split: tuple[float, ...] = field(default=(), metadata=_help("share of the model per GPU, e.g. 3,1",
-                                                                       aliases=("-ts",)))
+    tensor_split: tuple[float, ...] = field(default=(), metadata=_help(
+        "share of the offloaded layers per device (rpc servers first, then GPUs), e.g. 3,1", aliases=("-ts",)))
     main_gpu: int = field(default=0, metadata=_help("GPU used when split_mode is none", aliases=("-mg",)))
+    rpc: tuple[str, ...] = field(default=(), metadata=_help(
+        "llama.cpp rpc-servers that hold the offloaded layers, as devices before the local GPUs "
+        "(no authentication: trusted networks only)", metavar="HOST:PORT[,HOST:PORT...]"))
     type_k: str = field(default="f16", metadata=_help(
         f"KV cache data type for K: {', '.join(CACHE_TYPES)}", aliases=("-ctk", "--cache-type-k"),
         draft=("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k")))
@@ -75,13 +139,28 @@ class ModelSettings:
         "let llama.cpp repack quantized weights for the CPU; unset = on, except on AMX CPUs where it crashes"))
 
     def __post_init__(self) -> None:
-        _require(self.n_ctx >= 0, f"n_ctx must be >= 0, got {self.n_ctx}")
-        _require(self.n_threads >= 0, f"n_threads must be >= 0, got {self.n_threads}")
-        _require(self.n_batch >= 1, f"n_batch must be >= 1, got {self.n_batch}")
-        _require(self.n_ubatch >= 1, f"n_ubatch must be >= 1, got {self.n_ubatch}")
+        _integer("n_ctx", self.n_ctx, 0, MAX_CTX)
+        _threads("n_threads", self.n_threads)
+        # llama.cpp caps both at n_ctx (so does fly-cpp's batch, see _llama.Context); here
+        # they only have to be counts a context could hold
+        _integer("n_batch", self.n_batch, 1, MAX_CTX)
+        _integer("n_ubatch", self.n_ubatch, 1, MAX_CTX)
+        _integer("n_gpu_layers", self.n_gpu_layers, -1, MAX_CTX)
         _require(self.split_mode in SPLIT_MODES, f"split_mode must be one of {', '.join(SPLIT_MODES)}, got {self.split_mode!r}")
-        _require(all(s >= 0 for s in self.tensor_split), "tensor_split entries must be >= 0")
-        _require(self.main_gpu >= 0, f"main_gpu must be >= 0, got {self.main_gpu}")
+        for share in self.tensor_split:
+            _number("tensor_split entries", share, 0)
+        _integer("main_gpu", self.main_gpu, 0, 4096)
+        if self.n_threads == 0 and os.environ.get("FLY_CPP_THREADS"):
+            self.threads  # noqa: B018 -- a bad $FLY_CPP_THREADS fails here, where settings are made
+        rpc = self.rpc
+        if isinstance(rpc, str):
+            rpc = tuple(s.strip() for s in rpc.split(","))
+        _require(isinstance(rpc, (tuple, list)) and all(isinstance(s, str) for s in rpc),
+                 f"rpc must be 'HOST:PORT' strings, got {self.rpc!r}")
+        for endpoint in rpc:
+            _require(_endpoint_error(endpoint) is None, f"rpc: {endpoint!r}: {_endpoint_error(endpoint)}")
+        _require(len(set(rpc)) == len(rpc), f"rpc names a server twice: {', '.join(rpc)}")
+        object.__setattr__(self, "rpc", tuple(rpc))
         for name in ("type_k", "type_v"):
             value = getattr(self, name)
             _require(isinstance(value, str) and value.lower() in CACHE_TYPES,
@@ -93,14 +172,47 @@ class ModelSettings:
 
     @property
     def threads(self) -> int:
-        return self.n_threads or int(os.environ.get("FLY_CPP_THREADS") or 0) or os.cpu_count() or 1
+        """n_threads, else $FLY_CPP_THREADS, else every core."""
+        if self.n_threads:
+            return self.n_threads
+        env = os.environ.get("FLY_CPP_THREADS", "").strip()
+        if env:
+            try:
+                n = int(env)
+            except ValueError:
+                raise FlyError(f"FLY_CPP_THREADS must be an integer, got {env!r}") from None
+            _threads("FLY_CPP_THREADS", n)
+            if n:
+                return n
+        return cpu_cores()
+
+    @property
+    def offloaded_layers(self) -> int:
+        """``n_gpu_layers`` as llama.cpp takes it: all layers go to the rpc servers unless told
+        otherwise (``--rpc`` alone must not leave the model local)."""
+        return -1 if self.rpc and self.n_gpu_layers == 0 else self.n_gpu_layers
 
     def for_draft(self, path: str, **changes: Any) -> ModelSettings:
         """The draft model's settings: this (the target's) settings, its own ``path``, and the
         ``changes`` the draft sets itself. As llama.cpp's draft does, it follows the target's
         threads and GPU offload; here it also follows its KV cache types, flash attention and
-        loading, unless told otherwise."""
-        return dataclasses.replace(self, path=path, **changes)
+        loading, unless told otherwise. It does not follow the target onto rpc servers (nor the
+        tensor_split over them): a draft runs here unless ``changes`` give it servers."""
+        remote = {"rpc": (), "tensor_split": ()} if self.rpc else {}
+        return dataclasses.replace(self, path=path, **{**remote, **changes})
+
+
+def _endpoint_error(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a HOST:PORT llama.cpp's RPC client can dial (IPv4 or a host name:
+    it splits at the first colon), or None."""
+    host, colon, port = endpoint.partition(":")
+    if not colon or not host:
+        return "expected HOST:PORT"
+    if ":" in port or host.startswith("["):
+        return "IPv6 addresses are not supported by llama.cpp's RPC client; use an IPv4 address or a host name"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"the port must be a number in 1..65535, got {port!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -161,20 +273,20 @@ class SpecSettings:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         _require(self.k == AUTO or (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1),
                  f"k must be >= 1 (or 'auto'), got {self.k!r}")
-        _require(self.k_max >= 1, f"k_max must be >= 1, got {self.k_max}")
-        _require(self.window >= 0, f"window must be >= 0, got {self.window}")
-        _require(not math.isnan(self.entropy_threshold) and self.entropy_threshold >= 0,
-                 f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
+        _integer("k_max", self.k_max, 1)
+        _integer("window", self.window, 0)
+        _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
         _require(self.fly_rule in FLY_RULES, f"fly_rule must be one of {', '.join(FLY_RULES)}, got {self.fly_rule!r}")
-        _require(0.0 <= self.loose_min_ratio <= 1.0, f"loose_min_ratio must be in [0, 1], got {self.loose_min_ratio}")
-        _require(self.loose_top_n >= 0, f"loose_top_n must be >= 0, got {self.loose_top_n}")
-        _require(self.ngram_max >= 1, f"ngram_max must be >= 1, got {self.ngram_max}")
-        _require(self.ngram_tokens >= 1, f"ngram_tokens must be >= 1, got {self.ngram_tokens}")
-        _require(0.0 <= self.p_min <= 1.0, f"p_min must be in [0, 1], got {self.p_min}")
+        _number("loose_min_ratio", self.loose_min_ratio, 0, 1)
+        _integer("loose_top_n", self.loose_top_n, 0)
+        _integer("ngram_max", self.ngram_max, 1)
+        _integer("ngram_tokens", self.ngram_tokens, 1)
+        _require(isinstance(self.p_min, (int, float)) and 0.0 <= self.p_min <= 1.0,
+                 f"p_min must be in [0, 1], got {self.p_min}")
         _require(self.n_min >= 0, f"n_min must be >= 0, got {self.n_min}")
         _require(self.n_min <= self.max_draft, f"n_min ({self.n_min}) must be <= "
                  + (f"k ({self.k})" if self.k != AUTO else f"k_max ({self.k_max})"))
-        _require(0.0 <= self.cross_round_confidence < 1.0,
+        _require(isinstance(self.cross_round_confidence, (int, float)) and 0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
 
     @property
@@ -217,20 +329,38 @@ class SamplingSettings:
     frequency_penalty: float = field(default=0.0, metadata=_help("subtract per occurrence of a recent token; 0 = off"))
     seed: int | None = field(default=None, metadata=_help("random seed; unset = a fresh one per generation",
                                                           aliases=("-s",)))
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_help(
+        "add to token logits, target and draft alike: TOKEN+BIAS or TOKEN-BIAS, comma-separated "
+        "(e.g. 15043+1.5,2-inf; -inf bans the token)", aliases=("-l",)))
+    ignore_eos: bool = field(default=False, metadata=_help(
+        "never end the text with an end-of-generation token (they are banned); it ends at max tokens"))
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.temperature) and self.temperature >= 0,
-                 f"temperature must be >= 0, got {self.temperature}")
-        _require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
-        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _require(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
-        _require(self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        _require(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
-        _require(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        _number("temperature", self.temperature, 0)
+        _integer("top_k", self.top_k, 0)
+        _number("top_p", self.top_p, 0.0, 1.0, above=True)
+        _number("min_p", self.min_p, 0.0, 1.0)
+        _number("repeat_penalty", self.repeat_penalty, 0.0, above=True)
+        _integer("repeat_last_n", self.repeat_last_n, 0)
+        _number("presence_penalty", self.presence_penalty)
+        _number("frequency_penalty", self.frequency_penalty)
+        _require(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
+                 f"seed must be >= 0 and < 2**64, got {self.seed}")
+        for pair in self.logit_bias:
+            _require(isinstance(pair, tuple) and len(pair) == 2, f"logit_bias entries must be (token, bias) pairs, got {pair!r}")
+            _integer("logit_bias token", pair[0], 0)
+            bias = pair[1]
+            if bias != -math.inf:
+                _number(f"logit_bias of token {pair[0]}", bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def biased(self) -> bool:
+        """Whether logits are changed before the sampler chain (logit_bias, ignore_eos)."""
+        return bool(self.logit_bias) or self.ignore_eos
 
     @property
     def penalised(self) -> bool:
@@ -238,3 +368,56 @@ class SamplingSettings:
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
 
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """``fly-cpp serve``: where it listens, who may call it, and the limits that keep it up
+    under hostile or heavy traffic."""
+
+    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0: every interface)"))
+    port: int = field(default=8080, metadata=_help("TCP port (0: any free one)"))
+    api_key: str | None = field(default=None, repr=False, metadata=_help(
+        "require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every endpoint but /health and the chat page",
+        envvar="FLY_CPP_API_KEY"))
+    strict: bool = field(default=False, metadata=_help(
+        "refuse (HTTP 400) request fields fly-cpp would ignore: unknown ones, and llama-server's samplers it "
+        "does not implement; by default they are ignored and logged once per name"))
+    cors_origins: str = field(default="*", metadata=_help(
+        "origins web pages may call from: *, 'localhost' (pages on this machine only), or a comma-separated list"))
+    cors_methods: str = field(default="GET,POST", metadata=_help("methods allowed from other origins, comma-separated"))
+    cors_headers: str = field(default="*", metadata=_help("request headers allowed from other origins, comma-separated"))
+    cors_credentials: bool = field(default=False, metadata=_help("allow credentials (cookies) from other origins"))
+    max_body: int = field(default=8 * 2**20, metadata=_help("largest request body in bytes (HTTP 413 beyond)"))
+    header_timeout: float = field(default=10.0, metadata=_help(
+        "seconds a connection gets to send a request's headers, new or kept alive, before it is closed"))
+    body_timeout: float = field(default=60.0, metadata=_help("seconds a request gets to send its body (HTTP 408 after)"))
+    keep_alive: float = field(default=5.0, metadata=_help("seconds an idle keep-alive connection stays open"))
+    max_connections: int = field(default=512, metadata=_help(
+        "open connections at most (also kept under the open-file limit): a new one displaces the longest idle "
+        "one, else it gets HTTP 503"))
+    max_queue: int = field(default=128, metadata=_help("generation requests waiting for the engine at most (HTTP 503 beyond)"))
+    grace: float = field(default=10.0, metadata=_help(
+        "seconds open requests get to end after SIGINT/SIGTERM (generations stop at once and say so)"))
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.host, str) and bool(self.host.strip()), "host must not be empty")
+        _integer("port", self.port, 0, 65535)
+        if self.api_key is not None:
+            key = self.api_key.strip()
+            _require(bool(key), "the API key is empty: give a non-empty --api-key (or FLY_CPP_API_KEY), or none "
+                     "for a server without authentication")
+            _require(key.isascii() and key.isprintable() and " " not in key,
+                     "the API key must be printable ASCII without spaces (HTTP headers carry it)")
+            object.__setattr__(self, "api_key", key)
+        _integer("max_body", self.max_body, 1024, 2**40)
+        _number("header_timeout", self.header_timeout, 0, 86400, above=True)
+        _number("body_timeout", self.body_timeout, 0, 86400, above=True)
+        _number("keep_alive", self.keep_alive, 0, 86400, above=True)
+        _integer("max_connections", self.max_connections, 4, 2**20)
+        _integer("max_queue", self.max_queue, 0, 2**20)
+        _number("grace", self.grace, 0, 86400)
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

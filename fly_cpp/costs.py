@@ -62,10 +62,14 @@ class Curve:
 
 def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
     """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
-    after each (the cache is left as it was). A decode of more rows never costs less than one
+    after each (the cache is left as it was, but for room made at its end for the largest
+    batch when the context is nearly full). A decode of more rows never costs less than one
     of fewer (the curve is made non-decreasing: timing noise must not make batches look free)."""
+    top = min(max(rows), ctx.n_batch, ctx.n_ctx)
+    if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
+        ctx.truncate(ctx.n_ctx - top)
     base = len(ctx.tokens)
-    sizes = [r for r in rows if r <= min(ctx.n_batch, ctx.n_ctx - base)] or [1]
+    sizes = [r for r in rows if r <= top]
     seconds: list[float] = []
     for r in sizes:
         times: list[float] = []

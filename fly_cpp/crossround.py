@@ -15,17 +15,20 @@ from dataclasses import dataclass
 
 from fly_cpp.accept import Verdict
 from fly_cpp.config import SpecSettings
+from fly_cpp.step import TokenProbs
 
 
 @dataclass
 class Pending:
     """A mismatch kept provisionally: its committed position, the target's own token there,
-    the exact matches its window still needs, and the round that kept it."""
+    the exact matches its window still needs, and the round that kept it (and, with
+    ``n_probs``, the target's probabilities for its own token)."""
 
     pos: int
     correction: int
     left: int
     round: int
+    probs: TokenProbs | None = None
 
 
 class Window:

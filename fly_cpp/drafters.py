@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from fly_cpp import ngram, rows
 from fly_cpp._llama import Context, common_prefix
 from fly_cpp.config import SpecSettings
+from fly_cpp.sampling import NO_BIAS, LogitBias
 
 
 class Drafter(Protocol):
@@ -23,13 +24,15 @@ class Drafter(Protocol):
 
 
 class NgramDrafter:
-    """Prompt lookup alone: guesses copied from earlier in the context, no model."""
+    """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
+    ends before a token the logit bias bans)."""
 
-    def __init__(self, spec: SpecSettings) -> None:
+    def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.spec = spec
+        self.bias = bias
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
-        return ngram.lookup(committed, self.spec.ngram_max, min(self.spec.ngram_tokens, limit))
+        return self.bias.cut(ngram.lookup(committed, self.spec.ngram_max, min(self.spec.ngram_tokens, limit)))
 
 
 class ModelDrafter:
@@ -40,12 +43,14 @@ class ModelDrafter:
 
     With a ``pacer`` (cost-aware speculation, ``fly_cpp.pacing``) the draft stops when one more
     step is not worth its cost, and trailing tokens not worth verifying are left out; the
-    draft's confidence in each drafted token is kept in ``confidences``."""
+    draft's confidence in each drafted token is kept in ``confidences``. The draft's
+    choices see the generation's logit bias, as the target's do."""
 
-    def __init__(self, ctx: Context, n_vocab: int, spec: SpecSettings) -> None:
+    def __init__(self, ctx: Context, n_vocab: int, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.ctx = ctx
         self.n_vocab = n_vocab  # argmax only over ids the target knows
         self.spec = spec
+        self.bias = bias
         self.confidences: list[float | None] = []
 
     def lag(self, committed: Sequence[int]) -> int:
@@ -68,13 +73,19 @@ class ModelDrafter:
             t0 = perf_counter()
             room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
             guess = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
+            if pacer is not None and guess:  # check only as much of the guess as pays
+                guess = guess[: pacer.guess_length(len(guess), len(catchup))]
             batch = [*catchup, history[-1], *guess]
             logits = ctx.decode(batch, logits=len(guess) + 1)
             catchup = []
+            if self.bias:
+                logits = self.bias.apply(logits[:, : self.n_vocab])
             best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
             agree = 0
             while agree < len(guess) and guess[agree] == best[agree]:
                 agree += 1
+            if pacer is not None and guess:
+                pacer.agree.observe([None] * len(guess), agree)
             sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if want_confidence else []
             new = [*guess[:agree]]
             if spec.p_min <= 0 or sure[agree] >= spec.p_min:
@@ -94,7 +105,8 @@ class ModelDrafter:
             if pacer is not None:
                 for q in sure[: len(new)]:
                     chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-                if not pacer.more(len(out), chances[-1], pacer.model.mean()):
+                # the next tokens are likely as predictable as the last one was
+                if not pacer.more(chances, pacer.model(sure[len(new) - 1] if sure else None)):
                     break
         out = out[:limit]
         if pacer is not None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from fly_cpp import loop, scoring
-from fly_cpp._llama import Context, Model
+from fly_cpp._llama import Context, Model, gguf_hparams, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, calibrate, slower_note
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
@@ -24,10 +24,57 @@ from fly_cpp.generation import Generation
 from fly_cpp.output import Output
 from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
+from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.step import Stats, Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux's MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+KV_SIZE = {"f32": 2.0, "f16": 1.0, "bf16": 1.0, "q8_0": 0.53, "q5_1": 0.38, "q5_0": 0.34, "q4_1": 0.31,
+           "q4_0": 0.28, "iq4_nl": 0.28}  # bytes per KV element, relative to F16
+
+
+def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
+    """The context size ``target`` asks for (0: the model's trained context, at most 4096), or a
+    FlyError before llama.cpp allocates anything: KV caches that cannot fit in this machine's
+    memory (CPU-only engines). More than the model was trained for is allowed, as llama.cpp
+    allows it (the text degrades past the trained length)."""
+    models = [(target, gguf_hparams(target.path))]
+    if draft is not None:
+        models.append((draft, gguf_hparams(draft.path)))
+    trained = models[0][1].get("context_length", 0)
+    n_ctx = target.n_ctx or min(trained or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+    if any(s.offloaded_layers != 0 for s, _ in models):
+        return n_ctx  # the caches live on the devices (GPUs, rpc-servers): llama.cpp reports what does not fit
+    # the KV caches, and the attention scores of one micro-batch against the whole context
+    need = sum(n_ctx * kv_bytes_per_token(h) * (KV_SIZE.get(s.type_k, 1.0) + KV_SIZE.get(s.type_v, 1.0)) / 2
+               + min(s.n_ubatch, s.n_batch, n_ctx) * n_ctx * 4 * h.get("attention.head_count", 1) for s, h in models)
+    free = available_memory()
+    if free is not None and need > free:
+        raise FlyError(f"n_ctx {n_ctx} needs about {_size(need)} for the KV caches, more than the "
+                       f"{_size(free)} of memory available; lower -c/--n-ctx")
+    return n_ctx
 
 
 def _settings(model: ModelSettings | str) -> ModelSettings:
@@ -67,19 +114,19 @@ class Engine:
         self._pacers: dict[tuple[object, ...], Pacer] = {}
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
+        n_ctx = _check_context(self.target_settings, self.draft_settings)  # before any weights load
         self.target_model = self._load(self.target_settings)
         try:
-            t = self.target_settings
-            n_ctx = t.n_ctx or min(self.target_model.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-            self.target = self._context(self.target_model, t, n_ctx, t.threads)
-            if self.draft_settings is not None:
-                d = self.draft_settings
+            t, d = self.target_settings, self.draft_settings
+            if d is not None:
                 self.draft_model = self._load(d)
                 check_compatible(self.target_model, self.draft_model)
                 for model in (self.target_model, self.draft_model):
                     if not model.rolls_back:
                         raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
                                        "drafted tokens, so it cannot take part in speculative decoding")
+            self.target = self._context(self.target_model, t, n_ctx, t.threads)
+            if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
@@ -89,9 +136,16 @@ class Engine:
             raise
 
     @staticmethod
+    def preflight(target: ModelSettings, draft: ModelSettings | None = None) -> None:
+        """The checks of loading that need no weights (files, context size against the model
+        and this machine's memory), from the GGUF headers alone: a server refuses bad settings
+        this way before it binds its port."""
+        _check_context(target, draft)
+
+    @staticmethod
     def _load(s: ModelSettings) -> Model:
-        return Model(s.path, n_gpu_layers=s.n_gpu_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock)
+        return Model(s.path, n_gpu_layers=s.offloaded_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc)
 
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
@@ -138,9 +192,9 @@ class Engine:
         """``text`` as the target's vocabulary can spell it (see ``Model.spellable``)."""
         return self.target_model.spellable(text)
 
-    def check_tokens(self, tokens: Sequence[int]) -> None:
+    def check_tokens(self, tokens: Sequence[int], what: str = "token id") -> None:
         if bad := [t for t in tokens if not 0 <= t < self.n_vocab]:
-            raise FlyError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+            raise FlyError(f"{what} {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
 
     # -- generating ------------------------------------------------------------------------
 
@@ -153,9 +207,14 @@ class Engine:
         max_tokens: int = 128,
         stop: Sequence[str] = (),
         drafter: Drafter | None = None,
+        n_probs: int = 0,
+        cache_prompt: bool = True,
     ) -> Generation:
         """Prepare a generation (errors about the request are raised here, before any token).
-        ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``)."""
+        ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
+        ``n_probs``: give every emitted Step the target's top-n log-probabilities (``Step.probs``).
+        ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
+        common with the prompt (slower; the same numbers whatever ran before)."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise FlyError("the prompt is empty")
@@ -166,27 +225,35 @@ class Engine:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
         if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
+        for model in (self.target_model, self.draft_model):
+            if model is not None:
+                model.check()  # a lost rpc-server: refuse before any token (HTTP 503 in the server)
+        if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
+            raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
+        self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
+        bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
-        request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed)
+        request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
+                          min(n_probs, self.n_vocab), cache_prompt)
         if spec.mode == "target":
             drafter = None
         elif drafter is None:
-            drafter = self.drafter(spec)
+            drafter = self.drafter(spec, bias)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
         steps = loop.run(request, self.target, drafter, out)
         pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
-        gen = Generation(request, out, self._locked(steps, out.stats, pacer))
+        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
         self._open.add(gen)
         return gen
 
-    def drafter(self, spec: SpecSettings) -> Drafter:
+    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
         paced by the engine's cost-aware controller for this mode."""
         if self.draft_ctx is not None:
-            base: Drafter = ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec)
+            base: Drafter = ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec, bias)
         else:
-            base = NgramDrafter(spec)
+            base = NgramDrafter(spec, bias)
         if not spec.auto:
             return base
         key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
@@ -207,10 +274,14 @@ class Engine:
                                           token, refresh=refresh)
         return self._costs
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
         with self._lock:
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
+            if fresh:  # cache_prompt off: nothing carried over from earlier generations
+                for ctx in (self.target, self.draft_ctx):
+                    if ctx is not None:
+                        ctx.truncate(0)
             try:
                 yield from steps
             finally:

@@ -13,3 +13,8 @@ class FlyError(ValueError):
 class UsageError(FlyError, TypeError):
     """Arguments that do not go together (e.g. two sources for one model). The CLI exits with
     status 2 for it, as for any bad command line; Python callers may catch it as TypeError."""
+
+
+class RpcServerLost(FlyError):
+    """An rpc-server holding model layers stopped answering: the models on it are gone until
+    the process restarts (the server answers HTTP 503)."""

@@ -8,25 +8,30 @@ from collections.abc import Iterator
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.output import Finish, Output
 from fly_cpp.request import Request
-from fly_cpp.step import Stats, Step
+from fly_cpp.step import Stats, Step, TokenProbs
 
 
 class Generation:
     """Iterate it for Steps as they are committed (or ``run()`` it to the end); then ``text``,
-    ``tokens``, ``stats`` and ``finish`` (``finish_reason``: "stop" or "length") are final.
-    ``close()`` abandons it early; both caches stay consistent."""
+    ``tokens``, ``stats`` and ``finish`` (``finish_reason``: "stop" or "length") are final, and
+    with ``n_probs`` ``probs`` (one TokenProbs per token). ``close()`` abandons it early; both
+    caches stay consistent."""
 
     def __init__(self, request: Request, out: Output, steps: Iterator[Step]) -> None:
         self.request = request
         self.out = out
         self.text = ""
         self.tokens: list[int] = []
+        self.probs: list[TokenProbs | None] = []
         self._steps = steps
 
     def __iter__(self) -> Iterator[Step]:
+        keep = self.request.n_probs > 0
         for step in self._steps:
             self.text += step.text
             self.tokens.append(step.token)
+            if keep:
+                self.probs.append(step.probs)
             yield step
 
     def run(self) -> Generation:
@@ -37,6 +42,11 @@ class Generation:
 
     def close(self) -> None:
         self._steps.close()
+
+    def interrupt(self) -> None:
+        """Ask a running generation, from any thread, to end after its current round; it ends
+        like a limit (``finish_reason`` "length") with ``finish.interrupted`` set."""
+        self.out.interrupt()
 
     # the request and the outcome, by name
     @property

@@ -21,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from time import perf_counter
 
-from fly_cpp._llama import Context
+from fly_cpp._llama import Context, common_prefix
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Drafter
 from fly_cpp.output import Output
 from fly_cpp.request import Request
+from fly_cpp.scoring import token_probs
 from fly_cpp.step import Step
 from fly_cpp.verify import Verifier
 
@@ -38,6 +39,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
     observe = getattr(drafter, "observe", None)  # drafters that learn from how their rounds went
     committed = list(request.prompt)
     begin = perf_counter()
+    stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     target.sync(committed)
     start = perf_counter()
     stats.prompt_seconds = start - begin
@@ -67,6 +69,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.n_rounds += 1
+            stats.n_drafts += bool(drafted)
             stats.n_drafted += len(drafted)
             stats.draft_lengths[len(drafted)] = stats.draft_lengths.get(len(drafted), 0) + 1
             if verdict.refuted_at is not None:
@@ -75,24 +78,31 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
             else:
                 target.truncate(len(committed) + verdict.accepted)
                 base = len(committed)
+                emitted = [*drafted[: verdict.accepted], verdict.next_token]
+                # n_probs: the rows that verified the emitted tokens are the target's view of them
+                probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
                 if window.observe(verdict, len(drafted), base, chosen, stats.n_rounds):
                     out.confirm()
                     stats.n_confirmed += 1
                     stats.n_loose += 1
+                if probs is not None and verdict.provisional is not None and window.pending is not None:
+                    at = verdict.provisional  # the target's own token there, should the window fail
+                    window.pending.probs = token_probs(logits[at:], [window.pending.correction], request.n_probs)[0]
                 stats.n_exact += verdict.n_exact
                 stats.n_loose += len(verdict.loose)
                 stats.n_gate_rejected += verdict.gate_rejected
                 stats.n_guard_rejected += verdict.guard_rejected
                 stats.n_provisional += verdict.provisional is not None
                 stats.accepted_lengths.append(verdict.accepted + 1)
-                for i, token in enumerate([*drafted[: verdict.accepted], verdict.next_token]):
+                for i, token in enumerate(emitted):
                     held = window.holds(base + i)
                     if held and out.is_eog(token):  # a window cannot be completed past the end of the text
                         _refute(window, committed, target, out)
                         break
                     committed.append(token)
                     loose = i in verdict.loose or window.is_pending(base + i)
-                    out.add(token, drafted=i < verdict.accepted, loose=loose, round=stats.n_rounds, hold=held)
+                    out.add(token, drafted=i < verdict.accepted, loose=loose, round=stats.n_rounds, hold=held,
+                            probs=probs[i] if probs is not None else None)
                     if out.finish is not None:
                         break
             t3 = perf_counter()
@@ -115,4 +125,4 @@ def _refute(window: Window, committed: list[int], target: Context, out: Output) 
     out.refute()
     out.stats.n_refuted += 1
     out.stats.n_refuted_rounds += out.stats.n_rounds - pending.round
-    out.add(pending.correction, drafted=False, loose=False, round=pending.round)
+    out.add(pending.correction, drafted=False, loose=False, round=pending.round, probs=pending.probs)

@@ -3,19 +3,25 @@
 ``Fly.create_completion`` / ``create_chat_completion`` return them, and the server sends them.
 Whole responses are made from a finished generation; chunk streams consume a generation as it
 runs. Every finished shape carries ``usage`` and fly-cpp's counters under ``fly``.
+
+Two additions OpenAI clients ignore: every chunk with text carries ``fly_token`` (``drafted``,
+``loose``: how the step that released the text was accepted, as ``chat --show-accepts``
+colours it), and ``logprobs`` come from the target's own pass (``Step.probs``): asked for with
+``logprobs=N`` here (``n_probs`` on the generation).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from fly_cpp.generation import Generation
-from fly_cpp.step import Step
+from fly_cpp.step import Step, TokenProbs
 
 Chunk = dict[str, Any]
+Piece = Callable[[int], bytes]
 
 
 def head(kind: str, model: str) -> dict[str, Any]:
@@ -28,63 +34,145 @@ def head(kind: str, model: str) -> dict[str, Any]:
 def tail(gen: Generation) -> dict[str, Any]:
     """``usage`` and ``fly`` (the generation's counters) for a finished generation."""
     n_prompt, n_out = len(gen.request.prompt), len(gen.tokens)
+    finish = gen.finish
     return {"usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
-            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full}}
+            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
+                    "interrupted": finish is not None and finish.interrupted}}
 
 
-def completion(gen: Generation, top: dict[str, Any]) -> Chunk:
-    """A finished generation as a ``text_completion``."""
-    return {**top, "choices": [_text_choice(gen.text, gen.finish_reason)], **tail(gen)}
+def step_flags(step: Step) -> dict[str, bool]:
+    """How a step's token was accepted: target's own (both false), drafted exact, or loose."""
+    return {"drafted": step.drafted, "loose": step.loose}
 
 
-def completion_chunks(gen: Generation, top: dict[str, Any]) -> Iterator[Chunk]:
+# -- logprobs -------------------------------------------------------------------------------
+
+def _entry(piece: Piece, token: int, logprob: float) -> dict[str, Any]:
+    raw = piece(token)
+    return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def chat_logprobs(tokens: Sequence[int], probs: Sequence[TokenProbs | None], n: int, piece: Piece) -> dict[str, Any]:
+    """The chat shape: ``{"content": [{token, logprob, bytes, top_logprobs: [n of those]}]}``."""
+    content = []
+    for token, p in zip(tokens, probs):
+        if p is not None:
+            content.append({**_entry(piece, token, p.logprob),
+                            "top_logprobs": [_entry(piece, t, lp) for t, lp in p.top[:n]]})
+    return {"content": content}
+
+
+def text_logprobs(tokens: Sequence[int], probs: Sequence[TokenProbs | None], n: int, piece: Piece,
+                  offset: int = 0) -> dict[str, Any]:
+    """The legacy completions shape: parallel lists ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (one {text: logprob} per token) and ``text_offset``."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, p in zip(tokens, probs):
+        if p is None:
+            continue
+        text = piece(token).decode("utf-8", "replace")
+        out["tokens"].append(text)
+        out["token_logprobs"].append(p.logprob)
+        out["top_logprobs"].append({piece(t).decode("utf-8", "replace"): lp for t, lp in p.top[:n]})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+# -- text completions -----------------------------------------------------------------------
+
+def completion(gen: Generation, top: dict[str, Any], logprobs: int | None = None, piece: Piece | None = None) -> Chunk:
+    """A finished generation as a ``text_completion`` (``logprobs``: top-n per token, from a
+    generation made with ``n_probs``; needs ``piece``, the engine's token -> bytes)."""
+    lp = text_logprobs(gen.tokens, gen.probs, logprobs, piece) if logprobs is not None and piece else None
+    return {**top, "choices": [_text_choice(gen.text, gen.finish_reason, lp)], **tail(gen)}
+
+
+def completion_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
+                      piece: Piece | None = None) -> Iterator[Chunk]:
     """``text_completion`` chunks as the generation runs; the last carries ``finish_reason``,
     ``usage`` and ``fly``. Closing the stream closes the generation."""
+    pending: list[Step] = []
+    offset = 0
     try:
         for step in gen:
+            pending.append(step)
             if step.text:
-                yield {**top, "choices": [_text_choice(step.text, None)]}
-        yield {**top, "choices": [_text_choice("", gen.finish_reason)], **tail(gen)}
+                lp = _text_lp(pending, logprobs, piece, offset)
+                offset += sum(len(t) for t in lp["tokens"]) if lp else 0
+                yield {**top, "choices": [_text_choice(step.text, None, lp)], "fly_token": step_flags(step)}
+                pending = []
+        yield {**top, "choices": [_text_choice("", gen.finish_reason, _text_lp(pending, logprobs, piece, offset))],
+               **tail(gen)}
     finally:
         gen.close()
 
 
-def chat_completion(gen: Generation, top: dict[str, Any]) -> Chunk:
+def _text_lp(steps: list[Step], n: int | None, piece: Piece | None, offset: int) -> dict[str, Any] | None:
+    if n is None or piece is None:
+        return None
+    return text_logprobs([s.token for s in steps], [s.probs for s in steps], n, piece, offset)
+
+
+# -- chat -----------------------------------------------------------------------------------
+
+def chat_completion(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
+                    piece: Piece | None = None) -> Chunk:
     """A finished chat generation as a ``chat.completion`` (the answer's leading whitespace
-    dropped, as ``answer_text`` drops it when streaming)."""
+    dropped, as ``answer_text`` drops it when streaming; ``logprobs``: top-n per token)."""
     message = {"role": "assistant", "content": gen.text.lstrip()}
-    return {**top, "choices": [{"index": 0, "message": message, "logprobs": None,
+    lp = chat_logprobs(gen.tokens, gen.probs, logprobs, piece) if logprobs is not None and piece else None
+    return {**top, "choices": [{"index": 0, "message": message, "logprobs": lp,
                                 "finish_reason": gen.finish_reason}], **tail(gen)}
 
 
-def chat_chunks(gen: Generation, top: dict[str, Any]) -> Iterator[Chunk]:
+def chat_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
+                piece: Piece | None = None) -> Iterator[Chunk]:
     """``chat.completion.chunk`` dicts as the generation runs: the role first, then content
     deltas, then one with ``finish_reason``, ``usage`` and ``fly``. Closing the stream closes
     the generation."""
     top = {**top, "object": "chat.completion.chunk"}
+    pending: list[Step] = []
     try:
         yield {**top, "choices": [_delta({"role": "assistant", "content": ""}, None)]}
-        for text in answer_text(gen):
-            yield {**top, "choices": [_delta({"content": text}, None)]}
-        yield {**top, "choices": [_delta({}, gen.finish_reason)], **tail(gen)}
+        for step, text in answer_steps(gen):
+            pending.append(step)
+            if text:
+                yield {**top, "choices": [_delta({"content": text}, None, _chat_lp(pending, logprobs, piece))],
+                       "fly_token": step_flags(step)}
+                pending = []
+        yield {**top, "choices": [_delta({}, gen.finish_reason, _chat_lp(pending, logprobs, piece))], **tail(gen)}
     finally:
         gen.close()
 
 
-def answer_text(steps: Iterable[Step]) -> Iterator[str]:
-    """The non-empty text pieces of a chat answer, without the whitespace it starts with (the
-    plain format's "Assistant:" makes base models begin with a space)."""
+def _chat_lp(steps: list[Step], n: int | None, piece: Piece | None) -> dict[str, Any] | None:
+    if n is None or piece is None:
+        return None
+    return chat_logprobs([s.token for s in steps], [s.probs for s in steps], n, piece)
+
+
+def answer_steps(steps: Iterable[Step]) -> Iterator[tuple[Step, str]]:
+    """Every step of a chat answer with the text it shows: its own, except that the whitespace
+    the answer starts with is dropped (the plain format's "Assistant:" makes base models begin
+    with a space)."""
     started = False
     for step in steps:
         text = step.text if started else step.text.lstrip()
+        started = started or bool(text)
+        yield step, text
+
+
+def answer_text(steps: Iterable[Step]) -> Iterator[str]:
+    """The non-empty text pieces of a chat answer, without the whitespace it starts with."""
+    for _, text in answer_steps(steps):
         if text:
-            started = True
             yield text
 
 
-def _text_choice(text: str, finish: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+def _text_choice(text: str, finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
 
 
-def _delta(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+def _delta(delta: dict[str, str], finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

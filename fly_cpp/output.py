@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fly_cpp.request import Request
-from fly_cpp.step import Stats, Step
+from fly_cpp.step import Stats, Step, TokenProbs
 from fly_cpp.text import Detokenizer, StopFilter
 
 
@@ -20,12 +20,14 @@ from fly_cpp.text import Detokenizer, StopFilter
 class Finish:
     """How a generation ended. reason: OpenAI's "stop" or "length". kind: llama-server's
     stop_type, "eos" (an end-of-generation token), "word" (a stop string, ``word``) or "limit"
-    (max tokens, or the context is full: ``context_full``)."""
+    (max tokens, or the context is full: ``context_full``; or the generation was stopped from
+    outside, ``interrupted``: the server is shutting down)."""
 
     reason: str
     kind: str
     word: str = ""
     context_full: bool = False
+    interrupted: bool = False
 
 
 class Output:
@@ -35,20 +37,21 @@ class Output:
         self.is_eog = is_eog
         self.max_tokens = request.max_tokens
         self.stats = Stats(mode=request.spec.mode, n_prompt=len(request.prompt))
-        self.held: list[tuple[int, bool, bool, int]] = []
+        self.held: list[tuple[int, bool, bool, int, TokenProbs | None]] = []
         self.ready: list[Step] = []
         self.finish: Finish | None = None if request.max_tokens > 0 else Finish("length", "limit")
 
-    def add(self, token: int, drafted: bool, loose: bool, round: int, hold: bool = False) -> None:
+    def add(self, token: int, drafted: bool, loose: bool, round: int, hold: bool = False,
+            probs: TokenProbs | None = None) -> None:
         if hold:
-            self.held.append((token, drafted, loose, round))
+            self.held.append((token, drafted, loose, round, probs))
         else:
-            self._release(token, drafted, loose, round)
+            self._release(token, drafted, loose, round, probs)
 
     def confirm(self) -> None:
         held, self.held = self.held, []
-        for token, drafted, loose, round in held:
-            self._release(token, drafted, loose, round)
+        for token, drafted, loose, round, probs in held:
+            self._release(token, drafted, loose, round, probs)
 
     def refute(self) -> None:
         self.held.clear()
@@ -57,13 +60,19 @@ class Output:
         if self.finish is None:
             self.finish = Finish(reason, kind, word, context_full)
 
+    def interrupt(self) -> None:
+        """End the text now, from any thread (the loop stops after its current round; held
+        tokens are dropped): it reads as cut at a limit, marked ``interrupted``."""
+        if self.finish is None:
+            self.finish = Finish("length", "limit", interrupted=True)
+
     def take(self) -> list[Step]:
         out, self.ready = self.ready, []
         if self.finish is not None:
             out += self.stops.flush()
         return out
 
-    def _release(self, token: int, drafted: bool, loose: bool, round: int) -> None:
+    def _release(self, token: int, drafted: bool, loose: bool, round: int, probs: TokenProbs | None = None) -> None:
         if self.finish is not None:
             return
         if self.is_eog(token):
@@ -71,7 +80,7 @@ class Output:
             self.end("stop", "eos")
             return
         self.stats.n_tokens += 1
-        self.ready += self.stops.push(Step(token, self.detok(token), drafted, loose, round))
+        self.ready += self.stops.push(Step(token, self.detok(token), drafted, loose, round, probs))
         if self.stops.stopped:
             self.end("stop", "word", self.stops.word)
         elif self.stats.n_tokens >= self.max_tokens:

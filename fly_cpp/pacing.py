@@ -79,6 +79,7 @@ class Pacer:
     k_max: int
     model: Acceptance = field(default_factory=lambda: Acceptance(0.6))
     guesses: Acceptance = field(default_factory=lambda: Acceptance(0.3))
+    agree: Acceptance = field(default_factory=lambda: Acceptance(0.5))  # the draft model's agreement with guesses
     pace: float = 0.0  # tokens per second the recent rounds kept (0: none yet)
     idle: int = 0  # rounds since speculation was last tried
     patience: int = PATIENCE  # rounds to wait before the next exploration
@@ -110,10 +111,10 @@ class Pacer:
                 best, best_h = rate, h
         return best, best_h
 
-    def plan(self, limit: int, lag: int, guess: Callable[[], int], has_draft: bool) -> tuple[str, int]:
-        """This round's plan: ("target", 0), ("ngram", n) or ("draft", max tokens). ``lag``:
-        tokens the draft model must catch up on; ``guess()``: the length of the n-gram guess
-        (asked only when a guess could pay)."""
+    def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], int], has_draft: bool) -> tuple[str, int]:
+        """This round's plan: ("target", 0), ("ngram", n), ("draft", max tokens) or ("explore",
+        n). ``lag()``: tokens the draft model must catch up on; ``guess()``: the length of the
+        n-gram guess (each asked only when needed)."""
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
@@ -123,7 +124,7 @@ class Pacer:
             g_rate, g = self.best(self.guesses.mean(), min(n, limit), 0.0, 0.0)
         d_rate, d, could = 0.0, 0, False
         if has_draft:
-            first, step = self.costs.draft(lag + 1), self.costs.draft(1)
+            first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
             d_rate, d = self.best(self.model.mean(), limit, first, step)
             could = self.best(1.0, limit, first, step)[1] > 0
         if max(g_rate, d_rate) > target_rate:
@@ -142,25 +143,48 @@ class Pacer:
             self.idle = 0
         return kind, n
 
-    def more(self, drafted: int, kept: float, accept: float) -> bool:
-        """After ``drafted`` tokens whose chance to be all kept is ``kept``: is one more draft
-        step worth its cost at the recent pace?"""
-        step, base = self.costs.draft(1), self.costs.target(drafted + 1)
-        gain, p = 0.0, kept
+    def guess_length(self, available: int, catchup: int) -> int:
+        """How many tokens of an n-gram guess the draft model should check in its next step:
+        a step over 1 + g rows costs more than a plain one and pays only if the draft agrees with
+        enough of the guess (its own next token comes either way)."""
+        best, best_g, expected, p = 1.0 / self.costs.draft(catchup + 1), 0, 1.0, 1.0
+        for g in range(1, available + 1):
+            p *= self.agree.mean()
+            expected += p
+            rate = expected / self.costs.draft(catchup + 1 + g)
+            if rate > best:
+                best, best_g = rate, g
+        return best_g
+
+    def more(self, chances: Sequence[float], accept: float) -> bool:
+        """After drafting ``len(chances)`` tokens (``chances[i]``: the chance that tokens 0..i
+        are all kept): would drafting h more (each kept with ``accept``) be worth more than
+        stopping now and verifying the best prefix (``trim``)? Values are expected tokens less
+        the time still to spend, at the recent pace."""
+        pace, drafted, step = self.floor(), len(chances), self.costs.draft(1)
+        stop = self._value(chances)[0]
+        expected, p = sum(chances), chances[-1] if chances else 1.0
         for h in range(1, self.k_max - drafted + 1):
             p *= accept
-            gain += p
-            if gain / (h * step + self.costs.target(drafted + 1 + h) - base) >= self.floor():
+            expected += p
+            if expected - pace * (h * step + self.costs.target(drafted + 1 + h)) > stop:
                 return True
         return False
 
     def trim(self, chances: Sequence[float]) -> int:
-        """How many drafted tokens to verify: trailing ones whose chance to be kept is worth
-        less than the target rows they add are left out. ``chances[i]``: all of 0..i kept."""
-        n = len(chances)
-        while n > 0 and chances[n - 1] < (self.costs.target(n + 1) - self.costs.target(n)) * self.floor():
-            n -= 1
-        return n
+        """How many drafted tokens to verify (the drafting is paid already): the prefix whose
+        expected kept tokens, less what verifying it costs at the recent pace, is largest."""
+        return self._value(chances)[1]
+
+    def _value(self, chances: Sequence[float]) -> tuple[float, int]:
+        pace = self.floor()
+        best, best_n, expected = -pace * self.costs.target(1), 0, 0.0
+        for n, chance in enumerate(chances, start=1):
+            expected += chance
+            value = expected - pace * self.costs.target(n + 1)
+            if value > best:
+                best, best_n = value, n
+        return best, best_n
 
     def observe(self, kind: str, confidences: Sequence[float | None], kept: int, emitted: int,
                 seconds: float) -> None:
@@ -178,7 +202,7 @@ class Pacer:
 
     def as_dict(self) -> dict[str, object]:
         return {"plans": dict(self.plans), "acceptance": round(self.model.mean(), 3),
-                "ngram_acceptance": round(self.guesses.mean(), 3), "tokens_per_second": round(self.pace, 2),
+                "ngram_acceptance": round(self.guesses.mean(), 3), "draft_agrees_with_ngram": round(self.agree.mean(), 3), "tokens_per_second": round(self.pace, 2),
                 "costs": self._costs.as_dict() if self._costs is not None else None}
 
 
@@ -200,11 +224,14 @@ class PacedDrafter:
             guess.extend(ngram.lookup(committed, self.ngram_max, min(self.ngram_tokens, limit)))
             return len(guess)
 
-        lag = self.model.lag(committed) if self.model is not None else 0
-        self.kind, n = self.pacer.plan(limit, lag, lookup if self.use_ngram else lambda: 0, self.model is not None)
+        model = self.model
+        self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
+                                       lookup if self.use_ngram else lambda: 0, model is not None)
         if self.kind == "ngram":
-            self.confidences = [None] * n
-            return guess[:n]
+            bias = getattr(self.inner, "bias", None)
+            out = bias.cut(guess[:n]) if bias else guess[:n]  # not past a token the logit bias bans
+            self.confidences = [None] * len(out)
+            return out
         if self.kind in ("draft", "explore") and self.model is not None:
             out = self.model.draft(committed, n, self.pacer if self.kind == "draft" else None, confident=True)
             self.confidences = list(self.model.confidences)

@@ -9,13 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.sampling import NO_BIAS, LogitBias
 
 
 @dataclass(frozen=True)
 class Request:
     """prompt: the token ids to continue. max_tokens: the most tokens to emit (0 = none).
     stop: strings that end the text (not emitted). seed: the sampler's seed, fixed here so a
-    request can be replayed exactly."""
+    request can be replayed exactly. bias: the sampling settings' logit_bias and ignore_eos,
+    resolved to token ids. n_probs: the target's top-n log-probabilities to report with every
+    emitted token (0 = none). cache_prompt: reuse what the KV caches hold in common with the
+    prompt (False: both caches start empty)."""
 
     prompt: tuple[int, ...]
     spec: SpecSettings
@@ -23,3 +27,6 @@ class Request:
     max_tokens: int
     stop: tuple[str, ...]
     seed: int
+    bias: LogitBias = NO_BIAS
+    n_probs: int = 0
+    cache_prompt: bool = True

@@ -13,7 +13,7 @@ compare a drafted token with the target's own draw at its position (``fly_cpp.ve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -42,16 +42,58 @@ def uniforms(seed: int, position: int, stream: int, ids: np.ndarray) -> np.ndarr
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 
+class LogitBias:
+    """Additive changes to the logits of a few tokens, llama.cpp's first sampler: ``logit_bias``
+    (-inf bans a token) and ``ignore_eos`` (bans the end-of-generation tokens). The target's
+    sampler and the draft model's greedy choice both see them; the logits themselves (what the
+    entropy gate and ``n_probs`` read) stay raw."""
+
+    def __init__(self, pairs: Iterable[tuple[int, float]], banned: Iterable[int] = ()) -> None:
+        merged: dict[int, float] = {}
+        for token, bias in pairs:
+            merged[int(token)] = merged.get(int(token), 0.0) + float(bias)
+        for token in banned:
+            merged[int(token)] = -np.inf
+        self.ids = np.fromiter(merged, dtype=np.int64, count=len(merged))
+        self.values = np.fromiter(merged.values(), dtype=np.float32, count=len(merged))
+        self.banned = frozenset(t for t, v in merged.items() if v == -np.inf)
+
+    def __bool__(self) -> bool:
+        return bool(self.ids.size)
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """(..., V) logits -> a biased float32 copy (ids beyond V are skipped)."""
+        out = np.array(logits, dtype=np.float32, copy=True)
+        keep = self.ids < out.shape[-1]
+        out[..., self.ids[keep]] += self.values[keep]
+        return out
+
+    def cut(self, tokens: list[int]) -> list[int]:
+        """A draft up to its first banned token."""
+        for i, t in enumerate(tokens):
+            if t in self.banned:
+                return tokens[:i]
+        return tokens
+
+
+NO_BIAS = LogitBias(())
+
+
 class Sampler:
     """Target-side token choice for one generation (its seed fixes every draw)."""
 
-    def __init__(self, settings: SamplingSettings, seed: int) -> None:
+    def __init__(self, settings: SamplingSettings, seed: int, bias: LogitBias = NO_BIAS) -> None:
         self.settings = settings
         self.seed = seed
+        self.bias = bias
+        self.adjusts = settings.penalised or bool(bias)  # whether rows are changed before the chain
 
     def penalise(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        """(V,) logits -> (V,) penalised copy, llama.cpp's repeat/presence/frequency rules."""
+        """(V,) logits -> (V,) adjusted copy: the logit bias, then llama.cpp's
+        repeat/presence/frequency rules."""
         s = self.settings
+        if self.bias:
+            row = self.bias.apply(row)
         if not s.penalised or not history:
             return row
         recent = np.asarray(history[-s.repeat_last_n:], dtype=np.int64)
@@ -65,7 +107,7 @@ class Sampler:
 
     def greedy(self, rows: np.ndarray, histories: Callable[[int], Sequence[int]]) -> np.ndarray:
         """(n, V) -> (n,) argmax per row, after penalties (row i sees ``histories(i)``)."""
-        if not self.settings.penalised:
+        if not self.adjusts:
             return argmax(rows)
         return np.array([int(argmax(self.penalise(rows[i], histories(i))[None])[0]) for i in range(rows.shape[0])])
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from fly_cpp._llama import Context, common_prefix
 from fly_cpp.rows import logsumexp
+from fly_cpp.step import TokenProbs
 
 ROW_BLOCK = 32  # rows reduced at a time: bounds the float64 copy at 32 x n_vocab
 
@@ -51,17 +52,34 @@ def score(ctx: Context, prompt: Sequence[int], output: Sequence[int], top_n: int
         for lo in range(max(start - pos, 0), len(chunk), ROW_BLOCK):
             rows = logits[lo : lo + ROW_BLOCK]  # row i predicts seq[pos + lo + i + 1]
             targets = np.asarray(seq[pos + lo + 1 : pos + lo + 1 + len(rows)], dtype=np.int64)
-            lse = logsumexp(rows)  # (r,)
-            logprobs.append(rows[np.arange(len(rows)), targets] - lse)
+            lp, ids, vals = _reduce(rows, targets, top_n)
+            logprobs.append(lp)
             if top_n > 0:
-                n = min(top_n, rows.shape[1])
-                ids = np.argpartition(-rows, n - 1, axis=1)[:, :n]  # (r, n), unordered
-                vals = np.take_along_axis(rows, ids, axis=1)
-                order = np.argsort(-vals, axis=1, kind="stable")
-                top_ids.append(np.take_along_axis(ids, order, axis=1))
-                top_logprobs.append(np.take_along_axis(vals, order, axis=1) - lse[:, None])
+                top_ids.append(ids)
+                top_logprobs.append(vals)
         pos += len(chunk)
     n = top_n if top_n > 0 else 0
     return Score(np.concatenate(logprobs) if logprobs else np.zeros(0),
                  np.concatenate(top_ids) if top_ids else np.zeros((0, n), dtype=np.int64),
                  np.concatenate(top_logprobs) if top_logprobs else np.zeros((0, n)))
+
+
+def _reduce(rows: np.ndarray, targets: np.ndarray, top_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r, V) logits and (r,) token ids -> (r,) their log-probabilities, and (r, n) the top-n
+    ids and log-probabilities per row, most likely first (n = min(top_n, V); 0 gives empty)."""
+    lse = logsumexp(rows)  # (r,)
+    logprobs = rows[np.arange(len(rows)), targets] - lse
+    n = min(max(top_n, 0), rows.shape[1])
+    if n == 0:
+        return logprobs, np.zeros((len(rows), 0), dtype=np.int64), np.zeros((len(rows), 0))
+    ids = np.argpartition(-rows, n - 1, axis=1)[:, :n]  # (r, n), unordered
+    vals = np.take_along_axis(rows, ids, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return logprobs, np.take_along_axis(ids, order, axis=1), np.take_along_axis(vals, order, axis=1) - lse[:, None]
+
+
+def token_probs(rows: np.ndarray, tokens: Sequence[int], top_n: int) -> list[TokenProbs]:
+    """The target's probabilities at emitted tokens, from the rows that predicted them (row i
+    predicts ``tokens[i]``): what a generation reports with ``n_probs``."""
+    lp, ids, vals = _reduce(rows[: len(tokens)], np.asarray(tokens, dtype=np.int64), top_n)
+    return [TokenProbs(float(lp[i]), tuple(zip(ids[i].tolist(), vals[i].tolist()))) for i in range(len(tokens))]

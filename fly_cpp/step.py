@@ -9,6 +9,18 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class TokenProbs:
+    """The target's view of one emitted token (asked for with ``n_probs``): its log-probability
+    and the n most likely tokens there with theirs, most likely first. They come from the very
+    target pass that verified the token (its raw distribution: softmax of the logits, before
+    any sampling setting), so under FLy a loosely accepted token shows how unlikely the target
+    found it."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One emitted token.
 
@@ -16,7 +28,8 @@ class Step:
     UTF-8 character or a possible stop string is held back; the texts of all steps concatenate
     to the generation's text). drafted: the token came from the draft and the target kept it.
     loose: a drafted token the target disagreed with but FLy kept. round: the target forward
-    pass (1-based) that committed it.
+    pass (1-based) that committed it. probs: the target's probabilities there, when the
+    generation was asked for them (``n_probs``).
     """
 
     token: int
@@ -24,11 +37,15 @@ class Step:
     drafted: bool
     loose: bool
     round: int
+    probs: TokenProbs | None = None
 
 
 @dataclass
 class Stats:
     """Counters of one generation. ``seconds`` is the decoding time after the prompt.
+
+    n_cached: prompt tokens the target's KV cache already held (not processed again).
+    n_drafts: rounds that verified a draft (a non-empty one); n_drafted: tokens drafted.
 
     n_exact / n_loose count drafted tokens kept by exact match / loosely; n_gate_rejected /
     n_guard_rejected count rounds that stopped at a mismatch the window would have kept but the
@@ -41,8 +58,10 @@ class Stats:
 
     mode: str
     n_prompt: int = 0
+    n_cached: int = 0
     n_tokens: int = 0
     n_rounds: int = 0
+    n_drafts: int = 0
     n_drafted: int = 0
     n_exact: int = 0
     n_loose: int = 0

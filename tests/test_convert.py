@@ -15,9 +15,10 @@ import pytest
 from fly_cpp import FlyError, _llama
 from fly_cpp.cli.main import main
 from fly_cpp.models import convert, reference
-from tests.conftest import SHARED
+from tests.conftest import SHARED, TINYSTORIES, needs_tinystories
 
-SRC = SHARED / "models" / "tinystories-656k"
+SRC = TINYSTORIES
+pytestmark = needs_tinystories
 PROMPTS = ["Once upon a time, there was a little girl named Lily. She",
            "The dog ran to the park and played with a red ball.",
            "Tom said, \"I want to go home!\" His mom"]

@@ -57,3 +57,10 @@ def test_slower_note_says_why_and_what_to_try():
     assert "0.59 of a target decode" in note and "verifying 6 rows costs 3.9 decodes" in note and "--k auto" in note
     assert slower_note(29.0, 5.0, 3.0, c, auto=False) is None  # as fast as the target: nothing to say
     assert "exploring" in (slower_note(14.0, 5.0, 3.0, c, auto=True) or "")
+
+
+def test_measure_makes_room_in_a_full_context(stories):
+    with Model(stories) as m, Context(m, n_ctx=64, n_threads=1) as ctx:
+        ctx.decode([m.bos] * 62, logits="none")
+        curve = measure(ctx, (1, 2, 4, 8), token=m.bos)
+        assert curve.rows == (1, 2, 4, 8) and len(ctx.tokens) == 56 and ctx.tokens == [m.bos] * 56

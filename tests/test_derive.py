@@ -10,9 +10,9 @@ import pytest
 from fly_cpp import _llama
 from fly_cpp.cli.main import main
 from fly_cpp.models import convert, derive, measure, widen
-from tests.conftest import SHARED
+from tests.conftest import STORIES, TINYSTORIES, needs_tinystories
 
-SRC = SHARED / "models" / "tinystories-656k"
+SRC = TINYSTORIES
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,7 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  widen.Growth(n_embd=256, n_ff=512, n_layer=2), dtype="f32")
 
 
+@needs_tinystories
 def test_quant_obstacles(tiny: Path, wide: Path) -> None:
     assert derive.quant_obstacle(tiny, "Q8_0") is None
     assert derive.quant_obstacle(tiny, "q4_0") is None
@@ -37,6 +38,7 @@ def test_quant_obstacles(tiny: Path, wide: Path) -> None:
     assert "unknown" in (derive.quant_obstacle(tiny, "Q3_XYZ") or "")
 
 
+@needs_tinystories
 def test_derive_reports_agreement_and_skips(tiny: Path, tmp_path: Path) -> None:
     results = {d.name: d for d in derive.derive(tiny, tmp_path, quants=("Q8_0", "Q4_K_M", "Q4_0"), layers=(1, 9),
                                                      n_threads=1, n_tokens=32)}
@@ -53,16 +55,19 @@ def test_derive_reports_agreement_and_skips(tiny: Path, tmp_path: Path) -> None:
     assert skipped[0].path == q8.path and skipped[0].agreement is None
 
 
+@needs_tinystories
 def test_k_quant_of_a_wide_model(wide: Path, tmp_path: Path) -> None:
     [d] = derive.derive(wide, tmp_path, quants=("Q4_K_M",), n_threads=1, n_tokens=32)
     assert d.path is not None and d.agreement is not None and d.agreement >= 0.6
 
 
+@needs_tinystories
 def test_agreement_of_a_model_with_itself_is_one(tiny: Path) -> None:
     result = measure.greedy_agreement(tiny, tiny, measure.PROMPTS[:2], n_tokens=16, n_threads=1)
     assert result.rate == 1.0 and result.positions > 0 and len(result.per_prompt) == 2
 
 
+@needs_tinystories
 def test_cli_derive(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "derive", str(tiny), "--quant", "Q8_0", "--quant", "Q6_K", "--layers", "1",
                  "--out", str(tmp_path), "-t", "1", "-n", "16"]) == 0
@@ -72,13 +77,13 @@ def test_cli_derive(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "ts-first1.gguf" in out
 
 
+@needs_tinystories
 def test_cli_check(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     [q8] = derive.derive(tiny, tmp_path, quants=("Q8_0",), agree=False)
     assert main(["models", "check", str(tiny), str(q8.path), "-n", "8", "-p", "Once upon a time", "-t", "1"]) == 0
     out = capsys.readouterr().out
     assert "compatible" in out and "greedy agreement:" in out
-    stories = SHARED / "models" / "stories260K" / "stories260K.gguf"
-    assert main(["models", "check", str(tiny), str(stories)]) == 1
+    assert main(["models", "check", str(tiny), str(STORIES)]) == 1
     assert "cannot draft" in capsys.readouterr().err
 
 

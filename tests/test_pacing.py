@@ -30,7 +30,7 @@ def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float
     rng = random.Random(seed)
     tokens = seconds = 0.0
     for _ in range(rounds):
-        kind, limit = p.plan(16, 0, lambda: 0, True)
+        kind, limit = p.plan(16, lambda: 0, lambda: 0, True)
         drafted, chances = 0, []
         if kind == "explore":
             drafted = limit
@@ -38,7 +38,7 @@ def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float
             while drafted < limit:
                 drafted += 1
                 chances.append((chances[-1] if chances else 1.0) * p.model(0.95))
-                if not p.more(drafted, chances[-1], p.model.mean()):
+                if not p.more(chances, p.model.mean()):
                     break
             drafted = p.trim(chances)
         kept = 0
@@ -85,10 +85,10 @@ def test_free_guesses_that_are_right_pay_even_on_a_compute_bound_target():
     p = pacer(CPU_Q4)
     for _ in range(50):
         p.guesses.observe([None] * 6, 6)  # n-gram guesses kept in full lately (repeated code)
-    kind, n = p.plan(16, 0, lambda: 6, False)
+    kind, n = p.plan(16, lambda: 0, lambda: 6, False)
     assert kind == "ngram" and n >= 4
     fresh = pacer(CPU_Q4)
-    assert fresh.plan(16, 0, lambda: 6, False) == ("target", 0)  # no evidence: too costly to try
+    assert fresh.plan(16, lambda: 0, lambda: 6, False) == ("target", 0)  # no evidence: too costly to try
 
 
 def test_acceptance_by_confidence():

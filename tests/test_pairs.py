@@ -14,9 +14,9 @@ import pytest
 from fly_cpp import FlyError, _llama
 from fly_cpp.cli.main import main
 from fly_cpp.models import convert, kit, measure, reference, widen
-from tests.conftest import SHARED
+from tests.conftest import TINYSTORIES, needs_tinystories
 
-SRC = SHARED / "models" / "tinystories-656k"
+SRC = TINYSTORIES
 SMALL_TARGET = widen.Growth(n_embd=256, n_ff=768, n_layer=4, noise=0.05, seed=1)
 SMALL_DRAFT = widen.Growth(n_embd=128, n_ff=384, n_layer=2, noise=0.0, seed=2)
 
@@ -31,6 +31,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@needs_tinystories
 def test_growth_without_noise_keeps_the_logits(tmp_path: Path) -> None:
     """Wider (orthogonal residual basis, extra heads and FFN units) and deeper (identity blocks):
     the same function as the checkpoint, checked against the numpy reference."""
@@ -47,12 +48,14 @@ def test_growth_without_noise_keeps_the_logits(tmp_path: Path) -> None:
     assert np.max(np.abs(got - want)) < 1e-4
 
 
+@needs_tinystories
 def test_growth_rejects_shrinking() -> None:
     config, tensors = convert.load_checkpoint(SRC)
     with pytest.raises(FlyError, match="cannot shrink"):
         widen.grow(convert.hparams_of(config), convert.gguf_tensors(config, tensors), widen.Growth(64, 384, 2))
 
 
+@needs_tinystories
 def test_noise_sets_the_agreement(tmp_path: Path, small_pair: kit.LocalPair) -> None:
     quiet = widen.grow_checkpoint(SRC, tmp_path / "quiet.gguf", SMALL_TARGET.__class__(256, 768, 4, 0.0, 1))
     prompts = measure.PROMPTS[:3]
@@ -62,6 +65,7 @@ def test_noise_sets_the_agreement(tmp_path: Path, small_pair: kit.LocalPair) -> 
     assert 0.3 < noisy < exact
 
 
+@needs_tinystories
 def test_costly_pair_files(small_pair: kit.LocalPair) -> None:
     assert small_pair.synthetic and small_pair.label == "costly (synthetic)"
     assert "synthetic" in small_pair.target.name and "synthetic" in small_pair.draft.name
@@ -74,6 +78,7 @@ def test_costly_pair_files(small_pair: kit.LocalPair) -> None:
         assert t.meta("llama.context_length") == "512"
 
 
+@needs_tinystories
 def test_costly_pair_is_deterministic_and_cached(small_pair: kit.LocalPair, tmp_path: Path) -> None:
     again = kit.make_pair("costly", tmp_path, target_growth=SMALL_TARGET, draft_growth=SMALL_DRAFT)
     assert _sha(again.target) == _sha(small_pair.target) and _sha(again.draft) == _sha(small_pair.draft)
@@ -95,6 +100,7 @@ def test_default_costly_recipe_is_cost_realistic() -> None:
     assert 0 < kit.COSTLY_TARGET.noise < 0.2 and kit.COSTLY_DRAFT.noise == 0
 
 
+@needs_tinystories
 def test_tinystories_pair_and_pair_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("FLY_CPP_CACHE", str(tmp_path / "cache"))

@@ -18,36 +18,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from serving import FLY, Server
 
-FLY = [sys.executable, "-m", "fly_cpp.cli.main"]
 KEY = "test-key"
-STARTUP = 120  # seconds before a server that never says where it listens is a failure
-
-
-class Server:
-    """A ``fly-cpp serve --port 0`` subprocess; ``url`` is read from its startup line."""
-
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.log = tmp / f"serve-{time.monotonic_ns()}.log"
-        self.proc = subprocess.Popen([*FLY, "serve", "--port", "0", "--log-level", "warning", *args],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"),
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + STARTUP
-        while not (m := re.search(r"on (http://127\.0\.0\.1:\d+)", self.stderr())):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"server did not start: {self.stderr()}")
-            time.sleep(0.05)
-        self.url = m.group(1)
-        assert httpx.get(self.url + "/health", timeout=30).json() == {"status": "ok"}
-
-    def stderr(self) -> str:
-        return self.log.read_text()
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +127,7 @@ def test_metrics_counters_move(http):
 
 MALFORMED = [
     ("/completion", b"{oops"), ("/completion", b'"text"'), ("/completion", {"prompt": ["a"]}),
-    ("/completion", {"prompt": "a", "unknown": True}), ("/completion", {"prompt": "a", "temperature": -1}),
+    ("/completion", {"prompt": "a", "cache_prompt": "no"}), ("/completion", {"prompt": "a", "temperature": -1}),
     ("/completion", {"prompt": "a", "n_predict": -5}), ("/completion", {"prompt": "a", "top_k": 1.5}),
     ("/completion", {"prompt": "a", "window": -1}), ("/completion", {"prompt": "word " * 3000}),
     ("/v1/completions", {"prompt": "a", "max_tokens": "many"}), ("/v1/chat/completions", {"messages": "hi"}),

@@ -3,10 +3,15 @@
 GSM8K compares the last number of the answer with the reference's ``#### N``. HumanEval and
 MBPP run the task's tests on the generated code in a separate Python process with a time
 limit (generated code is untrusted: it never runs in the benchmark's own process).
+
+A chat model's answer is its first fenced code block, reduced to its definitions (``sanitize``):
+instruct models append their own example calls, prints and asserts, whose mistakes are not the
+task's, and an answer cut by the token limit keeps its whole lines that parse.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -43,10 +48,26 @@ def check_gsm8k(output: str, meta: dict[str, Any]) -> dict[str, Any]:
     return {"passed": got is not None and got == want, "answer": got, "reference": want}
 
 
-def extract_code(output: str) -> str:
-    """The first fenced code block of a chat answer, or the text itself."""
+def sanitize(code: str) -> str:
+    """The definitions of a code block: the longest run of its first lines that parses, less
+    top-level statements other than imports, function and class definitions and assignments.
+    Code where no line parses is returned as it is (the check then reports its error)."""
+    lines = code.splitlines()
+    for end in range(len(lines), 0, -1):
+        try:
+            tree = ast.parse("\n".join(lines[:end]))
+        except SyntaxError:
+            continue
+        keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
+                ast.AnnAssign)
+        return ast.unparse(ast.Module(body=[n for n in tree.body if isinstance(n, keep)], type_ignores=[]))
+    return code
+
+
+def chat_code(output: str) -> str | None:
+    """The sanitized first fenced code block of a chat answer; None when there is none."""
     m = _FENCE.search(output)
-    return m.group(1) if m else output
+    return sanitize(m.group(1)) if m else None
 
 
 def run_python(program: str, timeout: float = TIMEOUT_SECONDS) -> dict[str, Any]:
@@ -72,9 +93,10 @@ def humaneval_program(output: str, meta: dict[str, Any]) -> str:
     """The prompt continued by the completion (plain completion), or, when the answer holds a
     fenced code block (chat models), that block after the prompt's imports."""
     prompt = meta["prompt"]
-    if "```" in output:
+    code = chat_code(output)
+    if code is not None:
         imports = "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
-        body = f"{imports}\n{extract_code(output)}"
+        body = f"{imports}\n{code}"
     else:
         body = prompt + output
     return f"{body}\n\n{meta['test']}\n\ncheck({meta['entry_point']})\n"
@@ -85,7 +107,8 @@ def check_humaneval(output: str, meta: dict[str, Any], timeout: float = TIMEOUT_
 
 
 def check_mbpp(output: str, meta: dict[str, Any], timeout: float = TIMEOUT_SECONDS) -> dict[str, Any]:
-    program = "\n".join([extract_code(output), meta.get("setup") or "", *meta["tests"]]) + "\n"
+    code = chat_code(output)
+    program = "\n".join([output if code is None else code, meta.get("setup") or "", *meta["tests"]]) + "\n"
     return run_python(program, timeout)
 
 

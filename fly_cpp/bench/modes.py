@@ -58,6 +58,7 @@ class Mode:
     spec: SpecSettings | None  # None for a peer
     peer: str | None = None  # "speculative" or "target" for llama.cpp's binaries
     k: int | str | None = None  # a number, "auto", or None (no drafting)
+    p_min: float = 0.0  # llama.cpp's speculative decoding: its --spec-draft-p-min
 
     @property
     def max_draft(self) -> int:
@@ -72,10 +73,11 @@ class Mode:
 
 
 def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
-                peer_ks: Sequence[int] = ()) -> list[Mode]:
+                peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,)) -> list[Mode]:
     """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
     run first. With ``peer``, llama.cpp's target-only run and its speculative decoding at each of
-    ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3)."""
+    ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3) and each of
+    ``peer_p_mins``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
@@ -115,7 +117,9 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     if peer:
         numbers = list(peer_ks) or [k for k in ks if isinstance(k, int)] or [PEER_DEFAULT_K]
         modes.append(Mode("llama.cpp-target", None, peer="target"))
-        for k in numbers:
-            label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
-            modes.append(Mode(label, None, peer="speculative", k=k))
+        for p_min in peer_p_mins:
+            for k in numbers:
+                label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
+                label += f"p{p_min:g}" if len(peer_p_mins) > 1 or p_min else ""
+                modes.append(Mode(label, None, peer="speculative", k=k, p_min=p_min))
     return modes

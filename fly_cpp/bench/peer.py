@@ -140,8 +140,10 @@ class Peer:
         run.text = generated_text(stdout, prompt)
         return run
 
-    def run(self, kind: str, prompt: str, max_tokens: int, k: int | None = None) -> PeerRun:
-        """Run ``kind`` ("speculative" or "target") on a rendered prompt text."""
+    def run(self, kind: str, prompt: str, max_tokens: int, k: int | None = None, p_min: float = 0.0) -> PeerRun:
+        """Run ``kind`` ("speculative" or "target") on a rendered prompt text; speculative
+        drafts up to ``k`` tokens, stopping early where the draft's top probability < ``p_min``
+        (llama.cpp's default is 0.75; 0 drafts k every round, as fly-cpp's fixed k does)."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as f:
             f.write(prompt + "\n")  # llama.cpp drops one trailing newline of a prompt file
             path = f.name
@@ -149,7 +151,7 @@ class Peer:
             if kind == "speculative":
                 argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft,
                         "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-                        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+                        "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]
                 return self._run(argv, parse_speculative, prompt)
             argv = [str(self.completion), *self._common(path, max_tokens), "-no-cnv", "--perf"]
             return self._run(argv, parse_completion, prompt)

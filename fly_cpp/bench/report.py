@@ -77,7 +77,10 @@ def _head(result: dict[str, Any]) -> list[str]:
         f"target `{meta['target']}`, draft `{meta['draft']}`; {meta['n_prompts']} prompts, "
         f"max {meta['max_tokens']} tokens, k = {', '.join(map(str, meta['k']))}, "
         f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}"
-        f"{', system message' if meta.get('system') else ''}{'' if meta.get('complete', True) else ' (partial run)'}.",
+        f"{', system message' if meta.get('system') else ''}"
+        + "".join(f"; {who} on rpc-servers {', '.join(meta[key])}"
+                  for who, key in (("target", "rpc"), ("draft", "draft_rpc")) if meta.get(key))
+        + f"{'' if meta.get('complete', True) else ' (partial run)'}.",
         "",
     ]
 

@@ -1,25 +1,26 @@
-"""``--api-key``: every endpoint but the health check wants ``Authorization: Bearer KEY``
-(or llama-server's ``X-Api-Key: KEY``)."""
+"""``--api-key``: every endpoint but the health check and the chat page wants
+``Authorization: Bearer KEY`` (or llama-server's ``X-Api-Key: KEY``). The page asks its user
+for the key and sends it with its own requests."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from fly_cpp.server import errors
-
-OPEN_PATHS = frozenset({"/health", "/v1/health"})
 
 
 class ApiKey:
     """Pure ASGI middleware (no response buffering, so streams and disconnects pass through)."""
 
-    def __init__(self, app: Any, key: str) -> None:
+    def __init__(self, app: Any, key: str, open_path: Callable[[str], bool]) -> None:
         self.app = app
         self.key = key.encode()
+        self.open_path = open_path
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
+        if scope["type"] != "http" or self.open_path(scope["path"]) or self._allowed(scope):
             await self.app(scope, receive, send)
             return
         await errors.response(401, "invalid or missing API key (send 'Authorization: Bearer KEY')")(scope, receive, send)

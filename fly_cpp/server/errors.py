@@ -1,7 +1,8 @@
 """Errors as OpenAI-style JSON bodies: ``{"error": {"message", "type", "code"}}``.
 
 Every request error is a 400 with type ``invalid_request_error`` (FastAPI's 422 included); the
-server keeps serving after any of them.
+server keeps serving after any of them. A request the server cannot take now (models loading,
+queue full, shutting down, a lost rpc-server) is a 503 ``unavailable_error``.
 """
 
 from __future__ import annotations
@@ -13,20 +14,35 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import FlyError
-from fly_cpp.server.worker import ShuttingDown
+from fly_cpp.errors import FlyError, RpcServerLost
+from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         405: "invalid_request_error", 500: "server_error", 503: "unavailable_error"}
+         405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 500: "server_error",
+         503: "unavailable_error"}
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status an exception raised while serving a request stands for."""
+    if isinstance(exc, (Unavailable, RpcServerLost)):
+        return 503
+    return 400 if isinstance(exc, (FlyError, TypeError)) else 500
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "code": status}}
 
 
-def response(status: int, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body(status, message), status_code=status, headers=headers)
+def response(status: int, message: str, close: bool = False) -> JSONResponse:
+    """An error response; ``close``: end the connection after it (a body was left unread)."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if close:
+        headers["Connection"] = "close"
+    return JSONResponse(body(status, message), status_code=status, headers=headers or None)
 
 
 def describe(errors: list[Any]) -> str:
@@ -43,6 +59,8 @@ def describe(errors: list[Any]) -> str:
         return f"missing field {where!r}"
     if kind == "model_attributes_type":
         return "the body must be a JSON object"
+    if kind == "value_error" and not where:  # a check on the whole body (e.g. invalid Unicode)
+        return str(e.get("msg", "")).removeprefix("Value error, ")
     # every branch of a union failed (loc: field, branch, ...): name the accepted types
     branches = [str(x["loc"][2]) for x in errors if len(x.get("loc", ())) > 2 and str(x["loc"][1]) == loc[0]]
     if len(errors) > 1 and len(branches) == len(errors):
@@ -63,11 +81,12 @@ def install(app: FastAPI, on_server_error: Any) -> None:
     @app.exception_handler(FlyError)
     @app.exception_handler(TypeError)
     async def refused(request: Request, exc: Exception) -> JSONResponse:
-        return response(400, " ".join(str(exc).split()))
+        return response(400, one_line(exc))
 
-    @app.exception_handler(ShuttingDown)
-    async def unavailable(request: Request, exc: ShuttingDown) -> JSONResponse:
-        return response(503, str(exc))
+    @app.exception_handler(Unavailable)
+    @app.exception_handler(RpcServerLost)
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return response(503, one_line(exc))
 
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:

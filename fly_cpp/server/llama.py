@@ -1,4 +1,5 @@
-"""llama-server's endpoints: /completion, /tokenize, /detokenize, /props, /health, /metrics."""
+"""llama-server's endpoints: /completion, /tokenize, /detokenize, /apply-template, /props,
+/slots, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -9,34 +10,40 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
-from fly_cpp.api import Fly
-from fly_cpp.errors import FlyError
-from fly_cpp.generation import Generation
-from fly_cpp.server import sse
-from fly_cpp.server.fields import (SETTING_NAMES, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                                   settings_dict)
-from fly_cpp.server.probs import top_logprobs
+from fly_cpp import rpc
+from fly_cpp.oai import step_flags
+from fly_cpp.server import errors, sse
+from fly_cpp.server.compat import IGNORED, Compat
+from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                   TokenizeRequest, settings_dict)
+from fly_cpp.server.prepare import Prepared, generation, prepare
+from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
+from fly_cpp.server.served import Served
+from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
 
 SERVING = ("one generation at a time per model pair, in arrival order: other requests wait in a queue "
            "(a request whose client disconnects is dropped, and a stream it leaves is aborted)")
-N_PROBS = ("top-n target log-probabilities per generated token, from one teacher-forced target pass after "
-           "the generation (the target's raw distribution, as with post_sampling_probs off); when "
-           "streaming they come in the final event")
+N_PROBS = ("top-n target log-probabilities per generated token, from the target pass that verified it (the "
+           "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(fly: Fly, runs: Runs) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
     r = APIRouter()
-    engine, info = fly.engine, fly.info
 
     @r.get("/health")
     @r.get("/v1/health")
-    async def health() -> dict[str, str]:
+    async def health() -> Any:
+        if (loss := rpc.lost()) is not None:  # no generation can succeed: tell load balancers
+            return JSONResponse(errors.body(503, f"an rpc-server stopped answering ({loss}): restart it, then "
+                                                 "this server"), status_code=503)
         return {"status": "ok"}
 
     @r.get("/props")
     async def props() -> dict[str, Any]:
+        fly = served.ready
+        info = fly.info
         return {
             "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
             "draft_model_path": info.draft.path if info.draft is not None else None,
@@ -44,87 +51,147 @@ def router(fly: Fly, runs: Runs) -> APIRouter:
             "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
             "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
             "per_request_settings": list(SETTING_NAMES), "total_slots": 1, "serving": SERVING, "n_probs": N_PROBS,
+            "strict": compat.strict,
+            "ignored_fields": {name: rule.why for name, rule in IGNORED.items()},
+            "ignored_fields_seen": dict(compat.seen),
             "build_info": f"fly-cpp {fly_cpp.__version__}",
         }
+
+    @r.get("/slots")
+    async def slots() -> list[dict[str, Any]]:
+        fly = served.ready
+        return [{"id": 0, "n_ctx": fly.n_ctx, "is_processing": runs.worker.running > 0,
+                 "speculative": fly.info.draft_name is not None or fly.spec.ngram}]
 
     @r.get("/metrics")
     async def metrics() -> PlainTextResponse:
         worker = runs.worker
         text = runs.metrics.render({
-            "requests_processing": ("generations running (0 or 1)", worker.running),
-            "requests_deferred": ("generations waiting for the engine", worker.waiting)})
+            "requests_processing": ("Number of requests processing (fly-cpp: 0 or 1).", worker.running),
+            "requests_deferred": ("Number of requests deferred (waiting for the engine).", worker.waiting)})
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @r.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        tokens = fly.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
-        if not body.with_pieces:
-            return {"tokens": tokens}
-        return {"tokens": [{"id": t, "piece": engine.piece(t).decode("utf-8", "replace")} for t in tokens]}
+    async def tokenize(body: TokenizeRequest) -> Response:
+        compat.check(body, "/tokenize")
+        fly = served.ready
+
+        def work() -> Response:
+            tokens = fly.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+            if not body.with_pieces:
+                return JSONResponse({"tokens": tokens})
+            return JSONResponse({"tokens": [{"id": t, "piece": fly.engine.piece(t).decode("utf-8", "replace")}
+                                            for t in tokens]})
+
+        return await prepare(work)
 
     @r.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
-        engine.check_tokens(body.tokens)
-        return {"content": fly.detokenize(body.tokens)}
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        compat.check(body, "/detokenize")
+        fly = served.ready
+
+        def work() -> Response:
+            fly.engine.check_tokens(body.tokens)
+            return JSONResponse({"content": fly.detokenize(body.tokens)})
+
+        return await prepare(work)
+
+    @r.post("/apply-template")
+    async def apply_template(body: ChatCompletionRequest) -> Response:  # type: ignore[valid-type]
+        compat.check(body, "/apply-template")
+        fly = served.ready
+
+        def work() -> Response:
+            extra = dict(body.chat_template_kwargs or {})
+            return JSONResponse({"prompt": fly.chat_format.render(body.messages, add_generation_prompt=True, **extra)})
+
+        return await prepare(work)
 
     @r.post("/completion")
     @r.post("/completions")
     async def completion(body: CompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
-        if body.n_predict < -1:
-            raise FlyError(f"n_predict must be >= -1 (-1: until end of text or the context is full), got {body.n_predict}")
-        gen = fly.generate(body.prompt, max_tokens=None if body.n_predict == -1 else body.n_predict,
-                           stop=body.stop, **body.settings())
+        compat.check(body, "/completion")
+        fly = served.ready
+        n_predict = next((n for n in (body.n_predict, body.max_tokens) if n is not None), -1)
+        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, n_probs=body.n_probs,
+                                                    max_tokens=None if n_predict == -1 else n_predict))
+        gen = prepared.gen
 
-        def steps() -> Iterator[Step | list[dict[str, Any]]]:
+        def steps() -> Iterator[Step | None]:
             try:
                 yield from gen
             finally:
                 gen.close()
                 runs.metrics.record(gen.stats)
-            yield top_logprobs(engine, gen.prompt, gen.tokens, body.n_probs)
+            yield None  # the end: the final result follows
 
-        items = runs.start(steps)
+        try:
+            items = runs.start(steps, gen.interrupt)
+        except BaseException:
+            gen.close()
+            raise
+        result = _Result(fly.model, fly.engine.piece, prepared, body)
         if body.stream:
-            return sse.response(runs.events(_stream(fly.model, gen, items, body.n_probs)))
+            return sse.response(runs.events(result.stream(items)))
         got = await runs.collect(request, items)
         if got is None:
             return Response(status_code=499)
-        return JSONResponse(_result(fly.model, gen, got[-1], body.n_probs))
+        return JSONResponse(result.final(gen.text, gen.tokens, gen.probs))
 
     return r
 
 
-async def _stream(model: str, gen: Generation, items: AsyncIterator[Any], n_probs: int) -> AsyncIterator[bytes]:
-    async for item in items:
-        if isinstance(item, Step):
-            if item.text:
-                yield sse.event({"index": 0, "content": item.text, "tokens": [item.token], "stop": False,
-                                 "id_slot": 0})
-        else:
-            yield sse.event({**_result(model, gen, item, n_probs), "content": ""})
+class _Result:
+    """llama-server's /completion answer: per-token stream events and the final result."""
 
+    def __init__(self, model: str, piece: Any, prepared: Prepared, body: Any) -> None:
+        self.model, self.piece, self.gen, self.truncated, self.body = model, piece, prepared.gen, prepared.truncated, body
 
-def _result(model: str, gen: Generation, probs: list[dict[str, Any]], n_probs: int) -> dict[str, Any]:
-    s = gen.stats
-    finish = gen.finish
-    out = {
-        "index": 0, "id_slot": 0, "content": gen.text, "stop": True, "model": model,
-        "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.prompt), "truncated": False,
-        "stop_type": finish.kind if finish is not None else "none",
-        "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
-        "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
-                                "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": n_probs},
-        "timings": {
-            "prompt_n": s.n_prompt, "prompt_ms": s.prompt_seconds * 1e3,
-            "prompt_per_token_ms": s.prompt_seconds * 1e3 / s.n_prompt if s.n_prompt else 0.0,
-            "prompt_per_second": s.n_prompt / s.prompt_seconds if s.prompt_seconds > 0 else 0.0,
-            "predicted_n": s.n_tokens, "predicted_ms": s.seconds * 1e3,
-            "predicted_per_token_ms": s.seconds * 1e3 / s.n_tokens if s.n_tokens else 0.0,
-            "predicted_per_second": s.tokens_per_second,
-            "draft_n": s.n_drafted, "draft_n_accepted": s.n_exact + s.n_loose, "draft_n_loose": s.n_loose,
-        },
-        "fly": {**s.as_dict(), "context_full": gen.context_full},
-    }
-    if n_probs:
-        out["completion_probabilities"] = probs
-    return out
+    async def stream(self, items: AsyncIterator[Step | None]) -> AsyncIterator[bytes]:
+        gen, body = self.gen, self.body
+        pending: list[Step] = []
+        sent = 0  # tokens so far (the generation itself may be ahead of this stream)
+        async for step in items:
+            if step is None:
+                break
+            pending.append(step)
+            sent += 1
+            if not step.text:
+                continue  # its text comes with a later token; so do its probabilities
+            event: dict[str, Any] = {
+                "index": 0, "content": step.text, "tokens": [s.token for s in pending], "stop": False,
+                "id_slot": 0, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
+                "fly_token": step_flags(step)}
+            if body.n_probs:
+                event["completion_probabilities"] = self._probs(pending)
+            if body.timings_per_token:
+                event["timings"] = timings(gen.stats)
+            pending = []
+            yield sse.event(event)
+        yield sse.event(self.final("", [s.token for s in pending], [s.probs for s in pending]))
+
+    def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
+        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs)
+
+    def final(self, content: str, tokens: list[int], probs: list[Any]) -> dict[str, Any]:
+        """The last answer: whole (``content``: the text) or a stream's last event (``content``
+        "", and the tokens not yet sent)."""
+        gen, body = self.gen, self.body
+        finish = gen.finish
+        out: dict[str, Any] = {
+            "index": 0, "id_slot": 0, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
+            "stop": True, "model": self.model,
+            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
+            "truncated": self.truncated,
+            "stop_type": finish.kind if finish is not None else "none",
+            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
+            "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
+                                    "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
+                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt},
+            "timings": timings(gen.stats),
+            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
+                    "interrupted": finish is not None and finish.interrupted},
+        }
+        if body.n_probs:
+            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
+        return out

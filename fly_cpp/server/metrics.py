@@ -1,4 +1,9 @@
-"""``GET /metrics``: Prometheus counters of the server's life (text exposition format 0.0.4)."""
+"""``GET /metrics``: Prometheus counters of the server's life (text exposition format 0.0.4).
+
+Two families side by side: llama-server's ``llamacpp:`` names, so dashboards built for it
+work unchanged, and fly-cpp's own ``fly_cpp_`` counters (loose accepts, gate rejections,
+aborted requests, errors, ...).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from fly_cpp.step import Stats
 COUNTERS = {
     "requests": "generation requests started",
     "requests_aborted": "generations abandoned because the client went away",
+    "requests_refused": "generation requests refused with 503 (queue full, shutting down)",
     "errors": "responses with an error status (4xx/5xx), and errors inside streams",
     "prompt_tokens": "prompt tokens of finished generations",
     "tokens_predicted": "tokens generated",
@@ -21,11 +27,25 @@ COUNTERS = {
     "guard_rejected": "mismatches refused by a safeguard of the accept rule",
 }
 
+LLAMACPP_COUNTERS = {
+    "prompt_tokens_total": "Number of prompt tokens processed.",
+    "prompt_seconds_total": "Prompt process time",
+    "tokens_predicted_total": "Number of generation tokens processed.",
+    "tokens_predicted_seconds_total": "Predict process time",
+    "n_decode_total": "Total number of llama_decode() calls",
+    "n_tokens_max": "Largest observed n_tokens.",
+    "spec_decode_num_drafts_total": "Number of speculative drafts verified.",
+    "spec_decode_num_draft_tokens_total": "Number of drafted tokens.",
+    "spec_decode_num_accepted_tokens_total": "Number of drafted tokens accepted (fly-cpp: exactly or loosely).",
+}
+
 
 class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.values = dict.fromkeys(COUNTERS, 0)
+        self.llamacpp: dict[str, float] = dict.fromkeys(LLAMACPP_COUNTERS, 0)
+        self.per_position: list[int] = []  # drafted tokens accepted at each draft position
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -39,15 +59,48 @@ class Metrics:
                             ("accepted", stats.n_exact + stats.n_loose), ("loosely_accepted", stats.n_loose),
                             ("gate_rejected", stats.n_gate_rejected), ("guard_rejected", stats.n_guard_rejected)):
                 self.values[name] += n
+            processed = stats.n_prompt - stats.n_cached
+            m = self.llamacpp
+            m["prompt_tokens_total"] += processed
+            m["prompt_seconds_total"] += stats.prompt_seconds
+            m["tokens_predicted_total"] += stats.n_tokens
+            m["tokens_predicted_seconds_total"] += stats.seconds
+            m["n_decode_total"] += stats.n_rounds + (processed > 1)
+            m["n_tokens_max"] = max(m["n_tokens_max"], stats.n_prompt + stats.n_tokens)
+            m["spec_decode_num_drafts_total"] += stats.n_drafts
+            m["spec_decode_num_draft_tokens_total"] += stats.n_drafted
+            m["spec_decode_num_accepted_tokens_total"] += stats.n_exact + stats.n_loose
+            for length in stats.accepted_lengths:  # drafted tokens kept + the target's own
+                if length - 1 > len(self.per_position):
+                    self.per_position += [0] * (length - 1 - len(self.per_position))
+                for i in range(length - 1):
+                    self.per_position[i] += 1
 
     def render(self, gauges: dict[str, tuple[str, float]]) -> str:
-        lines = []
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, value: float) -> None:
+            lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value:g}"))
+
         with self._lock:
+            m = dict(self.llamacpp)
+            for name, help_text in LLAMACPP_COUNTERS.items():
+                metric(f"llamacpp:{name}", "counter", help_text, m[name])
+            name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+            lines += [f"# HELP {name} Number of drafted tokens accepted at each draft position.",
+                      f"# TYPE {name} counter"]
+            lines += [f'{name}{{position="{i}"}} {n}' for i, n in enumerate(self.per_position)]
             for name, help_text in COUNTERS.items():
-                lines += [f"# HELP fly_cpp_{name}_total {help_text}", f"# TYPE fly_cpp_{name}_total counter",
-                          f"fly_cpp_{name}_total {self.values[name]}"]
+                metric(f"fly_cpp_{name}_total", "counter", help_text, self.values[name])
+        prompt_rate = m["prompt_tokens_total"] / m["prompt_seconds_total"] if m["prompt_seconds_total"] else 0.0
+        predicted_rate = (m["tokens_predicted_total"] / m["tokens_predicted_seconds_total"]
+                          if m["tokens_predicted_seconds_total"] else 0.0)
+        metric("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate)
+        metric("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+               predicted_rate)
         for name, (help_text, value) in gauges.items():
-            lines += [f"# HELP fly_cpp_{name} {help_text}", f"# TYPE fly_cpp_{name} gauge", f"fly_cpp_{name} {value:g}"]
+            metric(f"llamacpp:{name}", "gauge", help_text, value)
+            metric(f"fly_cpp_{name}", "gauge", help_text, value)
         return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """OpenAI's endpoints: /v1/completions, /v1/chat/completions (``stream: true`` as SSE ending
 with ``data: [DONE]``) and /v1/models. The shapes are ``fly_cpp.oai``'s, the same ``Fly``
-returns; streams always carry ``usage`` (and fly-cpp's counters, ``fly``) in their last chunk."""
+returns; streams always carry ``usage`` (and fly-cpp's counters, ``fly``) in their last chunk,
+and, as llama-server does, responses and last chunks carry ``timings``."""
 
 from __future__ import annotations
 
@@ -12,48 +13,74 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from fly_cpp import oai
-from fly_cpp.api import Fly
+from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.server import sse
+from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest, TextCompletionRequest
+from fly_cpp.server.prepare import generation, prepare
 from fly_cpp.server.runs import Runs
+from fly_cpp.server.served import Served
+from fly_cpp.server.timings import timings
 
 Chunk = dict[str, Any]
 
 
-def router(fly: Fly, runs: Runs) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
     r = APIRouter()
     created = int(time.time())
 
     @r.get("/v1/models")
     @r.get("/models")
     async def models() -> dict[str, Any]:
+        fly = served.ready
         return {"object": "list", "data": [{
             "id": fly.model, "object": "model", "created": created, "owned_by": "fly-cpp",
             "meta": {"n_ctx": fly.n_ctx, "n_vocab": fly.info.n_vocab, "draft": fly.info.draft_name}}]}
 
     @r.post("/v1/completions")
     async def completions(body: TextCompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
-        gen = fly.generate(body.prompt, max_tokens=body.max_tokens, stop=body.stop, **body.settings())
+        compat.check(body, "/v1/completions")
+        fly = served.ready
+        shown = body.logprobs
+        max_tokens = _limit(body.n_predict, body.max_tokens)
+        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, max_tokens=max_tokens,
+                                                    n_probs=0 if shown is None else max(shown, 1)))
+        gen, piece = prepared.gen, fly.engine.piece
         top = oai.head("text_completion", fly.model)
-        return await _answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top),
-                             lambda: oai.completion(gen, top))
+        return await _answer(runs, request, gen, body, lambda: oai.completion_chunks(gen, top, shown, piece),
+                             lambda: oai.completion(gen, top, shown, piece))
 
     @r.post("/v1/chat/completions")
     @r.post("/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        gen = fly.generate_chat(body.messages, max_tokens=max_tokens, stop=body.stop, **body.settings())
+        compat.check(body, "/v1/chat/completions")
+        fly = served.ready
+        if body.top_logprobs is not None and not body.logprobs:
+            raise FlyError("top_logprobs needs logprobs: true")
+        shown = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = _limit(body.n_predict, body.max_completion_tokens, body.max_tokens)
+        prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
+                                                    n_probs=0 if shown is None else max(shown, 1)))
+        gen, piece = prepared.gen, fly.engine.piece
         top = oai.head("chat.completion", fly.model)
-        return await _answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top),
-                             lambda: oai.chat_completion(gen, top))
+        return await _answer(runs, request, gen, body, lambda: oai.chat_chunks(gen, top, shown, piece),
+                             lambda: oai.chat_completion(gen, top, shown, piece))
 
     return r
 
 
-async def _answer(runs: Runs, request: Request, gen: Generation, stream: bool, chunks: Callable[[], Iterator[Chunk]],
+def _limit(*given: int | None) -> int | None:
+    """The first limit given (llama-server's n_predict wins, as there); -1 or none: no limit
+    (until end of text or the context is full)."""
+    n = next((n for n in given if n is not None), None)
+    return None if n == -1 else n
+
+
+async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chunks: Callable[[], Iterator[Chunk]],
                   whole: Callable[[], Chunk]) -> Response:
     """Run ``gen`` on the worker: streamed as ``chunks()``, or collected and answered ``whole()``."""
+    stream = body.stream
 
     def job() -> Iterator[Any]:
         try:
@@ -62,18 +89,24 @@ async def _answer(runs: Runs, request: Request, gen: Generation, stream: bool, c
             gen.close()
             runs.metrics.record(gen.stats)
         if not stream:
-            yield whole()
+            yield {**whole(), "timings": timings(gen.stats)}
 
-    items = runs.start(job)
+    try:
+        items = runs.start(job, gen.interrupt)
+    except BaseException:
+        gen.close()
+        raise
     if stream:
-        return sse.response(runs.events(_events(items)))
+        return sse.response(runs.events(_events(items, gen, body.timings_per_token), after_error=sse.DONE))
     got = await runs.collect(request, items)
     if got is None:
         return Response(status_code=499)
     return JSONResponse(got[-1])
 
 
-async def _events(items: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+async def _events(items: AsyncIterator[Chunk], gen: Generation, every: bool) -> AsyncIterator[bytes]:
     async for chunk in items:
+        if every or "usage" in chunk:  # the last chunk, or every one with timings_per_token
+            chunk = {**chunk, "timings": timings(gen.stats)}
         yield sse.event(chunk)
     yield sse.DONE

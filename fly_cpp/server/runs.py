@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 
-from fly_cpp.errors import FlyError
 from fly_cpp.server import errors, sse
 from fly_cpp.server.metrics import Metrics
-from fly_cpp.server.worker import ShuttingDown, Worker
+from fly_cpp.server.worker import Job, Unavailable, Worker
 
 T = TypeVar("T")
 
@@ -22,12 +21,19 @@ class Runs:
         self.worker = worker
         self.metrics = metrics
 
-    def start(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
-        """Queue a generation (``make`` runs on the worker); its items arrive here."""
+    def start(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None) -> Job[T]:
+        """Queue a generation (``make`` runs on the worker; ``interrupt`` ends it early and
+        cleanly at shutdown); its items arrive through the Job. A refusal (queue full,
+        shutting down) raises ``Unavailable`` here, before any response is sent."""
+        try:
+            job = self.worker.submit(make, interrupt)
+        except Unavailable:
+            self.metrics.count("requests_refused")
+            raise
         self.metrics.count("requests")
-        return self.worker.stream(make)
+        return job
 
-    async def collect(self, request: Request, items: AsyncIterator[T]) -> list[T] | None:
+    async def collect(self, request: Request, items: Job[T]) -> list[T] | None:
         """Every item, or None when the client disconnected first (the generation is abandoned)."""
 
         async def everything() -> list[T]:
@@ -42,12 +48,14 @@ class Runs:
         if task.done():
             return task.result()
         task.cancel()
+        items.close()
         self.metrics.count("requests_aborted")
         return None
 
-    async def events(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Guard an SSE stream: an error after the headers went out becomes an error event; a
-        stream the client left before its end counts as aborted."""
+    async def events(self, events: AsyncIterator[bytes], after_error: bytes = b"") -> AsyncIterator[bytes]:
+        """Guard an SSE stream: an error after the headers went out becomes a final error event
+        (``{"error": {...}}``, then ``after_error``); a stream the client left before its end
+        counts as aborted."""
         ended = False
         try:
             async for event in events:
@@ -56,8 +64,9 @@ class Runs:
         except Exception as e:  # the status line is gone already: say it in the stream
             ended = True
             self.metrics.count("errors")
-            status = 400 if isinstance(e, (FlyError, TypeError)) else 503 if isinstance(e, ShuttingDown) else 500
-            yield sse.event(errors.body(status, " ".join(str(e).split()) or type(e).__name__))
+            yield sse.event(errors.body(errors.status_of(e), errors.one_line(e)))
+            if after_error:
+                yield after_error
         finally:
             if not ended:
                 self.metrics.count("requests_aborted")
@@ -67,3 +76,4 @@ async def _disconnected(request: Request) -> None:
     """Return when the client closes the connection (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+

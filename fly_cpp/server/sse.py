@@ -12,7 +12,8 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def event(data: Any) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    # allow_nan=False: NaN is not JSON; a value that would write it fails here, not in a client
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

@@ -2,42 +2,62 @@
 
 llama.cpp calls block, and one pair serves one generation at a time (the engine holds a lock
 while a generation runs), so every generation runs on a single worker thread, in arrival order;
-waiting requests queue in front of it. The event loop never blocks on the engine: it reads what
-the worker produces through an asyncio queue.
+waiting requests queue in front of it (at most ``max_queue``: beyond, HTTP 503 at once). The
+event loop never blocks on the engine: it reads what the worker produces through an asyncio
+queue.
 
-A consumer that stops early (the client went away, the server is shutting down) sets the job's
-cancel flag; the worker sees it before the next item, closes the generation (both KV caches stay
-consistent, the engine lock is released) and takes the next job. A job still waiting when its
-client leaves closes at once without generating.
+A consumer that stops early (the client went away) sets the job's cancel flag; the worker sees
+it before the next item, closes the generation (both KV caches stay consistent, the engine lock
+is released) and takes the next job. A job still waiting when its client leaves closes at once
+without generating.
+
+Shutdown (``stop``) ends every job cleanly: the running one is interrupted (its generation ends
+after the current round and its last items, the final chunk with the stop reason, still come),
+and the waiting ones fail with ``ShuttingDown`` (HTTP 503, or a final error event) instead of
+starting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 _ITEM, _ERROR, _END = "item", "error", "end"
 
 
-class ShuttingDown(Exception):
-    """A job arrived after shutdown began (HTTP 503)."""
+class Unavailable(Exception):
+    """The server cannot take this request now (HTTP 503)."""
+
+
+class ShuttingDown(Unavailable):
+    """A request that had not started when shutdown began."""
+
+
+class QueueFull(Unavailable):
+    """More requests wait for the engine than ``max_queue`` allows."""
 
 
 class Worker:
-    def __init__(self) -> None:
+    def __init__(self, max_queue: int = 128) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-cpp-engine")
         self._lock = threading.Lock()
         self._cancels: set[threading.Event] = set()
+        self._interrupts: dict[int, Callable[[], None]] = {}  # the running job's, by job id
+        self.max_queue = max_queue
         self.waiting = 0  # jobs queued, not started
         self.running = 0  # 0 or 1
         self.closed = False
 
-    async def stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
-        """Run ``make()`` on the worker and yield its items here, as they come."""
+    def submit(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None) -> Job[T]:
+        """Queue ``make()`` for the worker (or raise ``Unavailable`` at once); iterate the
+        returned ``Job`` for its items as they come. ``interrupt``: how to end the job early but
+        cleanly at shutdown (it then still yields its last items). A Job that is dropped
+        without being read to its end abandons the work."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         cancel = threading.Event()
@@ -51,10 +71,16 @@ class Worker:
         def job() -> None:
             with self._lock:
                 self.waiting -= 1
+                if self.closed:
+                    post(_ERROR, ShuttingDown("the server is shutting down; the request was not started"))
+                    return
                 self.running += 1
-            it = make()
+                if interrupt is not None:
+                    self._interrupts[id(cancel)] = interrupt
+            it = None
             try:
                 if not cancel.is_set():
+                    it = make()
                     for item in it:
                         post(_ITEM, item)
                         if cancel.is_set():
@@ -69,10 +95,14 @@ class Worker:
                     close()
                 with self._lock:
                     self.running -= 1
+                    self._interrupts.pop(id(cancel), None)
 
-        if self.closed:
-            raise ShuttingDown("the server is shutting down")
         with self._lock:
+            if self.closed:
+                raise ShuttingDown("the server is shutting down")
+            if self.waiting >= self.max_queue:
+                raise QueueFull(f"the server is busy: {self.waiting} requests are waiting for the engine "
+                                f"(--max-queue {self.max_queue}); retry later")
             self.waiting += 1
             self._cancels.add(cancel)
         try:
@@ -80,30 +110,62 @@ class Worker:
         except RuntimeError:
             with self._lock:
                 self.waiting -= 1
-            raise ShuttingDown("the server is shutting down") from None
-        try:
-            while True:
-                kind, value = await items.get()
-                if kind == _ITEM:
-                    yield value
-                elif kind == _ERROR:
-                    raise value
-                else:
-                    return
-        finally:
-            cancel.set()
-            with self._lock:
                 self._cancels.discard(cancel)
+            raise ShuttingDown("the server is shutting down") from None
+        return Job(items, cancel, lambda: self._forget(cancel))
+
+    def _forget(self, cancel: threading.Event) -> None:
+        with self._lock:
+            self._cancels.discard(cancel)
 
     def stop(self) -> None:
-        """Take no more jobs and end every open generation early (shutdown begins): their
-        streams end, so their connections close while the server drains."""
-        self.closed = True
+        """Shutdown begins: take no more jobs, interrupt the running one (it ends with its
+        final items) and fail the waiting ones when their turn comes (503)."""
+        with self._lock:
+            self.closed = True
+            interrupts = list(self._interrupts.values())
+        for interrupt in interrupts:
+            interrupt()
+
+    def close(self) -> None:
+        """Stop; abandon what is still open (its consumers are gone), and wait for the thread."""
+        self.stop()
         with self._lock:
             for cancel in self._cancels:
                 cancel.set()
+        self._pool.shutdown(wait=True)
+
+
+class Job(Generic[T]):
+    """The event loop's end of one job: its items, then the end (or its error raised)."""
+
+    def __init__(self, items: asyncio.Queue[tuple[str, Any]], cancel: threading.Event,
+                 forget: Callable[[], None]) -> None:
+        self._items = items
+        self._done = False
+        # however this end goes away (read to the end, closed, or simply dropped), the work stops
+        self._finalizer = weakref.finalize(self, _abandon, cancel, forget)
+
+    def __aiter__(self) -> Job[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._done:
+            raise StopAsyncIteration
+        kind, value = await self._items.get()
+        if kind == _ITEM:
+            return value  # type: ignore[no-any-return]
+        self.close()
+        if kind == _ERROR:
+            raise value
+        raise StopAsyncIteration
 
     def close(self) -> None:
-        """Stop, and wait for the thread to finish."""
-        self.stop()
-        self._pool.shutdown(wait=True)
+        """Stop reading: the worker abandons the job at its next item."""
+        self._done = True
+        self._finalizer()
+
+
+def _abandon(cancel: threading.Event, forget: Callable[[], None]) -> None:
+    cancel.set()
+    forget()
