@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from fly_cpp.bench.modes import VARIANTS
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import DraftLengths, NumberList, field_aliases, max_tokens_option, pick, settings_options
 from fly_cpp.config import SamplingSettings, SpecSettings
@@ -19,8 +20,10 @@ from fly_cpp.errors import FlyError
               help="spec_bench (the speculative-decoding benchmark's mix of tasks), mt_bench, gsm8k, humaneval, mbpp, "
                    "or a JSONL file with a prompt field per line")
 @click.option("--limit", type=click.IntRange(min=1), help="run this many prompts (spread over the categories)")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+              help="skip this many of the selected prompts first (to split a run into parts)")
 @click.option("--modes", default="target,spd,fly", show_default=True,
-              help="comma-separated modes: target, spd, fly, spd-plain, fly-plain, fly-nowindow, fly-nogate")
+              help=f"comma-separated modes: {', '.join(VARIANTS)}; name@kN runs a mode at that k only")
 @click.option("--k", *field_aliases(SpecSettings, "k"), "ks", type=DraftLengths(),
               help="tokens drafted per round, 'auto' or a number; a list (auto,3,5,8) sweeps k [default: auto]")
 @click.option("--peer-k", "peer_ks", type=NumberList(int, minimum=1),
@@ -42,13 +45,17 @@ from fly_cpp.errors import FlyError
               help="score agreement with the target and the target's NLL of every output")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="write PNG plots (needs matplotlib)")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr [default: when a terminal]")
+@click.option("--system", "-sys", "--system-prompt", "system", help="a system message before every prompt, the same for every mode (needs the chat template)")
+@click.option("--resume", is_flag=True,
+              help="keep the records of --out's results.json and run only the (prompt, mode) pairs it lacks; "
+                   "results are written after every prompt, so a stopped run can be resumed")
 @model_options
 @settings_options(SpecSettings, skip=("mode", "k"))
 @settings_options(SamplingSettings)
-def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int | str, ...] | None,
+def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[int | str, ...] | None,
           peer_ks: tuple[int, ...] | None, peer_p_mins: tuple[float, ...], max_tokens: int, out: str,
           llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
-          progress: bool | None, **options: Any) -> None:
+          progress: bool | None, system: str | None, resume: bool, **options: Any) -> None:
     """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
     acceptance, host overhead, fidelity to the target's output, and task accuracy.
 
@@ -72,8 +79,14 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int | str, ...]
         except ImportError:
             raise FlyError("plots need matplotlib (pip install 'fly-cpp[bench]'), or pass --no-plots") from None
     config = BenchConfig(max_tokens=max_tokens, sampling=sampling, checker=data.checker, template=template,
-                         warmup=warmup, fidelity=fidelity)
-    n_prompts = len(datasets.select(data.prompts, limit))
+                         warmup=warmup, fidelity=fidelity, system=system)
+    prompts = datasets.select(data.prompts, limit, offset)
+    if not prompts:
+        raise FlyError(f"--offset {offset} leaves no prompts to run")
+    out_dir = Path(out)
+    previous = report.read(out_dir) if resume else None
+    have = {(r["prompt_id"], r["mode"]) for r in (previous or {}).get("records", [])}
+    n_runs = sum((p.id, m.label) not in have for p in prompts for m in mode_list)
     with open_engine(options) as engine:
         peer = None
         if llama_cpp_bin is not None:
@@ -83,14 +96,16 @@ def bench(dataset: str, limit: int | None, modes: str, ks: tuple[int | str, ...]
         from tqdm import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress
-        with tqdm(total=n_prompts * len(mode_list), desc="bench", unit="run", file=sys.stderr,
+        with tqdm(total=n_runs, desc="bench", unit="run", file=sys.stderr,
                   disable=not show, dynamic_ncols=True) as bar:
             def step(label: str) -> None:
                 bar.set_postfix_str(label, refresh=False)
                 bar.update(1)
 
-            result = run_benchmark(engine, data, mode_list, config, limit=limit, peer=peer, progress=step)
-    out_dir = Path(out)
+            result = run_benchmark(engine, data, mode_list, config, limit=limit, offset=offset, peer=peer,
+                                   progress=step,
+                                   previous=previous,
+                                   checkpoint=lambda partial: report.write(partial, out_dir, with_plots=False))
     files = report.write(result, out_dir, with_plots=plots)
     click.echo(report.terminal(result))
     click.echo(f"wrote {', '.join(str(out_dir / f) for f in files)}", err=True)

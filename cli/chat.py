@@ -239,8 +239,8 @@ class Session:
     def count(self, s: Stats) -> None:
         self.last, self.answers = s, self.answers + 1
         t = self.total
-        for name in ("n_prompt", "n_tokens", "n_rounds", "n_drafted", "n_exact", "n_loose", "n_gate_rejected", "n_eog",
-                     "prompt_seconds", "draft_seconds", "target_seconds", "seconds"):
+        for name in ("n_prompt", "n_tokens", "n_rounds", "n_drafted", "n_exact", "n_loose", "n_gate_rejected",
+                     "n_guard_rejected", "n_eog", "prompt_seconds", "draft_seconds", "target_seconds", "seconds"):
             setattr(t, name, getattr(t, name) + getattr(s, name))
 
     # -- commands -------------------------------------------------------------------------

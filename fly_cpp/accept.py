@@ -15,6 +15,20 @@ The parts of a round, named once and used with these words everywhere in fly-cpp
 - **correction**: t_{n+1} when n < m. **bonus**: t_{m+1} when n == m. Either way a round emits
   d_1..d_n and then t_{n+1}: n + 1 tokens per target forward pass.
 - **mean accepted length**: tokens emitted / rounds (the paper's MAT).
+- **safeguards** (``AcceptPolicy`` beyond window and gate; all off in the paper's rule): further
+  conditions a mismatch must meet before the window and gate may keep it, read from per-position
+  ``Facts`` the verifier computes only where they can matter (``entropy_needed``):
+  - *plausibility floor*: the drafted token is among the target's ``top_n`` most likely tokens
+    there, and/or the target finds it at least ``min_ratio`` as likely as its most likely token:
+    p(d)/p(top) = exp(logit_d - logit_top), no softmax needed.
+  - *support guard* (vLLM's): the target could have produced the drafted token itself: a finite
+    logit when greedy, a non-zero probability under its sampler (penalties, top-k, top-p, min-p)
+    when sampling.
+  - *code blocks*: with ``loose_in_code`` off, no mismatch inside a ``` code block of the
+    answer is loosened (there a different token is a different program more often than not).
+  - *numbers*: with ``loose_digits`` off, no mismatch where the drafted or the target's token
+    holds a digit is loosened (a different digit is a different quantity, not a paraphrase).
+  A safeguard only ever removes loose accepts: every one is an extra AND in the rule.
 
 Window semantics: ``window`` W counts the mismatch itself (the authors' released code).
 A mismatch at 0-based position i is window-ok when d_{i+1}..d_{i+W-1} are all exact matches
@@ -42,10 +56,23 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class AcceptPolicy:
-    """The two knobs of loose acceptance. ``AcceptPolicy.exact()`` is plain exact matching."""
+    """The knobs of loose acceptance: FLy's window and gate, and the safeguards (module doc).
+    The defaults are the paper's rule; ``AcceptPolicy.exact()`` is plain exact matching.
+
+    top_n: loosen only where the drafted token is among the target's n most likely (0 = off).
+    min_ratio: loosen only where p(d)/p(top) >= min_ratio (0 = off).
+    supported: loosen only where the target's sampler could produce the drafted token.
+    loose_in_code: loosen inside ``` code blocks too (False = never there).
+    loose_digits: loosen where the drafted or the target's token holds a digit too.
+    """
 
     window: int = 6
     entropy_threshold: float = 0.3
+    top_n: int = 0
+    min_ratio: float = 0.0
+    supported: bool = False
+    loose_in_code: bool = True
+    loose_digits: bool = True
 
     @staticmethod
     def exact() -> AcceptPolicy:
@@ -55,6 +82,63 @@ class AcceptPolicy:
     def loosens(self) -> bool:
         """Whether any mismatch can ever be kept under this policy."""
         return self.window >= 1 and math.isfinite(self.entropy_threshold)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether any safeguard is on (then ``Facts`` are needed to loosen anything)."""
+        return (self.top_n > 0 or self.min_ratio > 0 or self.supported or not self.loose_in_code
+                or not self.loose_digits)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the safeguards read, per drafted position: (m,) arrays, meaningful where
+    ``entropy_needed`` marks a position (anything elsewhere); None where no safeguard needs it.
+    A safeguard that is on but lacks its array loosens nothing.
+
+    log_ratio: log p(d_i)/p(top_i) from the target's raw logits, logit(d_i) - max logit (<= 0).
+    rank: how many tokens the target scores strictly above d_i (0: d_i is its top token).
+    supported: the target's sampler gives d_i a non-zero probability (greedy: a finite logit).
+    in_code: d_i starts inside a ``` code block of the answer.
+    digits: d_i or the target's token t_i there holds a digit.
+    """
+
+    log_ratio: np.ndarray | None = None
+    rank: np.ndarray | None = None
+    supported: np.ndarray | None = None
+    in_code: np.ndarray | None = None
+    digits: np.ndarray | None = None
+
+    def tail(self, start: int) -> Facts:
+        cut = lambda a: None if a is None else np.asarray(a)[start:]  # noqa: E731
+        return Facts(cut(self.log_ratio), cut(self.rank), cut(self.supported), cut(self.in_code), cut(self.digits))
+
+
+def admitted(policy: AcceptPolicy, facts: Facts | None, m: int) -> np.ndarray:
+    """(m,) bool: positions where the safeguards let the window and gate decide."""
+    ok = np.ones(m, dtype=bool)
+    if not policy.guarded:
+        return ok
+    f = facts or Facts()
+
+    def need(a: np.ndarray | None) -> np.ndarray | None:
+        if a is None:
+            ok[:] = False
+            return None
+        return np.asarray(a)[:m]
+
+    if policy.top_n > 0 and (rank := need(f.rank)) is not None:
+        ok &= rank < policy.top_n
+    if policy.min_ratio > 0 and (ratio := need(f.log_ratio)) is not None:
+        with np.errstate(invalid="ignore"):
+            ok &= ratio >= math.log(policy.min_ratio)  # NaN never passes
+    if policy.supported and (sup := need(f.supported)) is not None:
+        ok &= sup.astype(bool)
+    if not policy.loose_in_code and (code := need(f.in_code)) is not None:
+        ok &= ~code.astype(bool)
+    if not policy.loose_digits and (digits := need(f.digits)) is not None:
+        ok &= ~digits.astype(bool)
+    return ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +150,8 @@ class Verdict:
     next_token: the correction (n < m) or the bonus token (n == m), emitted after the n.
     gate_rejected: the round stopped at a mismatch that the window would have kept but the
         entropy gate refused (the target was confident there).
+    guard_rejected: the round stopped at a mismatch that window and gate would have kept but a
+        safeguard refused.
     provisional: cross-round only: position of a mismatch kept pending its window.
     window_left: exact matches later rounds must still show to confirm a pending mismatch.
     confirmed: a window left pending by an earlier round was completed in this round.
@@ -81,6 +167,7 @@ class Verdict:
     window_left: int = 0
     confirmed: bool = False
     refuted_at: int | None = None
+    guard_rejected: bool = False
 
     @property
     def n_exact(self) -> int:
@@ -115,8 +202,9 @@ def _in_round(
     entropy: np.ndarray | None,
     policy: AcceptPolicy,
     target_alt: np.ndarray | None = None,
+    facts: Facts | None = None,
 ) -> Verdict:
-    """The published rule on one round's arrays (see ``judge``)."""
+    """The published rule, and the safeguards, on one round's arrays (see ``judge``)."""
     m = drafted.shape[0]
     assert target.shape[0] == m + 1, "target needs one token per drafted position plus the bonus"
     exact = exact_matches(drafted, target, target_alt)
@@ -124,23 +212,26 @@ def _in_round(
     if policy.loosens and entropy is not None and not exact.all():
         windowed = window_ok(exact, policy.window)
         gate_open = np.asarray(entropy)[:m] >= policy.entropy_threshold
-        keep = exact | (windowed & gate_open)
+        guard_ok = admitted(policy, facts, m)
+        keep = exact | (windowed & gate_open & guard_ok)
     else:
-        windowed = gate_open = None
+        windowed = gate_open = guard_ok = None
         keep = exact
 
     rejected = np.flatnonzero(~keep)
     n = int(rejected[0]) if rejected.size else m
     loose = tuple(int(i) for i in np.flatnonzero(~exact[:n]))
     gate_rejected = bool(windowed is not None and n < m and windowed[n] and not gate_open[n])
-    return Verdict(accepted=n, loose=loose, next_token=int(target[n]), gate_rejected=gate_rejected)
+    guard_rejected = bool(windowed is not None and n < m and windowed[n] and gate_open[n] and not guard_ok[n])
+    return Verdict(accepted=n, loose=loose, next_token=int(target[n]), gate_rejected=gate_rejected,
+                   guard_rejected=guard_rejected)
 
 
 def entropy_needed(drafted: np.ndarray, target: np.ndarray, policy: AcceptPolicy, *,
                    cross_round: bool = False, window_left: int = 0) -> np.ndarray:
-    """Positions whose entropy can change the verdict: window-ok mismatches before the first
-    mismatch that nothing could save (and, cross-round, that one when it may turn provisional).
-    Lets callers compute entropies only there. (bool, (m,))"""
+    """Positions whose entropy (and ``Facts``) can change the verdict: window-ok mismatches
+    before the first mismatch that nothing could save (and, cross-round, that one when it may
+    turn provisional). Lets callers compute them only there. (bool, (m,))"""
     drafted = np.asarray(drafted)
     m = drafted.shape[0]
     exact = drafted == np.asarray(target)[:m]
@@ -185,6 +276,7 @@ def judge(
     cross_round: bool = False,
     window_left: int = 0,
     max_left: int | None = None,
+    facts: Facts | None = None,
 ) -> Verdict:
     """Judge one round: the accept rule.
 
@@ -192,7 +284,8 @@ def judge(
     position and the bonus position. entropy: (m,) float top-3 entropy of the target's raw
     logits at each drafted position (may be None when the policy can never loosen, or hold
     values only where ``entropy_needed`` says they matter). target_alt: optional (m,) int
-    second target sample (authors' sampling rule).
+    second target sample (authors' sampling rule). facts: what the policy's safeguards read
+    (None: no safeguard can pass, so a guarded policy keeps exact matches only).
 
     Without the cross-round options this is the published in-round rule. With them it first
     settles a window left pending by earlier rounds (``window_left`` exact matches still
@@ -212,15 +305,19 @@ def judge(
             return Verdict(accepted=m, loose=(), next_token=int(target[m]), gate_rejected=False, window_left=n)
         start, confirmed = n, True
     rest = _in_round(drafted[start:], target[start:], None if entropy is None else np.asarray(entropy)[start:],
-                  policy, None if target_alt is None else np.asarray(target_alt)[start:m])
+                  policy, None if target_alt is None else np.asarray(target_alt)[start:m],
+                  None if facts is None else facts.tail(start))
     n = start + rest.accepted
     loose = tuple(start + i for i in rest.loose)
     tail = n < m and cross_round and entropy is not None and policy.loosens and bool(exact[n + 1:].all())
-    if tail and np.asarray(entropy)[n] >= policy.entropy_threshold:
+    gate_open = tail and bool(np.asarray(entropy)[n] >= policy.entropy_threshold)
+    guard_ok = tail and bool(admitted(policy, facts, m)[n])
+    if gate_open and guard_ok:
         left = (policy.window - 1) - (m - 1 - n)  # >= 0: n is among the last W positions
         if left == 0:  # the whole window is inside the draft: an ordinary loose accept
             return Verdict(m, (*loose, n), int(target[m]), False, confirmed=confirmed)
         if max_left is None or left <= max_left:
             return Verdict(m, loose, int(target[m]), False, provisional=n, window_left=left, confirmed=confirmed)
-    gate_rejected = rest.gate_rejected or bool(tail and np.asarray(entropy)[n] < policy.entropy_threshold)
-    return Verdict(n, loose, int(target[n]), gate_rejected, confirmed=confirmed)
+    gate_rejected = rest.gate_rejected or (tail and not gate_open)
+    guard_rejected = rest.guard_rejected or (gate_open and not guard_ok)
+    return Verdict(n, loose, int(target[n]), gate_rejected, confirmed=confirmed, guard_rejected=guard_rejected)

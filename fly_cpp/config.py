@@ -17,6 +17,7 @@ from fly_cpp.errors import FlyError
 
 MODES = ("fly", "spd", "target")
 AUTO = "auto"  # k: the cost-aware controller picks each round's draft length
+FLY_RULES = ("guarded", "paper")
 SPLIT_MODES = ("none", "layer", "row")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's KV cache types
 FLASH_ATTN = ("auto", "on", "off")
@@ -223,6 +224,10 @@ class SpecSettings:
     agrees with the next 5 drafted tokens. (vLLM's ``fly_window_size`` counts only the tokens
     after the mismatch: vLLM's 5 is our 6.) ``window`` 1 keeps every mismatch the entropy gate
     lets through; ``window`` 0 switches loose acceptance off (exact-match decoding).
+
+    ``fly_rule`` "paper" is the published rule exactly (window and gate); "guarded" adds the
+    ``loose_*`` safeguards of ``fly_cpp.accept`` and never loosens a token the target's own
+    sampler could not produce.
     """
 
     mode: str = field(default="fly", metadata=_help("fly (loose acceptance), spd (exact match) or target (no drafting)"))
@@ -234,6 +239,18 @@ class SpecSettings:
         "entropy gate in nats: a mismatch may be loosely accepted only where the target's top-3 entropy is at "
         "least this (the target was unsure); top-3 entropy is at most ln 3 = 1.10, so a higher value, or 'inf', "
         "switches loose accepts off"))
+    fly_rule: str = field(default="guarded", metadata=_help(
+        "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
+        "--loose-* safeguards, and never a token the target's sampler could not produce"))
+    loose_min_ratio: float = field(default=0.5, metadata=_help(
+        "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "
+        "as likely as its own top token, p(d)/p(top); 0 = any (the default 0.5 is the ablation's choice, README)"))
+    loose_top_n: int = field(default=0, metadata=_help(
+        "fly, guarded: loosen a mismatch only where the drafted token is among the target's n most likely; 0 = any"))
+    loose_in_code: bool = field(default=True, metadata=_help(
+        "fly, guarded: loosen mismatches inside ``` code blocks of the answer too"))
+    loose_digits: bool = field(default=True, metadata=_help(
+        "fly, guarded: loosen mismatches where the drafted or the target's token holds a digit too"))
     ngram: bool = field(default=True, metadata=_help("speed up the drafter with n-gram lookup"))
     ngram_max: int = field(default=4, metadata=_help("longest n-gram looked up"))
     ngram_tokens: int = field(default=6, metadata=_help("tokens proposed per n-gram hit"))
@@ -259,6 +276,9 @@ class SpecSettings:
         _integer("k_max", self.k_max, 1)
         _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
+        _require(self.fly_rule in FLY_RULES, f"fly_rule must be one of {', '.join(FLY_RULES)}, got {self.fly_rule!r}")
+        _number("loose_min_ratio", self.loose_min_ratio, 0, 1)
+        _integer("loose_top_n", self.loose_top_n, 0)
         _integer("ngram_max", self.ngram_max, 1)
         _integer("ngram_tokens", self.ngram_tokens, 1)
         _require(isinstance(self.p_min, (int, float)) and 0.0 <= self.p_min <= 1.0,
@@ -280,8 +300,15 @@ class SpecSettings:
         return self.k_max if self.k == AUTO else int(self.k)
 
     def policy(self) -> AcceptPolicy:
-        """The accept rule's knobs for this mode: FLy's window and gate, or exact matching."""
-        return AcceptPolicy(self.window, self.entropy_threshold) if self.mode == "fly" else AcceptPolicy.exact()
+        """The accept rule's knobs for this mode: FLy's window and gate (with the safeguards
+        unless the rule is the paper's), or exact matching."""
+        if self.mode != "fly":
+            return AcceptPolicy.exact()
+        if self.fly_rule == "paper":
+            return AcceptPolicy(self.window, self.entropy_threshold)
+        return AcceptPolicy(self.window, self.entropy_threshold, top_n=self.loose_top_n,
+                            min_ratio=self.loose_min_ratio, supported=True, loose_in_code=self.loose_in_code,
+                            loose_digits=self.loose_digits)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
     tokens through ``out`` (which keeps the stats and records how the text ends)."""
     spec, stats = request.spec, out.stats
-    verify, window = Verifier(request), Window(spec)
+    verify, window = Verifier(request, out.detok.piece), Window(spec)
     observe = getattr(drafter, "observe", None)  # drafters that learn from how their rounds went
     committed = list(request.prompt)
     begin = perf_counter()
@@ -91,6 +91,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                 stats.n_exact += verdict.n_exact
                 stats.n_loose += len(verdict.loose)
                 stats.n_gate_rejected += verdict.gate_rejected
+                stats.n_guard_rejected += verdict.guard_rejected
                 stats.n_provisional += verdict.provisional is not None
                 stats.accepted_lengths.append(verdict.accepted + 1)
                 for i, token in enumerate(emitted):

@@ -47,7 +47,9 @@ class Stats:
     n_cached: prompt tokens the target's KV cache already held (not processed again).
     n_drafts: rounds that verified a draft (a non-empty one); n_drafted: tokens drafted.
 
-    n_exact / n_loose count drafted tokens kept by exact match / loosely; with the cross-round
+    n_exact / n_loose count drafted tokens kept by exact match / loosely; n_gate_rejected /
+    n_guard_rejected count rounds that stopped at a mismatch the window would have kept but the
+    entropy gate / a safeguard refused; with the cross-round
     window, n_provisional mismatches were kept pending, n_confirmed of them were confirmed
     (and counted in n_loose), n_refuted were rolled back, and n_refuted_rounds is the number of
     rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
@@ -64,6 +66,7 @@ class Stats:
     n_exact: int = 0
     n_loose: int = 0
     n_gate_rejected: int = 0
+    n_guard_rejected: int = 0
     n_provisional: int = 0
     n_confirmed: int = 0
     n_refuted: int = 0
@@ -104,6 +107,8 @@ class Stats:
         if self.mode != "target":
             line += (f", {plural(self.n_rounds, 'round')}, mean accepted {self.mean_accepted:.2f}, "
                      f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
+            if self.n_guard_rejected:
+                line += f", safeguard rejections {self.n_guard_rejected}"
         if self.n_provisional:
             line += (f", provisional {self.n_provisional} (confirmed {self.n_confirmed}, refuted {self.n_refuted}"
                      f" costing {self.n_refuted_rounds} rounds)")

@@ -14,14 +14,23 @@ draws (``fly_cpp.sampling``: a draw depends only on the seed, the position and t
   (two streams); a drafted token is an exact match when either draw equals it; the correction
   and the bonus are the first draw. Window and gate then apply unchanged (the gate on raw
   logits).
+
+A guarded policy's safeguards read ``accept.Facts``, computed like the entropies only at the
+rows where they can change the verdict (candidate mismatches): the drafted token's logit against
+the row's largest (ratio and rank, read in place), whether the target's sampler could draw it,
+whether it sits in a code block of the answer (``fences``, from the tokens' bytes), and whether
+it or the target's token there spells a digit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from fly_cpp import rows
-from fly_cpp.accept import Verdict, entropy_needed, judge
+from fly_cpp.accept import Facts, Verdict, entropy_needed, judge
+from fly_cpp.fences import Fences
 from fly_cpp.request import Request
 from fly_cpp.sampling import Sampler
 
@@ -29,9 +38,42 @@ from fly_cpp.sampling import Sampler
 class Verifier:
     """Judges the rounds of one generation (holds its sampler, so its seed)."""
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, piece: Callable[[int], bytes] | None = None) -> None:
+        """``piece`` (token -> bytes) lets the code-block safeguard see the text; without it
+        a policy that needs the text loosens nothing."""
         self.policy = request.spec.policy()
         self.sampler = Sampler(request.sampling, request.seed, request.bias)
+        self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
+        self.piece = piece
+
+    def facts(self, logits: np.ndarray, drafted: list[int], committed: list[int], at: np.ndarray,
+              chosen: np.ndarray) -> Facts | None:
+        """The safeguards' facts at rows ``at`` (None when the policy has none or ``at`` is empty);
+        ``chosen``: the target's token per row."""
+        policy, m = self.policy, len(drafted)
+        if not policy.guarded or not at.size:
+            return None
+        sampled = not self.sampler.settings.greedy
+        log_ratio = np.full(m, np.nan) if policy.min_ratio > 0 else None
+        rank = np.zeros(m, dtype=np.int64) if policy.top_n > 0 else None
+        supported = np.zeros(m, dtype=bool) if policy.supported else None
+        digits = np.zeros(m, dtype=bool) if not policy.loose_digits and self.piece is not None else None
+        for i in at:
+            row, d = logits[i], drafted[i]  # row: a view of llama.cpp's buffer
+            logit = row[d]
+            if log_ratio is not None:
+                log_ratio[i] = float(logit) - float(row.max())
+            if rank is not None:
+                rank[i] = int(np.count_nonzero(row > logit))
+            if supported is not None:
+                if sampled:
+                    supported[i] = bool((self.sampler.distribution(row, committed + drafted[:i])[0] == d).any())
+                else:
+                    supported[i] = bool(np.isfinite(logit))
+            if digits is not None:
+                digits[i] = any(c in b"0123456789" for t in (d, int(chosen[i])) for c in self.piece(t))
+        in_code = None if self.fences is None else self.fences.inside(committed, drafted)
+        return Facts(log_ratio, rank, supported, in_code, digits)
 
     def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, cross_round: bool = False,
                  window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray]:
@@ -63,6 +105,9 @@ class Verifier:
                 # contiguous row slices are views of llama.cpp's buffer; fancy indexing would copy them
                 for i in need:
                     entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
-            return judge(draft_ids, chosen, entropy, policy, **options), chosen
+            facts = self.facts(logits, drafted, committed, need, chosen)
+            return judge(draft_ids, chosen, entropy, policy, facts=facts, **options), chosen
         second = np.array([sampler.sample(logits[i], history(i), stream=1) for i in range(m)])
-        return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, **options), chosen
+        facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)),
+                           chosen)
+        return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts, **options), chosen

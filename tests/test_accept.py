@@ -1,12 +1,12 @@
 """The accept rule on hand-built tables (no model needed), in-round and with the cross-round
-window (holding a tail mismatch, confirming, refuting)."""
+window (holding a tail mismatch, confirming, refuting), and its safeguards."""
 
 import math
 
 import numpy as np
 import pytest
 
-from fly_cpp.accept import AcceptPolicy, entropy_needed, judge, window_ok
+from fly_cpp.accept import AcceptPolicy, Facts, admitted, entropy_needed, judge, window_ok
 
 FLY = AcceptPolicy(window=6, entropy_threshold=0.3)
 HIGH, LOW = 1.0, 0.1  # entropies: gate open / gate closed
@@ -204,3 +204,170 @@ def test_same_decisions_where_the_window_fits(seed):
     need = entropy_needed(drafted, target, policy, cross_round=True)
     scrambled = np.where(need, entropy, rng.random(m))
     assert judge(drafted, target, scrambled, policy, cross_round=True) == cross
+
+
+# -- safeguards --------------------------------------------------------------------------------
+# One gated, window-ok mismatch at position 0 (FLy keeps it), then 7 exact matches.
+D = [7, 1, 2, 3, 4, 5, 6, 8]
+T = [0, 1, 2, 3, 4, 5, 6, 8, 9]
+E = [HIGH] * 8
+
+
+def at0(**arrays):
+    """Facts whose position 0 carries the given values (the rest are never read)."""
+    out = {}
+    for name, value in arrays.items():
+        a = np.zeros(8, dtype=type(value))
+        a[0] = value
+        out[name] = a
+    return Facts(**out)
+
+
+def guarded(drafted=D, target=T, entropy=E, facts=None, **policy):
+    return judge(np.array(drafted), np.array(target), np.array(entropy, float), AcceptPolicy(6, 0.3, **policy),
+                 facts=facts)
+
+
+KEPT, REFUSED = (8, (0,), 9, False), (0, (), 0, True)
+
+
+def outcome(v):
+    return v.accepted, v.loose, v.next_token, v.guard_rejected
+
+
+@pytest.mark.parametrize("ratio, floor, result", [
+    (0.6, 0.5, KEPT),      # p(d)/p(top) = 0.6 >= 0.5
+    (0.5, 0.5, KEPT),      # the floor is inclusive
+    (0.4, 0.5, REFUSED),   # the target finds the draft's token too unlikely
+    (0.01, 0.0, KEPT),     # floor 0 = off
+    (1.0, 1.0, KEPT),      # floor 1: only exact ties with the top token
+])
+def test_ratio_floor(ratio, floor, result):
+    assert outcome(guarded(facts=at0(log_ratio=math.log(ratio)), min_ratio=floor)) == result
+
+
+@pytest.mark.parametrize("rank, top_n, result", [
+    (1, 2, KEPT),      # the target's second choice, top-2 allowed
+    (2, 2, REFUSED),   # its third choice
+    (0, 1, KEPT),      # d is a top token too (a tie the argmax broke the other way)
+    (5, 0, KEPT),      # 0 = off
+])
+def test_rank_floor(rank, top_n, result):
+    assert outcome(guarded(facts=at0(rank=rank), top_n=top_n)) == result
+
+
+def test_both_floors_must_hold():
+    facts = Facts(log_ratio=np.full(8, math.log(0.6)), rank=np.full(8, 3))
+    assert outcome(guarded(facts=facts, min_ratio=0.5, top_n=2)) == REFUSED
+    assert outcome(guarded(facts=facts, min_ratio=0.5, top_n=4)) == KEPT
+
+
+@pytest.mark.parametrize("supported, result", [(True, KEPT), (False, REFUSED)])
+def test_support_guard(supported, result):
+    assert outcome(guarded(facts=at0(supported=supported), supported=True)) == result
+
+
+@pytest.mark.parametrize("digits, loose_digits, result", [
+    (True, False, REFUSED),   # "$80,000" drafted as "$130,000": a number is not a paraphrase
+    (False, False, KEPT), (True, True, KEPT)])
+def test_digits(digits, loose_digits, result):
+    assert outcome(guarded(facts=at0(digits=digits), loose_digits=loose_digits)) == result
+
+
+@pytest.mark.parametrize("in_code, loose_in_code, result", [
+    (True, False, REFUSED), (False, False, KEPT), (True, True, KEPT)])
+def test_code_blocks(in_code, loose_in_code, result):
+    facts = at0(in_code=in_code)
+    assert outcome(guarded(facts=facts, loose_in_code=loose_in_code)) == result
+
+
+def test_a_guard_without_its_facts_keeps_exact_matches_only():
+    for policy in ({"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code": False},
+                   {"loose_digits": False}):
+        assert outcome(guarded(facts=Facts(), **policy)) == REFUSED
+        assert outcome(guarded(facts=None, **policy)) == REFUSED
+
+
+def test_the_paper_rule_reads_no_facts():
+    nothing = Facts(log_ratio=np.full(8, -50.0), rank=np.full(8, 999), supported=np.zeros(8, bool),
+                    in_code=np.ones(8, bool), digits=np.ones(8, bool))
+    paper = AcceptPolicy(6, 0.3)
+    assert not paper.guarded and admitted(paper, None, 8).all()
+    assert outcome(guarded(facts=nothing)) == KEPT
+    assert guarded(facts=nothing) == guarded(facts=None) == run(D, T, E)
+
+
+def test_gate_decides_before_the_guard():
+    # the gate is closed: a gate rejection, not a safeguard one
+    v = guarded(entropy=[LOW] * 8, facts=at0(log_ratio=math.log(0.1)), min_ratio=0.5)
+    assert (v.accepted, v.gate_rejected, v.guard_rejected) == (0, True, False)
+
+
+def test_guard_on_a_later_mismatch_after_a_loose_accept():
+    # mismatches at 0 and 6 (a window apart): the guard refuses only the second
+    drafted = [7, 1, 2, 3, 4, 5, 77, 8, 9, 10, 11, 12, 13]
+    target = [0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14]
+    ratio = np.zeros(13)
+    ratio[6] = math.log(0.1)
+    v = guarded(drafted, target, [HIGH] * 13, Facts(log_ratio=ratio), min_ratio=0.5)
+    assert (v.accepted, v.loose, v.next_token, v.guard_rejected) == (6, (0,), 6, True)
+
+
+def test_guard_on_a_cross_round_tail():
+    # a gated mismatch at 5 of 8 with exact matches after it: provisional, unless a guard refuses
+    drafted, target = [1, 2, 3, 4, 5, 99, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    facts = Facts(log_ratio=np.full(8, math.log(0.2)))
+    policy = AcceptPolicy(6, 0.3, min_ratio=0.5)
+    v = judge(np.array(drafted), np.array(target), np.array([HIGH] * 8), policy, cross_round=True, facts=facts)
+    assert (v.accepted, v.provisional, v.next_token, v.guard_rejected) == (5, None, 6, True)
+    ok = Facts(log_ratio=np.full(8, math.log(0.8)))
+    v = judge(np.array(drafted), np.array(target), np.array([HIGH] * 8), policy, cross_round=True, facts=ok)
+    assert (v.accepted, v.provisional, v.window_left) == (8, 5, 3)
+
+
+def test_facts_are_sliced_after_a_confirmed_window():
+    # a pending window needs 2 exact matches (positions 0, 1); then mismatches at 2 and 5, a
+    # window (3) apart: the facts of position 5 refuse it, those of 2 let it through
+    drafted = [1, 2, 9, 4, 5, 77, 7, 8, 9, 10, 11]
+    target = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    ratio = np.zeros(11)
+    ratio[5] = math.log(0.1)
+    v = judge(np.array(drafted), np.array(target), np.array([HIGH] * 11), AcceptPolicy(3, 0.3, min_ratio=0.5),
+              window_left=2, facts=Facts(log_ratio=ratio))
+    assert v.confirmed and (v.accepted, v.loose, v.next_token, v.guard_rejected) == (5, (2,), 6, True)
+
+
+GUARDS = [{"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code": False}, {"loose_digits": False},
+          {"min_ratio": 0.3, "top_n": 3, "supported": True, "loose_in_code": False, "loose_digits": False}]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_safeguards_never_add_loose_accepts(seed):
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(0, 16))
+    target = rng.integers(0, 4, m + 1)
+    drafted = np.where(rng.random(m) < 0.8, target[:m], rng.integers(0, 4, m))
+    entropy = rng.random(m)
+    facts = Facts(log_ratio=np.log(rng.random(m)), rank=rng.integers(0, 5, m), supported=rng.random(m) < 0.8,
+                  in_code=rng.random(m) < 0.5, digits=rng.random(m) < 0.3)
+    window, left = int(rng.integers(1, 8)), int(rng.integers(0, 3))
+    for cross in (False, True):
+        options = {"cross_round": cross, "window_left": left}
+        plain = judge(drafted, target, entropy, AcceptPolicy(window, 0.3), **options)
+        for guard in GUARDS:
+            policy = AcceptPolicy(window, 0.3, **guard)
+            v = judge(drafted, target, entropy, policy, facts=facts, **options)
+            assert v.accepted <= plain.accepted and set(v.loose) <= set(plain.loose)
+            assert (v.provisional is None or v.provisional == plain.provisional) and v.refuted_at == plain.refuted_at
+            # window 0 or a gate at infinity: exact matching, whatever the safeguards
+            for off in (AcceptPolicy(0, 0.3, **guard), AcceptPolicy(window, math.inf, **guard)):
+                assert judge(drafted, target, entropy, off, facts=facts) == run(drafted, target, entropy,
+                                                                                AcceptPolicy.exact())
+            # facts outside the needed positions never matter
+            need = entropy_needed(drafted, target, policy, cross_round=cross, window_left=left)
+            noise = Facts(np.where(need, facts.log_ratio, np.log(rng.random(m))),
+                          np.where(need, facts.rank, rng.integers(0, 5, m)),
+                          np.where(need, facts.supported, rng.random(m) < 0.5),
+                          np.where(need, facts.in_code, rng.random(m) < 0.5),
+                          np.where(need, facts.digits, rng.random(m) < 0.5))
+            assert judge(drafted, target, entropy, policy, facts=noise, **options) == v

@@ -137,6 +137,7 @@ def test_custom_jsonl(tmp_path: Path) -> None:
     (["--dataset", "spec_bench", "--modes", "spd,warp"], "unknown mode 'warp'"),
     (["--dataset", "spec_bench", "--modes", ","], "--modes is empty"),
     (["--dataset", "spec_bench", "--k", "0"], "every value must be >= 1"),
+    (["--dataset", "humaneval", "--offset", "164"], "--offset 164 leaves no prompts to run"),
     (["--dataset", "spec_bench", "--llama-cpp-bin", "/nonexistent"], "no such directory"),
 ])
 def test_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
@@ -151,3 +152,82 @@ def test_bad_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad.write_text('{"prompt": "ok"}\n{"answer": "no prompt"}\n')
     assert main(["bench", "--dataset", str(bad), "--out", str(tmp_path / "o")]) == 1
     assert "bad.jsonl:2: no prompt field" in capsys.readouterr().err
+
+
+def test_resume_keeps_records_and_runs_only_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    args = ["bench", "--dataset", "gsm8k", "-n", "12", "--out", str(out), "--no-progress", "--no-plots", "--no-warmup"]
+    assert main([*args, "--limit", "2", "--modes", "fly-paper"]) == 0
+    first = json.loads((out / "results.json").read_text())
+    assert main([*args, "--limit", "3", "--modes", "fly-paper,fly-r50@k4", "--resume"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    before = {(r["prompt_id"], r["mode"]): r for r in first["records"]}
+    after = {(r["prompt_id"], r["mode"]): r for r in result["records"]}
+    assert set(after) == {(f"gsm8k/{i}", m) for i in range(3) for m in ("target", "fly-paper", "fly-r50@k4")}
+    for key, rec in before.items():  # kept as they were, not run again
+        assert after[key]["stats"]["seconds"] == rec["stats"]["seconds"]
+    assert [row["mode"] for row in result["summary"]] == ["target", "fly-paper", "fly-r50@k4"]
+    assert result["meta"]["complete"] and result["meta"]["n_prompts"] == 3 and result["meta"]["k"] == [4, "auto"]
+    assert all(row.get("n_paired") == 3 for row in result["summary"][1:])
+    out_text = capsys.readouterr().out
+    assert "- fly-r50@k4: won 0, lost 0 of 3, p = 1.000" in out_text
+    # nothing left to run: the file stays as it is
+    assert main([*args, "--limit", "3", "--modes", "fly-paper", "--resume"]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["records"] == result["records"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (["-n", "13"], "made with max_tokens 12, this run has 13"),
+    (["--window", "3"], "mode 'fly-paper' ran with other settings (window 6 there, 3 now)"),
+    (["--system", "Be brief."], "--system needs a chat template"),
+])
+def test_resume_refuses_other_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str], change: list[str],
+                                       message: str) -> None:
+    out = tmp_path / "out"
+    args = ["bench", "--dataset", "gsm8k", "--modes", "fly-paper", "--out", str(out), "--no-progress",
+            "--no-plots", "--no-warmup"]
+    assert main([*args, "-n", "12", "--limit", "1"]) == 0
+    capsys.readouterr()
+    code = main([*args, "--limit", "2", "--resume", *({"-n": []}.get(change[0], ["-n", "12"])), *change])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and message in err and len(err.splitlines()) == 1 and err.startswith("fly-cpp: error:")
+
+
+def test_a_stopped_run_keeps_its_finished_prompts(tmp_path: Path, stories: Path, stories_draft: Path) -> None:
+    from fly_cpp import Engine, ModelSettings
+    from fly_cpp.bench import datasets, report
+    from fly_cpp.bench.modes import parse_modes
+    from fly_cpp.bench.runner import BenchConfig
+    from fly_cpp.bench.suite import run_benchmark
+    from fly_cpp.config import SpecSettings
+
+    out = tmp_path / "out"
+    data = datasets.load("gsm8k")
+    modes = parse_modes("fly", [4], SpecSettings())
+    config = BenchConfig(max_tokens=8, checker="gsm8k", warmup=False)
+
+    def stop_after_first(partial: dict) -> None:
+        report.write(partial, out, with_plots=False)
+        raise KeyboardInterrupt
+
+    with Engine(ModelSettings(str(stories)), ModelSettings(str(stories_draft))) as engine:
+        with pytest.raises(KeyboardInterrupt):
+            run_benchmark(engine, data, modes, config, limit=3, checkpoint=stop_after_first)
+        partial = report.read(out)
+        assert partial is not None and not partial["meta"]["complete"]
+        assert {r["prompt_id"] for r in partial["records"]} == {"gsm8k/0"} and len(partial["records"]) == 2
+        assert "partial run" in (out / "summary.md").read_text()
+        # a second mode stopped after its first prompt keeps the first mode's other records
+        more = parse_modes("fly,spd", [4], SpecSettings())
+        first = run_benchmark(engine, data, modes, config, limit=3, previous=partial)
+        report.write(first, out, with_plots=False)
+        with pytest.raises(KeyboardInterrupt):
+            run_benchmark(engine, data, more, config, limit=3, previous=report.read(out), checkpoint=stop_after_first)
+        again = report.read(out)
+        assert len(again["records"]) == 7 and sum(r["mode"] == "spd" for r in again["records"]) == 1
+        done = run_benchmark(engine, data, more, config, limit=3, previous=again)
+    assert first["meta"]["complete"] and len(first["records"]) == 6
+    assert first["records"][:2] == partial["records"]
+    assert done["meta"]["complete"] and len(done["records"]) == 9
+    assert [r for r in done["records"] if r["mode"] != "spd"] == json.loads(json.dumps(first["records"]))

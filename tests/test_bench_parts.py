@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fly_cpp._llama import Context, Model
-from fly_cpp.bench import checkers, datasets, fidelity, summary
+from fly_cpp.bench import checkers, datasets, fidelity, paired, summary
 from fly_cpp.bench.modes import parse_modes
 from fly_cpp.config import SpecSettings
 from fly_cpp.errors import FlyError
@@ -38,6 +38,10 @@ def test_select_spreads_over_categories() -> None:
     assert len({p.category for p in picked}) == 13
     assert datasets.select(prompts, 26)[:13] == picked
     assert datasets.select(prompts, None) == prompts
+    # --offset: the same order, split into parts
+    assert datasets.select(prompts, 13, offset=13) == datasets.select(prompts, 26)[13:]
+    assert datasets.select(prompts, None, offset=470) == datasets.select(prompts, None)[470:]
+    assert datasets.select(prompts, 5, offset=480) == []
 
 
 @pytest.mark.parametrize("text, number", [
@@ -119,6 +123,50 @@ def test_geomean_median_and_modes() -> None:
         parse_modes("fly,fly", [3], SpecSettings())
 
 
+def test_modes_pinned_to_one_k() -> None:
+    modes = parse_modes("fly-paper,fly-paper+xr@k5", [15], SpecSettings())
+    assert [(m.label, m.k, m.spec.k) for m in modes[1:]] == [("fly-paper", 15, 15), ("fly-paper+xr@k5", 5, 5)]
+    assert modes[2].spec.cross_round and modes[2].spec.fly_rule == "paper"
+    sweep = parse_modes("fly,spd@k2", [3, 4], SpecSettings())
+    assert [m.label for m in sweep] == ["target", "fly@k3", "fly@k4", "spd@k2"]
+    for text, message in (("fly@k0", "bad mode"), ("fly@kx", "bad mode"), ("target@k3", "bad mode"),
+                          ("warp@k3", "unknown mode"), ("fly,fly@k3", "listed twice")):
+        with pytest.raises(FlyError, match=message):
+            parse_modes(text, [3, 4], SpecSettings())
+
+
+def test_guarded_variants_set_every_safeguard() -> None:
+    base = SpecSettings(loose_min_ratio=0.3, loose_top_n=4, loose_in_code=False)
+    r50 = parse_modes("fly-r50", [15], base)[1].spec
+    assert (r50.fly_rule, r50.loose_min_ratio, r50.loose_top_n, r50.loose_in_code) == ("guarded", 0.5, 0, True)
+    assert parse_modes("fly-paper", [15], base)[1].spec.policy() == SpecSettings(fly_rule="paper").policy()
+
+
+@pytest.mark.parametrize("won, lost, p", [
+    (0, 0, 1.0), (1, 0, 1.0), (5, 0, 0.0625), (0, 6, 0.03125), (3, 3, 1.0), (8, 2, 0.109375), (10, 0, 2 / 1024),
+])
+def test_sign_test(won: int, lost: int, p: float) -> None:
+    assert paired.sign_test(won, lost) == pytest.approx(p)
+
+
+def test_paired_summary_won_lost_cut_and_nll_on_common_prompts() -> None:
+    def rec(prompt: str, mode: str, passed: bool, nll: float, finish: str = "stop") -> dict:
+        stats = {"n_tokens": 10, "seconds": 1.0, "n_rounds": 5, "n_drafted": 8, "n_exact": 4, "n_loose": 1,
+                 "n_gate_rejected": 0, "n_guard_rejected": 0, "draft_seconds": 0.2, "target_seconds": 0.5,
+                 "host_seconds": 0.3, "tokens_per_second": 10.0, "accepted_lengths": [2] * 5}
+        return {"prompt_id": prompt, "mode": mode, "category": "c", "stats": stats, "nll": nll,
+                "check": {"passed": passed}, "finish_reason": finish}
+
+    target = [rec("a", "target", True, 1.0), rec("b", "target", False, 1.0), rec("c", "target", True, 2.0),
+              rec("d", "target", True, 4.0)]
+    fly = [rec("a", "fly", False, 1.5), rec("b", "fly", True, 1.5), rec("c", "fly", False, 3.0, "length")]
+    rows = {r["mode"]: r for r in summary.summarize(target + fly, ["target", "fly"])}
+    assert (rows["fly"]["won"], rows["fly"]["lost"], rows["fly"]["n_paired"]) == (1, 2, 3)
+    assert rows["fly"]["sign_p"] == pytest.approx(1.0) and "won" not in rows["target"]
+    assert rows["fly"]["cut"] == pytest.approx(1 / 3) and rows["target"]["cut"] == 0.0
+    assert rows["fly"]["nll_ratio"] == pytest.approx(2.0 / (4 / 3))  # "d" is not the fly's: left out
+
+
 def test_auto_and_peer_sweeps() -> None:
     modes = parse_modes("fly", ["auto", 5], SpecSettings(), peer=True, peer_ks=[3, 16], peer_p_mins=[0.0, 0.75])
     assert [m.label for m in modes] == ["target", "fly@kauto", "fly@k5", "llama.cpp-target", "llama.cpp-spd@k3p0",
@@ -134,7 +182,7 @@ def test_auto_and_peer_sweeps() -> None:
     assert [(m.label, m.k) for m in pinned] == [("target", None), ("fly", "auto"), ("fly+xr@k3", 3),
                                                ("spd@kauto", "auto")]
     assert pinned[2].spec.cross_round and pinned[2].spec.k == 3
-    with pytest.raises(FlyError, match="names no draft length"):
+    with pytest.raises(FlyError, match="bad mode"):
         parse_modes("fly@kx", ["auto"], SpecSettings())
 
 
@@ -158,13 +206,19 @@ def test_chat_template_applied_once_with_one_bos(templated: Path, stories: Path)
         r = PromptRenderer(engine).render("Tell me about a cat.")
         assert r.templated and r.text == "User: Tell me about a cat.\nStory:"  # BOS left to the tokenizer
         assert r.tokens == engine.tokenize(r.text) and r.tokens.count(engine.target_model.bos) == 1
+        system = PromptRenderer(engine, system="Be brief.").render("Tell me about a cat.")
+        assert system.text == "User: Be brief.\nUser: Tell me about a cat.\nStory:"  # this template prints no roles
         raw = PromptRenderer(engine, template=False).render("Tell me about a cat.")
         assert not raw.templated and raw.text == "Tell me about a cat."
         long = PromptRenderer(engine, reserve=64).render("The dog ran and ran. " * 100)
         assert long.truncated and len(long.tokens) <= engine.n_ctx - 64 and long.text.startswith("User: The dog ran")
         assert long.text.endswith("\nStory:")
+        with pytest.raises(FlyError, match="--system needs the chat template: drop --no-template"):
+            PromptRenderer(engine, template=False, system="Be brief.")
     with Engine(ModelSettings(str(stories), n_ctx=128)) as engine:
         assert not PromptRenderer(engine).render("Hi").templated
+        with pytest.raises(FlyError, match="--system needs a chat template: the target GGUF has none"):
+            PromptRenderer(engine, system="Be brief.")
 
 
 def test_bench_with_templated_model(templated: Path, stories_draft: Path, tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ def self_pair(stories):
 
 
 def scripted_run(engine, monkeypatch, edits, k=4, cross=True, n=40):
-    spec = SpecSettings(mode="fly", k=k, window=6, entropy_threshold=0.0, cross_round=cross, cross_round_confidence=0)
+    spec = SpecSettings(mode="fly", k=k, window=6, entropy_threshold=0.0, cross_round=cross, cross_round_confidence=0,
+                        fly_rule="paper")  # the window's mechanics, not the safeguards
     gen = engine.generate("Once upon a time", spec=spec, max_tokens=n, drafter=Scripted(engine.drafter(spec), edits))
     steps = list(gen)
     return gen, steps
@@ -134,7 +135,7 @@ def test_cross_round_with_gate_at_infinity_is_spd(pair):
 
 def test_ngram_only_drafting_refutes_when_no_draft_can_complete_a_window(stories):
     with Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1)) as alone:
-        spec = SpecSettings(mode="fly", k=4, cross_round=True, cross_round_confidence=0)
+        spec = SpecSettings(mode="fly", k=4, cross_round=True, cross_round_confidence=0, fly_rule="paper")
         gen = alone.generate("Once upon a time", spec=spec, max_tokens=120)
         shown = "".join(step.text for step in gen)
         s = gen.stats

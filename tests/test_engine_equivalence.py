@@ -158,3 +158,31 @@ def test_spd_with_k_auto_is_still_the_target_greedy_and_seeded(stories_pair):
         spd = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k="auto"), sampling=sampling, max_tokens=48)
         fixed = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k=7), sampling=sampling, max_tokens=48)
         assert spd.run().tokens == target.run().tokens == fixed.run().tokens, prompt
+
+
+def run_fly(engine: Engine, prompt: str, n: int = 64, **spec):
+    gen = engine.generate(prompt, spec=SpecSettings(mode="fly", k=15, **spec), max_tokens=n)
+    loose = [i for i, step in enumerate(gen) if step.loose]
+    return gen, loose
+
+
+def test_guarded_rule_with_no_floor_is_the_paper_rule_when_greedy(stories_pair):
+    """Greedy logits are finite, so the support guard alone refuses nothing."""
+    for prompt in STORY_PROMPTS:
+        paper, _ = run_fly(stories_pair, prompt, fly_rule="paper")
+        guarded, _ = run_fly(stories_pair, prompt, fly_rule="guarded", loose_min_ratio=0.0, loose_top_n=0)
+        assert guarded.tokens == paper.tokens and guarded.stats.n_loose == paper.stats.n_loose, prompt
+        assert guarded.stats.n_guard_rejected == 0
+
+
+def test_every_loose_token_meets_the_ratio_floor(stories_pair):
+    """Teacher-forced check of the floor on what a guarded generation kept loosely."""
+    floor, kept, refused = 0.5, 0, 0
+    for prompt in STORY_PROMPTS:
+        gen, loose = run_fly(stories_pair, prompt, n=96, fly_rule="guarded", loose_min_ratio=floor)
+        kept, refused = kept + len(loose), refused + gen.stats.n_guard_rejected
+        if loose:
+            score = stories_pair.score(stories_pair.tokenize(prompt), gen.tokens, top_n=1)
+            for i in loose:
+                assert score.logprobs[i] - score.top_logprobs[i, 0] >= math.log(floor) - 1e-4, (prompt, i)
+    assert refused > 0  # the floor did refuse mismatches the paper's rule would have kept

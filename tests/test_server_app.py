@@ -54,6 +54,8 @@ def test_per_request_spec_settings(client):
     assert target["timings"]["draft_n"] == 0 and spd["timings"]["draft_n"] > 0
     assert spd["content"] == target["content"]  # greedy exact-match speculation is lossless
     assert spd["generation_settings"]["k"] == 4
+    paper = complete(client, mode="fly", fly_rule="paper", loose_min_ratio=0.9)
+    assert paper["generation_settings"]["fly_rule"] == "paper"
     strict = complete(client, mode="fly", entropy_threshold="inf")
     assert strict["timings"]["draft_n_loose"] == 0 and strict["generation_settings"]["entropy_threshold"] == "inf"
 
@@ -137,6 +139,8 @@ BAD = [
     ("/completion", {"prompt": "a", "k": "3"}, "k: "),
     ("/completion", {"prompt": "a", "k": 0}, "k must be >= 1"),
     ("/completion", {"prompt": "a", "mode": "fast"}, "mode must be one of"),
+    ("/completion", {"prompt": "a", "fly_rule": "loose"}, "fly_rule must be one of"),
+    ("/completion", {"prompt": "a", "loose_min_ratio": 1.5}, "loose_min_ratio must be in [0, 1]"),
     ("/completion", {"prompt": "once " * 400}, "longer than the context"),
     ("/completion", {"prompt": [1, 10**9]}, "outside the vocabulary"),
     ("/v1/completions", {"prompt": "a", "n": 2}, "n: "),

@@ -72,3 +72,81 @@ def test_sampled_spd_keeps_exactly_the_target_draws():
         verdict, chosen = v(rows, drafted, committed)
         emitted = [*drafted[: verdict.accepted], verdict.next_token]
         assert emitted == own[: len(emitted)]
+
+
+def guarded(**spec) -> Verifier:
+    """A greedy verifier under the guarded rule; token 7 spells a code fence."""
+    settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded", **spec)
+    return Verifier(Request((1,), settings, SamplingSettings(), 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
+
+
+PIECES = {7: b"```", 6: b" 80", 5: b"5"}  # token 7 spells a code fence; every other token "a"
+
+
+def flat_row(top: int, second: int, ratio: float) -> np.ndarray:
+    """A row whose top token is ``top`` and whose ``second`` has p(second)/p(top) = ratio."""
+    row = np.full(V, -5.0, dtype=np.float32)
+    row[top], row[second] = 1.0, 1.0 + np.log(ratio)
+    return row
+
+
+def test_guarded_facts_ratio_rank_and_support():
+    target = [1, 2, 3, 4, 5]
+    rows = logits(target, [False] * 5)
+    rows[1] = flat_row(2, 6, 0.6)  # the draft's 6 is the target's second choice, 0.6 as likely
+    drafted = [1, 6, 3, 4]
+    v, _ = guarded(loose_min_ratio=0.5)(rows, drafted, [0])
+    assert (v.accepted, v.loose) == (4, (1,))
+    v, _ = guarded(loose_min_ratio=0.7)(rows, drafted, [0])
+    assert (v.accepted, v.next_token, v.guard_rejected) == (1, 2, True)
+    v, _ = guarded(loose_top_n=2)(rows, drafted, [0])
+    assert v.loose == (1,)
+    v, _ = guarded(loose_top_n=1)(rows, drafted, [0])
+    assert v.guard_rejected
+    facts = guarded(loose_min_ratio=0.5, loose_top_n=3).facts(rows, drafted, [0], np.array([1]), np.array(target))
+    assert facts.log_ratio[1] == pytest.approx(np.log(0.6), abs=1e-6) and facts.rank[1] == 1
+    assert facts.supported[1] and facts.in_code is None  # support: always checked by the guarded rule
+    rows[1, 6] = -np.inf  # a token the target can never produce is never loosened
+    rows[1, 3] = 0.9  # (keep the row unsure)
+    v, _ = guarded()(rows, drafted, [0])
+    assert (v.accepted, v.guard_rejected) == (1, True)
+    paper = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="paper")
+    v, _ = Verifier(Request((1,), paper, SamplingSettings(), 16, (), seed=0))(rows, drafted, [0])
+    assert v.loose == (1,)  # the paper's rule keeps it
+
+
+def test_guarded_sampling_refuses_what_the_sampler_cannot_draw():
+    rows = logits([1, 2, 3, 4, 5], [False] * 5)
+    rows[1] = flat_row(2, 6, 0.01)
+    rows[1, 3] = 0.8  # open the gate
+    spec = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3)
+    for min_p, kept in ((0.05, False), (0.0, True)):
+        v = Verifier(Request((1,), spec, SamplingSettings(temperature=0.01, top_k=0, top_p=1.0, min_p=min_p), 16, (),
+                             seed=0))
+        facts = v.facts(rows, [1, 6, 3, 4], [0], np.array([1]), np.array([1, 2, 3, 4, 5]))
+        assert bool(facts.supported[1]) is kept
+
+
+def test_guarded_code_blocks():
+    target = [1, 2, 3, 4, 5]
+    rows = logits(target, [False, True, False, False, False])
+    # committed answer text "```" (token 7 after the one-token prompt): the mismatch at 1 is in code
+    v, _ = guarded(loose_in_code=False)(rows, [1, 6, 3, 4], [0, 7])
+    assert (v.accepted, v.guard_rejected) == (1, True)
+    v, _ = guarded(loose_in_code=False)(rows, [1, 6, 3, 4], [0, 8])
+    assert v.loose == (1,)
+    v, _ = guarded(loose_in_code=True)(rows, [1, 6, 3, 4], [0, 7])
+    assert v.loose == (1,)
+
+
+def test_guarded_digits():
+    target = [1, 2, 3, 4, 5]
+    rows = logits(target, [False, True, False, False, False])
+    # drafted 6 (" 80") where the target wanted 2 ("a"): a number, refused without loose_digits
+    v, _ = guarded(loose_digits=False)(rows, [1, 6, 3, 4], [0])
+    assert (v.accepted, v.guard_rejected) == (1, True)
+    v, _ = guarded(loose_digits=True)(rows, [1, 6, 3, 4], [0])
+    assert v.loose == (1,)
+    rows = logits([1, 5, 3, 4, 5], [False, True, False, False, False])  # the target's own token is "5"
+    v, _ = guarded(loose_digits=False)(rows, [1, 2, 3, 4], [0])
+    assert (v.accepted, v.guard_rejected) == (1, True)

@@ -115,9 +115,12 @@ def load(name_or_path: str) -> Dataset:
     return Dataset(path.stem, None, prompts)
 
 
-def select(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+def select(prompts: list[Prompt], limit: int | None, offset: int = 0) -> list[Prompt]:
     """The first ``limit`` prompts, taken round-robin over categories (in order of first
-    appearance), so that a small limit still covers every category of Spec-Bench."""
+    appearance), so that a small limit still covers every category of Spec-Bench; ``offset``
+    drops that many from the front of this order first (``limit`` then counts what is left)."""
+    if offset:
+        return select(prompts, None if limit is None else offset + limit)[offset:]
     if limit is None or limit >= len(prompts):
         return list(prompts)
     by_category: dict[str, list[Prompt]] = {}

@@ -3,7 +3,8 @@
 ``VARIANTS`` maps a name to a function of the base settings (the command line's spec options
 and one k); new variants register themselves here, e.g. a cross-round FLy variant as
 ``VARIANTS["fly+xr"] = lambda s: replace(s, mode="fly", cross_round=True)``. With several k
-values, every drafting mode runs once per k and is labelled ``name@kN``.
+values, every drafting mode runs once per k and is labelled ``name@kN``; a mode written
+``name@kN`` (or ``name@kauto``) in the list runs at that k only (``--modes fly,fly+xr@k5``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,24 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     # FLy with the deferred window carried across rounds (gains for short drafts)
     "fly+xr": lambda s: dataclasses.replace(s, mode="fly", cross_round=True),
     "fly+xr-always": lambda s: dataclasses.replace(s, mode="fly", cross_round=True, cross_round_confidence=0.0),
+    # the published rule exactly, in-round and with the cross-round window
+    "fly-paper": lambda s: dataclasses.replace(s, mode="fly", fly_rule="paper"),
+    "fly-paper+xr": lambda s: dataclasses.replace(s, mode="fly", fly_rule="paper", cross_round=True),
+    # the guarded rule's safeguards one at a time (tests/test_accept.py; the ablation in the README)
+    "fly-r20": lambda s: _guarded(s, min_ratio=0.2),
+    "fly-r50": lambda s: _guarded(s, min_ratio=0.5),
+    "fly-r80": lambda s: _guarded(s, min_ratio=0.8),
+    "fly-top2": lambda s: _guarded(s, top_n=2),
+    "fly-r50-nocode": lambda s: _guarded(s, min_ratio=0.5, in_code=False),
+    "fly-r50-nodigits": lambda s: _guarded(s, min_ratio=0.5, digits=False),
 }
+
+
+def _guarded(s: SpecSettings, *, min_ratio: float = 0.0, top_n: int = 0, in_code: bool = True,
+             digits: bool = True) -> SpecSettings:
+    """FLy under the guarded rule with exactly these safeguards (whatever the defaults are)."""
+    return dataclasses.replace(s, mode="fly", fly_rule="guarded", loose_min_ratio=min_ratio, loose_top_n=top_n,
+                               loose_in_code=in_code, loose_digits=digits)
 
 
 @dataclass(frozen=True)
@@ -54,13 +72,6 @@ class Mode:
         return self.peer == "speculative" or (self.spec is not None and self.spec.mode != "target")
 
 
-def _number(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise FlyError(f"--modes: {name!r} names no draft length (use NAME@kN or NAME@kauto)") from None
-
-
 def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
                 peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,)) -> list[Mode]:
     """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
@@ -70,8 +81,15 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
-    pinned = {n: n.partition("@k")[2] for n in names if "@k" in n}  # "fly+xr@k5": that mode at that k only
-    unknown = [n.partition("@k")[0] for n in names if n.partition("@k")[0] not in VARIANTS]
+    pinned: dict[str, int | str] = {}
+    for n in names:
+        name, at, k = n.partition("@k")
+        if at:
+            if not (k == "auto" or k.isdigit() and int(k) >= 1) or name == REFERENCE:
+                raise FlyError(f"bad mode {n!r} in --modes: write name@kN with N >= 1 or name@kauto "
+                               "(the target drafts nothing)")
+            pinned[n] = k if k == "auto" else int(k)
+    unknown = [n for n in names if n.partition("@k")[0] not in VARIANTS]
     if unknown:
         raise FlyError(f"unknown mode {unknown[0]!r} in --modes: use some of {', '.join(VARIANTS)}")
     if len(set(names)) != len(names):
@@ -86,12 +104,16 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
         if name == REFERENCE:
             continue
         if name in pinned:
-            k = pinned[name] if pinned[name] == "auto" else _number(pinned[name], name)
+            k = pinned[name]
             modes.append(Mode(name, VARIANTS[name.partition("@k")[0]](dataclasses.replace(base, k=k)), k=k))
             continue
         for k in ks:
             spec = VARIANTS[name](dataclasses.replace(base, k=k))
             modes.append(Mode(f"{name}@k{k}" if sweep else name, spec, k=k))
+    labels = [m.label for m in modes]
+    twice = next((x for x in labels if labels.count(x) > 1), None)
+    if twice is not None:
+        raise FlyError(f"mode {twice!r} is listed twice in --modes: {text}")
     if peer:
         numbers = list(peer_ks) or [k for k in ks if isinstance(k, int)] or [PEER_DEFAULT_K]
         modes.append(Mode("llama.cpp-target", None, peer="target"))

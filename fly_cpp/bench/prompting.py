@@ -1,7 +1,8 @@
 """Turning a dataset prompt into the exact text and tokens every mode (and the peer) receives.
 
 The chat template of the target GGUF (``tokenizer.chat_template``) is applied when there is
-one, with a single user message and the generation prompt. The resulting text is what the
+one, with a single user message (after the ``system`` message, when one is given) and the
+generation prompt. The resulting text is what the
 peer binaries are given too: they tokenize with special tokens parsed and BOS added by the
 vocabulary's own rule, so we tokenize the same way, and drop a BOS the template wrote itself
 when the vocabulary adds one anyway (otherwise BOS would appear twice).
@@ -31,10 +32,14 @@ class Rendered:
 class PromptRenderer:
     """Renders dataset prompts for one engine; ``template=False`` uses the raw text."""
 
-    def __init__(self, engine: Engine, *, template: bool = True, reserve: int = 0) -> None:
+    def __init__(self, engine: Engine, *, template: bool = True, reserve: int = 0, system: str | None = None) -> None:
         self.engine = engine
         info = engine.info()
         gguf_template = info.chat_template if template else None
+        if system is not None and gguf_template is None:
+            raise FlyError("--system needs a chat template: the target GGUF has none"
+                           if template else "--system needs the chat template: drop --no-template")
+        self.system = system
         self.bos = info.bos_text
         self.template = (ChatFormat(gguf_template, self.bos, info.eos_text, (), "tokenizer.chat_template")
                          if gguf_template else None)
@@ -44,7 +49,8 @@ class PromptRenderer:
     def _wrap(self, content: str) -> str:
         if self.template is None:
             return content
-        text = self.template.render([{"role": "user", "content": content}], add_generation_prompt=True)
+        messages = [{"role": "system", "content": self.system}] if self.system is not None else []
+        text = self.template.render([*messages, {"role": "user", "content": content}], add_generation_prompt=True)
         if self.add_bos and self.bos and text.startswith(self.bos):
             text = text[len(self.bos):]
         return text

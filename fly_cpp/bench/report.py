@@ -1,12 +1,19 @@
-"""Writing a benchmark's results: results.json (every record + summary), summary.md, PNG plots."""
+"""A benchmark's results on disk: results.json (every record + summary), summary.md, PNG plots.
+
+results.json is replaced atomically (written beside, then renamed), so a run killed while
+writing it leaves the previous complete file; ``read`` loads it back for ``--resume``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
+
+from fly_cpp.errors import FlyError
 
 COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("mode", "mode", "{}"),
@@ -18,6 +25,7 @@ COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("exact", "n_exact", "{}"),
     ("loose", "n_loose", "{}"),
     ("gate rej.", "n_gate_rejected", "{}"),
+    ("guard rej.", "n_guard_rejected", "{}"),
     ("draft ms/rd", "draft_ms_per_round", "{:.2f}"),
     ("target ms/rd", "target_ms_per_round", "{:.2f}"),
     ("host ms/rd", "host_ms_per_round", "{:.3f}"),
@@ -27,7 +35,11 @@ COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("1st div. (med)", "first_divergence_median", "{:g}"),
     ("NLL", "nll", "{:.3f}"),
     ("NLL / target", "nll_ratio", "{:.3f}"),
+    ("cut", "cut", "{:.0%}"),
     ("accuracy", "accuracy", "{:.1%}"),
+    ("won", "won", "{}"),
+    ("lost", "lost", "{}"),
+    ("sign p", "sign_p", "{:.3f}"),
 ]
 WIDTH = 100  # the terminal's text fits this many columns
 # the terminal's table: the headline numbers, narrow enough for WIDTH columns (the rest: summary.md)
@@ -36,7 +48,9 @@ LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, m
           "measured acceptance would give with no host time. mean acc.: tokens per target forward pass. host: "
           "loop time outside the draft and target forward passes. agree: share of positions where the output "
           "equals the target's; identical: share of prompts with the target's exact output; NLL: the target's "
-          "mean negative log-likelihood of the output (nats/token).")
+          "mean negative log-likelihood of the output (nats/token). cut: outputs that ended on the token budget. "
+          "won / lost: problems this mode passed and the target failed / the other way round; sign p: the "
+          "two-sided exact sign test on won vs lost.")
 PEER_LEGEND = (" llama.cpp rows: their decode speed (model loading and prompt excluded); identical there compares "
                "text (its output starts as the target's).")
 
@@ -63,8 +77,10 @@ def _head(result: dict[str, Any]) -> list[str]:
         f"target `{meta['target']}`, draft `{meta['draft']}`; {meta['n_prompts']} prompts, "
         f"max {meta['max_tokens']} tokens, k = {', '.join(map(str, meta['k']))}, "
         f"{'chat template' if meta['templated'] else 'raw prompts'}, temperature {meta['temperature']:g}"
+        f"{', system message' if meta.get('system') else ''}"
         + "".join(f"; {who} on rpc-servers {', '.join(meta[key])}"
-                  for who, key in (("target", "rpc"), ("draft", "draft_rpc")) if meta.get(key)) + ".",
+                  for who, key in (("target", "rpc"), ("draft", "draft_rpc")) if meta.get(key))
+        + f"{'' if meta.get('complete', True) else ' (partial run)'}.",
         "",
     ]
 
@@ -76,6 +92,11 @@ def _has_peer(result: dict[str, Any]) -> bool:
 def notes(result: dict[str, Any]) -> list[str]:
     """Findings about the run as a whole, under the table (here and in summary.md)."""
     lines = []
+    paired = [r for r in result["summary"] if r.get("n_paired")]
+    if paired:
+        lines += ["", "Task correctness against the target, problem by problem (won / lost, sign test):", ""]
+        lines += [f"- {r['mode']}: won {r['won']}, lost {r['lost']} of {r['n_paired']}, p = {r['sign_p']:.3f}"
+                  for r in paired]
     rows = {r["mode"]: r for r in result["summary"]}
     target = rows.get("target")
     slow = [r for r in result["summary"] if not r["peer"] and r["mode"] != "target"
@@ -193,9 +214,8 @@ def write(result: dict[str, Any], out: Path, *, with_plots: bool = True) -> list
     if with_plots:
         files += plots(result, out)
     result["meta"]["files"] = files
-    (out / "results.json").write_text(json.dumps(result, indent=1, allow_nan=False, default=_json_default) + "\n",
-                                      encoding="utf-8")
-    (out / "summary.md").write_text(markdown(result), encoding="utf-8")
+    _replace(out / "results.json", json.dumps(result, indent=1, allow_nan=False, default=_json_default) + "\n")
+    _replace(out / "summary.md", markdown(result))
     return files
 
 
@@ -203,3 +223,23 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def read(out: Path) -> dict[str, Any] | None:
+    """The results.json of an earlier run in ``out`` (None when there is none)."""
+    path = out / "results.json"
+    if not path.exists():
+        return None
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FlyError(f"--resume: cannot read {path}: {e}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("records"), list) or "meta" not in result:
+        raise FlyError(f"--resume: {path} is not a fly-cpp bench results file")
+    return result
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

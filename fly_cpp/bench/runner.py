@@ -6,8 +6,12 @@ runs first. Before each timed generation both KV caches are brought to the promp
 so every mode's time is decoding only, as llama.cpp's own "decoded ... t/s" is.
 
 After the timed runs of a prompt (so that scoring never sits between two timed runs) come
-fidelity (agreement with the target's output, the target's NLL of each output) and the task
-checker.
+fidelity (agreement with the target's output, the target's NLL of each output, and the loose
+accepts with the target's own choice there) and the task checker.
+
+Resuming: ``run`` takes the records of an earlier run (``done``); a (prompt, mode) that has one
+is kept as it is and not run again. ``on_prompt`` sees every prompt's records as soon as they
+are complete, so that a caller can write them before the next prompt starts.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 
 WARMUP_TOKENS = 16
+LOOSE_CONTEXT = (12, 6)  # tokens of text shown before and after a loose accept
 
 
 @dataclass
@@ -37,6 +42,7 @@ class BenchConfig:
     template: bool = True
     warmup: bool = True
     fidelity: bool = True
+    system: str | None = None  # a system message before every prompt (chat template only)
 
 
 def _record(prompt: Prompt, rendered: Rendered, mode: Mode) -> dict[str, Any]:
@@ -52,7 +58,7 @@ class Runner:
             raise ValueError("peer modes need a Peer")
         self.engine, self.modes, self.config, self.peer = engine, list(modes), config, peer
         reserve = config.max_tokens + max(m.max_draft for m in modes) + 2
-        self.renderer = PromptRenderer(engine, template=config.template, reserve=reserve)
+        self.renderer = PromptRenderer(engine, template=config.template, reserve=reserve, system=config.system)
 
     def _generate(self, mode: Mode, rendered: Rendered, max_tokens: int) -> dict[str, Any]:
         if mode.peer is not None:
@@ -64,40 +70,55 @@ class Runner:
         self.engine.prefill(rendered.tokens)
         gen = self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
                                    max_tokens=max_tokens)
-        loose_rounds = sorted({step.round for step in gen if step.loose})  # rounds that kept a token loosely
+        steps = list(gen)
+        loose_at = [i for i, step in enumerate(steps) if step.loose]
         stats = gen.stats.as_dict()
         stats["accepted_lengths"] = list(gen.stats.accepted_lengths)  # per round, 1-based round i at i - 1
-        stats["loose_rounds"] = loose_rounds
-        return {"stats": stats, "tokens": gen.tokens, "text": gen.text, "finish_reason": gen.finish_reason}
+        stats["loose_rounds"] = sorted({steps[i].round for i in loose_at})  # rounds that kept a token loosely
+        return {"stats": stats, "tokens": gen.tokens, "text": gen.text, "finish_reason": gen.finish_reason,
+                "loose_at": loose_at}
 
     def warm_up(self, rendered: Rendered) -> None:
         for mode in self.modes:
             self._generate(mode, rendered, min(WARMUP_TOKENS, self.config.max_tokens))
 
-    def run(self, prompts: Sequence[Prompt], progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    def run(self, prompts: Sequence[Prompt], progress: Callable[[str], None] | None = None,
+            done: Sequence[dict[str, Any]] = (),
+            on_prompt: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        """Records of every (prompt, mode), the ``done`` ones kept, in prompt order and then
+        mode order (modes found only in ``done`` come after this run's)."""
         rendered = [self.renderer.render(p.text) for p in prompts]
         if not rendered:
             raise FlyError("no prompts to run")
-        if self.config.warmup:
+        kept: dict[str, dict[str, dict[str, Any]]] = {}
+        for rec in done:
+            kept.setdefault(rec["prompt_id"], {})[rec["mode"]] = rec
+        todo = [[m for m in self.modes if m.label not in kept.get(p.id, {})] for p in prompts]
+        if self.config.warmup and any(todo):
             self.warm_up(rendered[0])
         records: list[dict[str, Any]] = []
-        for i, (prompt, r) in enumerate(zip(prompts, rendered)):
+        for i, (prompt, r, missing) in enumerate(zip(prompts, rendered, todo)):
             shift = i % len(self.modes)
-            order = self.modes[shift:] + self.modes[:shift]
-            by_mode: dict[str, dict[str, Any]] = {}
+            order = [m for m in self.modes[shift:] + self.modes[:shift] if m in missing]
+            by_mode = dict(kept.get(prompt.id, {}))
+            new: list[dict[str, Any]] = []
             for mode in order:
                 rec = _record(prompt, r, mode)
                 rec.update(self._generate(mode, r, self.config.max_tokens))
                 by_mode[mode.label] = rec
+                new.append(rec)
                 if progress is not None:
                     progress(f"{prompt.id} {mode.label}")
-            ordered = [by_mode[m.label] for m in self.modes]
-            self._score(prompt, r, ordered)
+            labels = [m.label for m in self.modes]
+            ordered = [by_mode[x] for x in labels] + [rec for x, rec in by_mode.items() if x not in labels]
+            if new:
+                self._score(prompt, r, by_mode[REFERENCE], new)
             records += ordered
+            if on_prompt is not None and new:
+                on_prompt(records)
         return records
 
-    def _score(self, prompt: Prompt, rendered: Rendered, recs: list[dict[str, Any]]) -> None:
-        reference = recs[0]
+    def _score(self, prompt: Prompt, rendered: Rendered, reference: dict[str, Any], recs: list[dict[str, Any]]) -> None:
         checker = CHECKERS.get(self.config.checker) if self.config.checker else None
         for rec in recs:
             if rec.get("peer"):  # text only: the binaries print text, and may overshoot max_tokens
@@ -106,6 +127,19 @@ class Runner:
                 continue
             if self.config.fidelity:
                 rec["agreement"], rec["first_divergence"] = fidelity.agreement(rec["tokens"], reference["tokens"])
-                rec["nll"] = self.engine.score(rendered.tokens, rec["tokens"]).nll
+                loose_at = rec.get("loose_at") or []
+                score = self.engine.score(rendered.tokens, rec["tokens"], top_n=1 if loose_at else 0)
+                rec["nll"] = score.nll
+                if loose_at:
+                    rec["loose"] = [self._loose_event(rec["tokens"], score, i) for i in loose_at if i < len(score.logprobs)]
             if checker is not None:
                 rec["check"] = checker(rec["text"], prompt.meta)
+
+    def _loose_event(self, tokens: list[int], score: Any, i: int) -> dict[str, Any]:
+        """A loosely accepted token with the target's own choice there (from the teacher-forced
+        pass) and the text around it."""
+        before, after = LOOSE_CONTEXT
+        text = lambda ts: self.engine.detokenize(ts)  # noqa: E731
+        return {"pos": i, "kept": text(tokens[i:i + 1]), "target": text([int(score.top_ids[i, 0])]),
+                "log_ratio": float(score.logprobs[i] - score.top_logprobs[i, 0]),
+                "before": text(tokens[max(0, i - before):i]), "after": text(tokens[i + 1:i + 1 + after])}

@@ -8,6 +8,10 @@ Ideal speedup: what the measured acceptance would give with no host time at all,
 measured forward-pass times: ideal tokens/s = tokens / (draft + target seconds), over the
 target-only mode's forward-only speed (tokens / forward seconds) on the same prompt. Runtime
 efficiency = speedup / ideal speedup: how close the runtime gets to its own limit.
+
+Task correctness is also compared problem by problem with the target (``paired``): problems won
+and lost, and the two-sided exact sign test. ``cut``: the share of outputs that ended on the
+token budget rather than by themselves (a checker may then fail an answer that was on its way).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fly_cpp.bench import paired
 from fly_cpp.bench.modes import REFERENCE
 
 
@@ -60,7 +65,7 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
             r["speedup_vs_peer_target"] = _ratio(s["tokens_per_second"], peer_ref[r["prompt_id"]]["tokens_per_second"])
 
 
-def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str, Any]:
+def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_passed: dict[str, bool]) -> dict[str, Any]:
     stats = [r["stats"] for r in recs]
     total = lambda key: sum(s.get(key, 0) or 0 for s in stats)  # noqa: E731
     n_tokens, seconds, rounds = total("n_tokens"), total("seconds"), total("n_rounds")
@@ -94,32 +99,41 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: float | None) -> dict[str
     nll = mean(r.get("nll") for r in recs)
     out.update(
         n_exact=total("n_exact"), n_loose=total("n_loose"), n_gate_rejected=total("n_gate_rejected"),
+        n_guard_rejected=total("n_guard_rejected"),
         draft_ms_per_round=per_round(draft_s), target_ms_per_round=per_round(target_s),
         host_ms_per_round=per_round(host_s), host_share=host_s / seconds if seconds > 0 else None,
         ideal_speedup_geomean=geomean(r.get("ideal_speedup") for r in recs),
         agreement=mean(r.get("agreement") for r in recs),
         identical=mean(float(r["first_divergence"] is None) for r in recs if "first_divergence" in r),
         first_divergence_median=median(r.get("first_divergence") for r in recs if r.get("first_divergence") is not None),
-        nll=nll, nll_ratio=_ratio(nll, ref_nll),
+        nll=nll, nll_ratio=_ratio(mean(r.get("nll") for r in recs if r["prompt_id"] in ref_nll),
+                                  mean(ref_nll[r["prompt_id"]] for r in recs if r["prompt_id"] in ref_nll)),
         accepted_length_histogram={str(k): hist[k] for k in sorted(hist)},
         accepted_length_histogram_loose={str(k): loose[k] for k in sorted(loose)},  # rounds with a loose accept
         draft_length_histogram={str(k): drafts[k] for k in sorted(drafts)},  # tokens drafted -> rounds
         mean_draft_length=total("n_drafted") / rounds if rounds else None,
     )
     out["efficiency"] = _ratio(out["speedup_geomean"], out["ideal_speedup_geomean"])
-    checks = [r["check"]["passed"] for r in recs if "check" in r]
-    out["accuracy"] = sum(checks) / len(checks) if checks else None
+    ends = [r["finish_reason"] for r in recs if r.get("finish_reason")]
+    out["cut"] = sum(e == "length" for e in ends) / len(ends) if ends else None
+    passed = {r["prompt_id"]: bool(r["check"]["passed"]) for r in recs if "check" in r}
+    out["accuracy"] = sum(passed.values()) / len(passed) if passed else None
+    if passed and ref_passed and out["mode"] != REFERENCE:
+        won, lost, n = paired.won_lost(passed, ref_passed)
+        out.update(won=won, lost=lost, n_paired=n, sign_p=paired.sign_test(won, lost))
     return out
 
 
 def summarize(records: list[dict[str, Any]], modes: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per mode, in the order given."""
-    ref_nll = mean(r.get("nll") for r in records if r["mode"] == REFERENCE)
+    """One row per mode, in the order given. NLL / target and won/lost compare each mode with
+    the target on the prompts both ran."""
+    ref_nll = {r["prompt_id"]: r["nll"] for r in records if r["mode"] == REFERENCE and r.get("nll") is not None}
+    ref_passed = {r["prompt_id"]: bool(r["check"]["passed"]) for r in records if r["mode"] == REFERENCE and "check" in r}
     rows = []
     for label in modes:
         recs = [r for r in records if r["mode"] == label]
         if recs:
-            rows.append(_mode_summary(recs, ref_nll))
+            rows.append(_mode_summary(recs, ref_nll, ref_passed))
     return rows
 
 

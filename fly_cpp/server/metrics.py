@@ -24,6 +24,7 @@ COUNTERS = {
     "accepted": "drafted tokens the target kept (exactly or loosely)",
     "loosely_accepted": "drafted tokens kept by FLy's loose acceptance",
     "gate_rejected": "mismatches refused by the entropy gate",
+    "guard_rejected": "mismatches refused by a safeguard of the accept rule",
 }
 
 LLAMACPP_COUNTERS = {
@@ -56,7 +57,7 @@ class Metrics:
             for name, n in (("prompt_tokens", stats.n_prompt), ("tokens_predicted", stats.n_tokens),
                             ("rounds", stats.n_rounds), ("drafted", stats.n_drafted),
                             ("accepted", stats.n_exact + stats.n_loose), ("loosely_accepted", stats.n_loose),
-                            ("gate_rejected", stats.n_gate_rejected)):
+                            ("gate_rejected", stats.n_gate_rejected), ("guard_rejected", stats.n_guard_rejected)):
                 self.values[name] += n
             processed = stats.n_prompt - stats.n_cached
             m = self.llamacpp
