@@ -102,13 +102,18 @@ def test_empty_draft_emits_the_target_token():
     assert (v.accepted, v.next_token) == (0, 42)
 
 
-@pytest.mark.parametrize("seed", range(200))
-def test_properties_on_random_rounds(seed):
-    rng = np.random.default_rng(seed)
+def random_round(rng):
+    """A round of up to 15 drafted tokens over a 4-token vocabulary, mostly matching, with entropies."""
     m = int(rng.integers(0, 16))
     target = rng.integers(0, 4, m + 1)
     drafted = np.where(rng.random(m) < 0.8, target[:m], rng.integers(0, 4, m))
-    entropy = rng.random(m)
+    return m, drafted, target, rng.random(m)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_properties_on_random_rounds(seed):
+    rng = np.random.default_rng(seed)
+    m, drafted, target, entropy = random_round(rng)
     window = int(rng.integers(1, 8))
     exact = run(drafted, target, entropy, AcceptPolicy.exact())
     inf_gate = run(drafted, target, entropy, AcceptPolicy(window, math.inf))
@@ -344,10 +349,7 @@ GUARDS = [{"min_ratio": 0.5}, {"top_n": 2}, {"supported": True}, {"loose_in_code
 @pytest.mark.parametrize("seed", range(200))
 def test_safeguards_never_add_loose_accepts(seed):
     rng = np.random.default_rng(seed)
-    m = int(rng.integers(0, 16))
-    target = rng.integers(0, 4, m + 1)
-    drafted = np.where(rng.random(m) < 0.8, target[:m], rng.integers(0, 4, m))
-    entropy = rng.random(m)
+    m, drafted, target, entropy = random_round(rng)
     facts = Facts(log_ratio=np.log(rng.random(m)), rank=rng.integers(0, 5, m), supported=rng.random(m) < 0.8,
                   in_code=rng.random(m) < 0.5, digits=rng.random(m) < 0.3)
     window, left = int(rng.integers(1, 8)), int(rng.integers(0, 3))
