@@ -14,6 +14,7 @@ GPU, a throttled CPU are handled alike).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -33,6 +34,7 @@ DRAFT_ROWS = (1, 2, 4, 8, 16, 32)
 REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the median kept
 MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
 MAX_REPEATS = 15
+TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
 SMOOTHING = 0.1  # weight of one round in the running scale
 MAX_ENTRIES = 64
 _file_lock = threading.Lock()
@@ -46,7 +48,15 @@ class Curve:
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
 
+    @functools.cached_property
+    def _table(self) -> tuple[float, ...]:
+        """Seconds for 0..TABLE_ROWS rows: the pacer asks for these every round."""
+        return tuple(self._interpolate(n) for n in range(TABLE_ROWS + 1))
+
     def __call__(self, n: int) -> float:
+        return self._table[n] if 0 <= n <= TABLE_ROWS else self._interpolate(n)
+
+    def _interpolate(self, n: int) -> float:
         rows, secs = self.rows, self.seconds
         if n <= rows[0] or len(rows) == 1:
             return secs[0] * max(n, 0) / rows[0] if n < rows[0] else secs[0]

@@ -83,7 +83,7 @@ class Pacer:
     pace: float = 0.0  # tokens per second the recent rounds kept (0: none yet)
     idle: int = 0  # rounds since speculation was last tried
     patience: int = PATIENCE  # rounds to wait before the next exploration
-    rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay)
+    rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
     plans: dict[str, int] = field(default_factory=lambda: {"target": 0, "ngram": 0, "draft": 0, "explore": 0})
     _costs: Costs | None = None
 
@@ -101,12 +101,13 @@ class Pacer:
         """(tokens per second, h) of the best draft length h <= h_max for a round whose first
         draft step costs ``first`` seconds and later ones ``step``, each token kept with
         probability ``accept`` given the earlier ones were."""
-        host = self.costs.host
-        best, best_h, expected, p = 1.0 / (host + self.costs.target(1)), 0, 1.0, 1.0
+        costs = self.costs
+        host, target = costs.host, costs.target
+        best, best_h, expected, p = 1.0 / (host + target(1)), 0, 1.0, 1.0
         for h in range(1, h_max + 1):
             p *= accept
             expected += p
-            rate = expected / (host + first + (h - 1) * step + self.costs.target(h + 1))
+            rate = expected / (host + first + (h - 1) * step + target(h + 1))
             if rate > best:
                 best, best_h = rate, h
         return best, best_h
@@ -120,20 +121,24 @@ class Pacer:
             return self._chose("target", 0)
         target_rate = 1.0 / (self.costs.host + self.costs.target(1))
         g_rate, g = 0.0, 0
-        if self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0 and (n := guess()):
+        guesses_may_pay = self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0
+        if guesses_may_pay and (n := guess()):
             g_rate, g = self.best(self.guesses.mean(), min(n, limit), 0.0, 0.0)
-        d_rate, d, could = 0.0, 0, False
+        d_rate = 0.0
         if has_draft:
             first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
-            d_rate, d = self.best(self.model.mean(), limit, first, step)
-            could = self.best(1.0, limit, first, step)[1] > 0
+            d_rate = self.best(self.model.mean(), limit, first, step)[0]
         if max(g_rate, d_rate) > target_rate:
             return self._chose("ngram", g) if g_rate >= d_rate else self._chose("draft", limit)
-        if could:  # drafting could pay if the draft were right more often: try it now and then,
+        if has_draft and self.best(1.0, limit, first, step)[1] > 0:
+            # drafting could pay if the draft were right more often: try it now and then,
             self.idle += 1  # as far as it would pay if the draft were right as often as it is at best
             if self.idle >= self.patience:
                 return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
-        elif not self.best(1.0, limit, 0.0, 0.0)[1]:  # not even free, always right guesses pay: rest a while
+            if not guesses_may_pay:  # nothing to weigh until the next exploration:
+                self.rest = self.patience - self.idle - 1  # decode alone till then without planning
+                self.idle += self.rest
+        elif not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
 

@@ -73,6 +73,14 @@ def test_explores_less_and_less_while_the_draft_is_wrong():
     assert rate > 0.97 / (86 * MS)  # exploring costs little
 
 
+def test_between_explorations_it_does_not_plan():
+    p = pacer(CPU_F16)
+    simulate(p, accept=0.05, rounds=300)  # patience has grown: explorations are far apart
+    planned = []
+    kinds = [p.plan(16, lambda: planned.append(1) or 0, lambda: 0, True)[0] for _ in range(400)]
+    assert kinds.count("explore") >= 1 and len(planned) <= 2 * kinds.count("explore") + 2
+
+
 def test_recovers_when_the_draft_turns_right_again():
     p = pacer(CPU_F16)
     simulate(p, accept=0.05, rounds=300)
