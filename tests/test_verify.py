@@ -26,7 +26,7 @@ def logits(best: list[int], flat: list[bool]) -> np.ndarray:
 
 
 def verifier(mode: str = "fly", **sampling) -> Verifier:
-    spec = SpecSettings(mode=mode, k=8, window=2, entropy_threshold=0.3)
+    spec = SpecSettings(mode=mode, k=8, window=2, entropy_threshold=0.3, fly_rule="paper")  # window and gate alone
     return Verifier(Request((1,), spec, SamplingSettings(**sampling), 16, (), seed=0))
 
 
@@ -75,8 +75,10 @@ def test_sampled_spd_keeps_exactly_the_target_draws():
 
 
 def guarded(**spec) -> Verifier:
-    """A greedy verifier under the guarded rule; token 7 spells a code fence."""
-    settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded", **spec)
+    """A greedy verifier under the guarded rule, with only the safeguards given (no ratio floor
+    unless asked); token 7 spells a code fence."""
+    settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded",
+                            **{"loose_min_ratio": 0.0, **spec})
     return Verifier(Request((1,), settings, SamplingSettings(), 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
 
 
