@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,7 +27,9 @@ def env(tmp_path):
 
 def spawn(env, *args: str) -> pexpect.spawn:
     cmd = command(*args)
-    child = pexpect.spawn(cmd[0], cmd[1:], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    # as from a terminal's shell: Ctrl-C not ignored, whatever the test process inherited
+    child = pexpect.spawn(cmd[0], cmd[1:], env=env, encoding="utf-8", timeout=60, dimensions=(40, 200),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     child.expect("/help for commands")
     child.expect("> ")
     return child
