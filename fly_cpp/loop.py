@@ -22,12 +22,13 @@ from collections.abc import Iterator
 from time import perf_counter
 
 from fly_cpp._llama import Context, common_prefix
+from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Drafter
 from fly_cpp.output import Output
 from fly_cpp.request import Request
 from fly_cpp.scoring import token_probs
-from fly_cpp.step import Step
+from fly_cpp.step import Stats, Step
 from fly_cpp.verify import Verifier
 
 
@@ -88,12 +89,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                 if probs is not None and verdict.provisional is not None and window.pending is not None:
                     at = verdict.provisional  # the target's own token there, should the window fail
                     window.pending.probs = token_probs(logits[at:], [window.pending.correction], request.n_probs)[0]
-                stats.n_exact += verdict.n_exact
-                stats.n_loose += len(verdict.loose)
-                stats.n_gate_rejected += verdict.gate_rejected
-                stats.n_guard_rejected += verdict.guard_rejected
-                stats.n_provisional += verdict.provisional is not None
-                stats.accepted_lengths.append(verdict.accepted + 1)
+                _count(stats, verdict)
                 for i, token in enumerate(emitted):
                     held = window.holds(base + i)
                     if held and out.is_eog(token):  # a window cannot be completed past the end of the text
@@ -114,6 +110,16 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
         yield from out.take()
     finally:
         stats.seconds = perf_counter() - start - paused
+
+
+def _count(stats: Stats, verdict: Verdict) -> None:
+    """A verified round's verdict in the generation's counters."""
+    stats.n_exact += verdict.n_exact
+    stats.n_loose += len(verdict.loose)
+    stats.n_gate_rejected += verdict.gate_rejected
+    stats.n_guard_rejected += verdict.guard_rejected
+    stats.n_provisional += verdict.provisional is not None
+    stats.accepted_lengths.append(verdict.accepted + 1)
 
 
 def _refute(window: Window, committed: list[int], target: Context, out: Output) -> None:
