@@ -76,7 +76,10 @@ def test_half_sent_connections_at_the_file_limit(tmp_path):
         assert all(closed(c, 30) for c in socks)
         assert httpx.get(s.url + "/health", timeout=30).status_code == 200
         log = s.stderr()
-        assert "Too many open files" not in log and "Traceback" not in log and len(log) < 10_000
+        # at the limit, at most the one rate-limited warning line (every 10 s), never a flood or a traceback
+        fd_lines = [line for line in log.splitlines() if "Too many open files" in line]
+        assert all("cannot accept connections" in line for line in fd_lines) and len(fd_lines) <= 5
+        assert "Traceback" not in log and len(log) < 10_000
     finally:
         for c in socks:
             c.close()
