@@ -93,9 +93,13 @@ class Pacer:
             self._costs = self.load()
         return self._costs
 
+    def alone(self) -> float:
+        """Tokens per second of a plain target decode (host time included), now."""
+        return 1.0 / (self.costs.host + self.costs.target(1))
+
     def floor(self) -> float:
         """The pace to beat: what the rounds achieve lately, and at least the target's own."""
-        return max(self.pace, 1.0 / (self.costs.host + self.costs.target(1)))
+        return max(self.pace, self.alone())
 
     def best(self, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
         """(tokens per second, h) of the best draft length h <= h_max for a round whose first
@@ -103,7 +107,7 @@ class Pacer:
         probability ``accept`` given the earlier ones were."""
         costs = self.costs
         host, target = costs.host, costs.target
-        best, best_h, expected, p = 1.0 / (host + target(1)), 0, 1.0, 1.0
+        best, best_h, expected, p = self.alone(), 0, 1.0, 1.0
         for h in range(1, h_max + 1):
             p *= accept
             expected += p
@@ -119,7 +123,7 @@ class Pacer:
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
-        target_rate = 1.0 / (self.costs.host + self.costs.target(1))
+        target_rate = self.alone()
         g_rate, g = 0.0, 0
         guesses_may_pay = self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0
         if guesses_may_pay and (n := guess()):
