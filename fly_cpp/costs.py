@@ -8,7 +8,10 @@ batch sizes (``Curve``: seconds by rows, linear in between), ``calibrate`` does 
 and caches the result in ``<cache>/costs.json`` under a key made of everything that changes
 it (the model files, the settings they are loaded with, the machine and the llama.cpp build),
 and ``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a
-GPU, a throttled CPU are handled alike).
+GPU, a throttled CPU are handled alike). A plain one-row target decode and a batch are scaled
+apart: a calibration can misjudge one and not the other (a one-row decode measured 26% fast made
+every batch look 35% dear, and drafting stopped where it paid), and each is seen often enough to
+correct itself: plain decodes between drafts, batches in every drafting round.
 """
 
 from __future__ import annotations
@@ -114,6 +117,9 @@ def _machine() -> dict[str, object]:
 
 
 def cache_path() -> Path:
+    """``$FLY_CPP_COSTS``, else ``costs.json`` in fly-cpp's cache directory."""
+    if os.environ.get("FLY_CPP_COSTS"):
+        return Path(os.environ["FLY_CPP_COSTS"]).expanduser()
     root = os.environ.get("FLY_CPP_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "fly-cpp")
     return Path(root).expanduser() / "costs.json"
 
@@ -142,24 +148,31 @@ def _curve(entry: object) -> Curve | None:
 
 
 class Costs:
-    """The cost model of one pair: calibrated curves times running scales."""
+    """The cost model of one pair: calibrated curves times running scales (the target's: one
+    for a plain one-row decode, one for batches, which follows the first until a batch is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False) -> None:
         self.target_curve, self.draft_curve = target, draft
         self.cached = cached  # the curves came from the cache, not from a measurement now
         self.target_scale = self.draft_scale = 1.0
+        self.batch_scale: float | None = None  # target batches (2+ rows); None: none seen yet
         self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
 
     def target(self, rows: int) -> float:
         """Seconds of one target decode of ``rows`` rows, now."""
-        return self.target_curve(rows) * self.target_scale
+        scale = self.target_scale if rows <= 1 or self.batch_scale is None else self.batch_scale
+        return self.target_curve(rows) * scale
 
     def draft(self, rows: int) -> float:
         """Seconds of one draft decode of ``rows`` rows, now (0 without a draft model)."""
         return self.draft_curve(rows) * self.draft_scale if self.draft_curve is not None else 0.0
 
     def observe_target(self, rows: int, seconds: float) -> None:
-        self.target_scale = _blend(self.target_scale, seconds / self.target_curve(rows))
+        ratio = seconds / self.target_curve(rows)
+        if rows <= 1:
+            self.target_scale = _blend(self.target_scale, ratio)
+        else:
+            self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
 
     def observe_host(self, seconds: float) -> None:
         self.host = max(seconds, 0.0) if self.host == 0 else (1 - SMOOTHING) * self.host + SMOOTHING * max(seconds, 0.0)
@@ -172,7 +185,9 @@ class Costs:
         """Milliseconds by rows, as calibrated, and the running scales."""
         return {"target_ms": self.target_curve.as_dict(),
                 "draft_ms": self.draft_curve.as_dict() if self.draft_curve is not None else None,
-                "target_scale": round(self.target_scale, 3), "draft_scale": round(self.draft_scale, 3),
+                "target_scale": round(self.target_scale, 3),
+                "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
+                "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3),
                 "cached": self.cached}
 

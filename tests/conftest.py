@@ -19,6 +19,7 @@ from __future__ import annotations
 import lzma
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ from fly_cpp.models import bundled, make
 # Tiny models run fastest on one thread, and ggml's spinning thread barriers crawl when the
 # machine is busy: every engine in the tests (subprocesses included) uses one thread.
 os.environ.setdefault("FLY_CPP_THREADS", "1")
+# The calibrations of the many throwaway models the tests make stay in the session's own file
+# (subprocesses included): they would otherwise evict the user's real pairs from their cache.
+os.environ.setdefault("FLY_CPP_COSTS", os.path.join(tempfile.mkdtemp(prefix="fly-cpp-test-"), "costs.json"))
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fly_cpp import Engine, ModelSettings
-from fly_cpp.costs import Costs, Curve, cache_key, calibrate, format_curve, measure, slower_note
+from fly_cpp.costs import Costs, Curve, cache_key, cache_path, calibrate, format_curve, measure, slower_note
 from fly_cpp._llama import Context, Model
 
 MS = 1e-3
@@ -29,6 +29,7 @@ def test_measure_leaves_the_cache_as_it_was_and_never_decreases(stories):
 
 def test_calibration_is_cached_by_pair_settings_and_machine(stories, stories_draft, tmp_path, monkeypatch):
     monkeypatch.setenv("FLY_CPP_CACHE", str(tmp_path))
+    monkeypatch.delenv("FLY_CPP_COSTS", raising=False)
     t, d = ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1)
     with Engine(t, d) as e:
         first = calibrate(e.target, t, e.draft_ctx, d, token=0)
@@ -40,6 +41,11 @@ def test_calibration_is_cached_by_pair_settings_and_machine(stories, stories_dra
     assert "target ms" in format_curve(first)
 
 
+def test_costs_file_can_be_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "mine.json"))
+    assert cache_path() == tmp_path / "mine.json"
+
+
 def test_online_scale_follows_real_rounds():
     c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), Curve((1,), (5 * MS,)))
     for _ in range(100):
@@ -48,6 +54,20 @@ def test_online_scale_follows_real_rounds():
         c.observe_host(1 * MS)
     assert c.target(1) == pytest.approx(20 * MS, rel=0.01) and c.target(4) == pytest.approx(40 * MS, rel=0.01)
     assert c.draft(1) == pytest.approx(5 * MS, rel=0.01) and c.host == pytest.approx(1 * MS)
+
+
+def test_a_misjudged_single_decode_is_corrected_without_making_batches_dear():
+    c = Costs(Curve((1, 2, 4), (72 * MS, 127 * MS, 140 * MS)), None)  # one row truly costs 98 ms
+    for _ in range(60):
+        c.observe_target(1, 98 * MS)
+    assert c.target(1) == pytest.approx(98 * MS, rel=0.01)
+    assert c.target(4) == pytest.approx(140 * MS * 98 / 72, rel=0.01)  # no batch seen: the one scale
+    for _ in range(60):
+        c.observe_target(1, 98 * MS)
+        c.observe_target(4, 140 * MS)
+    assert c.target(1) == pytest.approx(98 * MS, rel=0.01) and c.target(4) == pytest.approx(140 * MS, rel=0.01)
+    assert c.target(2) == pytest.approx(127 * MS, rel=0.01)
+    assert c.as_dict()["batch_scale"] == pytest.approx(1.0, abs=0.01)
 
 
 def test_slower_note_says_why_and_what_to_try():
