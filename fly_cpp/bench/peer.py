@@ -5,8 +5,10 @@
   drafting rule as fly-cpp's ``spd-plain``) and greedy sampling; it prints its decode speed,
   drafted/accepted counts and the drafter's mean accepted length.
 - Target-only: ``llama-completion`` (``llama-speculative-simple`` refuses to run without a
-  draft); its speed is its perf counters' ``eval time``: the one-token decodes after the
-  prompt (sampling excluded, a slight advantage over the speculative binary's wall clock).
+  draft); its time is its perf counters' ``eval time`` (the one-token decodes after the prompt)
+  plus their share of its ``sampling time`` (choosing each token, which fly-cpp's time also
+  holds); printing the text is left out, a slight advantage over the speculative binary's wall
+  clock.
 
 Decode speeds exclude model loading and prompt processing, like fly-cpp's ``seconds``. Each
 run is a fresh process: the models load every time, outside the timed part.
@@ -35,6 +37,7 @@ _ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
 _FIELD = re.compile(r"\b(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)\s*$", re.M)
 _EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
 _PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_SAMPLING = re.compile(r"\bsampling time =\s*([\d.]+) ms")
 
 
 @dataclass
@@ -87,11 +90,16 @@ def parse_speculative(output: str) -> PeerRun:
 
 
 def parse_completion(output: str) -> PeerRun:
-    """Parse llama-completion's perf counters: generation speed from ``eval time``."""
+    """Parse llama-completion's perf counters: generation time from ``eval time`` and the
+    generated tokens' share of ``sampling time`` (it also sampled the first token, off the
+    prompt's logits)."""
     m = _EVAL.search(output.replace("prompt eval time", "prompt_eval_time"))
     if not m:
         raise FlyError("could not find llama-completion's 'eval time' line in its output")
-    run = PeerRun(n_tokens=int(m.group(2)), seconds=float(m.group(1)) / 1000.0)
+    n, ms = int(m.group(2)), float(m.group(1))
+    if s := _SAMPLING.search(output):
+        ms += float(s.group(1)) * n / (n + 1)
+    run = PeerRun(n_tokens=n, seconds=ms / 1000.0)
     if p := _PROMPT_EVAL.search(output):
         run.n_prompt = int(p.group(2))
     run.n_rounds = run.n_tokens
