@@ -177,8 +177,22 @@ def test_resume_keeps_records_and_runs_only_what_is_missing(tmp_path: Path, caps
     assert again["records"] == result["records"]
 
 
+def test_resume_reads_results_written_before_a_setting_gained_fields(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["bench", "--dataset", "gsm8k", "--modes", "target", "-n", "8", "--out", str(out), "--no-progress",
+            "--no-plots", "--no-warmup"]
+    assert main([*args, "--limit", "1"]) == 0
+    path = out / "results.json"
+    older = json.loads(path.read_text())
+    del older["meta"]["sampling"]["logit_bias"]  # as an earlier fly-cpp wrote it
+    path.write_text(json.dumps(older))
+    assert main([*args, "--limit", "2", "--resume"]) == 0
+    assert json.loads(path.read_text())["meta"]["n_prompts"] == 2
+
+
 @pytest.mark.parametrize("change, message", [
     (["-n", "13"], "made with max_tokens 12, this run has 13"),
+    (["--temp", "0.5"], "made with sampling"),
     (["--window", "3"], "mode 'fly-paper' ran with other settings (window 6 there, 3 now)"),
     (["--system", "Be brief."], "--system needs a chat template"),
 ])

@@ -50,11 +50,19 @@ def _relevant(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in drop}
 
 
+def _differ(before: Any, now: Any) -> bool:
+    """Whether a run setting changed; fields only one side has (a newer fly-cpp added them) are
+    not compared."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        return any(k in now and _differ(v, now[k]) for k, v in before.items())
+    return before != now
+
+
 def _check_resume(previous: dict[str, Any], meta: dict[str, Any], modes: Sequence[Mode],
                   prompts: Sequence[str]) -> None:
     old = previous.get("meta", {})
     for key in SAME_RUN:
-        if key in old and _plain(old[key]) != _plain(meta[key]):
+        if key in old and _differ(_plain(old[key]), _plain(meta[key])):
             raise FlyError(f"--resume: the results there were made with {key} {old[key]!r}, this run has "
                            f"{meta[key]!r}; use another --out")
     have = {(r["prompt_id"], r["mode"]) for r in previous.get("records", [])}
