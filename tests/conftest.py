@@ -16,6 +16,7 @@ Optional assets, skipped with the reason when absent:
 
 from __future__ import annotations
 
+import atexit
 import lzma
 import os
 import shutil
@@ -31,7 +32,10 @@ from fly_cpp.models import bundled, make
 os.environ.setdefault("FLY_CPP_THREADS", "1")
 # The calibrations of the many throwaway models the tests make stay in the session's own file
 # (subprocesses included): they would otherwise evict the user's real pairs from their cache.
-os.environ.setdefault("FLY_CPP_COSTS", os.path.join(tempfile.mkdtemp(prefix="fly-cpp-test-"), "costs.json"))
+if "FLY_CPP_COSTS" not in os.environ:
+    _costs_dir = tempfile.mkdtemp(prefix="fly-cpp-test-")
+    os.environ["FLY_CPP_COSTS"] = os.path.join(_costs_dir, "costs.json")
+    atexit.register(shutil.rmtree, _costs_dir, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
