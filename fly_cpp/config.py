@@ -261,8 +261,9 @@ class SpecSettings:
         "drop drafts shorter than this (the target then decodes one token alone that round); a round that "
         "may draft fewer (near the end of -n or of the context) keeps a draft of that length",
         aliases=("--draft-min", "--draft-n-min", "--spec-draft-n-min")))
-    cross_round: bool = field(default=False, metadata=_help(
-        "fly: keep a gated mismatch near the end of a draft provisionally and finish its window in the next round",
+    cross_round: bool | None = field(default=None, metadata=_help(
+        "fly: keep a gated mismatch near the end of a draft provisionally and finish its window in the next round "
+        "[default: on under the guarded rule, off under the published one]",
         flag="cross-round-window"))
     k_max: int = field(default=16, metadata=_help("with k auto: the longest draft a round may make"))
     cross_round_confidence: float = field(default=0.5, metadata=_help(
@@ -298,6 +299,12 @@ class SpecSettings:
     def max_draft(self) -> int:
         """The longest draft of a round: k, or k_max with k auto."""
         return self.k_max if self.k == AUTO else int(self.k)
+
+    @property
+    def cross_round_window(self) -> bool:
+        """Whether the cross-round window is on: as set, else with the guarded rule (the
+        published rule stays the paper's bit for bit unless asked)."""
+        return self.cross_round if self.cross_round is not None else self.fly_rule == "guarded"
 
     def policy(self) -> AcceptPolicy:
         """The accept rule's knobs for this mode: FLy's window and gate (with the safeguards

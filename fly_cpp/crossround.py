@@ -35,7 +35,7 @@ class Window:
     """Off (``enabled`` False) it never holds anything, and the loop runs the in-round rule."""
 
     def __init__(self, spec: SpecSettings) -> None:
-        self.enabled = spec.cross_round and spec.policy().loosens
+        self.enabled = spec.cross_round_window and spec.policy().loosens
         self.confidence = spec.cross_round_confidence
         self.pending: Pending | None = None
         self.hits = self.misses = 0  # drafted tokens matched / rounds ended by a mismatch

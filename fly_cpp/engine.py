@@ -256,7 +256,7 @@ class Engine:
             base = NgramDrafter(spec, bias)
         if not spec.auto:
             return base
-        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round)
+        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
         if key not in self._pacers:
             self._pacers[key] = Pacer(self._cost_model, spec.k_max)
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)

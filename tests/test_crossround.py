@@ -15,7 +15,14 @@ def test_enabled_only_where_fly_can_loosen():
     assert window().enabled
     assert not Window(SpecSettings(mode="spd", cross_round=True)).enabled
     assert not window(window=0).enabled and not window(entropy_threshold=float("inf")).enabled
-    assert not Window(SpecSettings(mode="fly")).enabled and Window(SpecSettings(mode="fly")).max_left() is None
+    off = Window(SpecSettings(mode="fly", cross_round=False))
+    assert not off.enabled and off.max_left() is None
+
+
+def test_on_by_default_under_the_guarded_rule_only():
+    assert Window(SpecSettings(mode="fly")).enabled
+    assert not Window(SpecSettings(mode="fly", fly_rule="paper")).enabled  # the published rule, bit for bit
+    assert Window(SpecSettings(mode="fly", fly_rule="paper", cross_round=True)).enabled
 
 
 def test_hold_then_confirm():
