@@ -52,6 +52,7 @@ class ModelDrafter:
         self.spec = spec
         self.bias = bias
         self.confidences: list[float | None] = []
+        self.first_confidence: float | None = None  # of the first drafted token, before trimming
 
     def lag(self, committed: Sequence[int]) -> int:
         """Tokens this draft's cache must catch up on before drafting after ``committed``."""
@@ -115,4 +116,5 @@ class ModelDrafter:
                 chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
             out = out[: pacer.trim(chances[: len(out)])]
         self.confidences = list(confidences[: len(out)])
+        self.first_confidence = confidences[0] if confidences else None
         return out

@@ -11,6 +11,9 @@ emits 1 + (accepted drafted tokens). ``Pacer`` keeps what that means here and no
 
 Each round it picks the plan with the most expected tokens per second: a plain target decode
 (no draft call at all), an n-gram guess (no draft decode), or drafting with the draft model.
+Drafting is weighed twice: at the draft's mean acceptance, and as a probe: one draft step whose
+token's confidence then decides whether to go on, verify, or drop it (worth its step when the
+draft is often sure and right where it is sure, even if its mean acceptance is too low to pay).
 While the draft model drafts, it stops as soon as one more step is expected to add fewer tokens
 per second than the pace the rounds have been keeping, and leaves trailing tokens out of the
 batch when verifying them costs more than they are worth. When speculation does not pay it
@@ -36,6 +39,12 @@ PATIENCE = 4  # rounds between explorations at first, and again after a fruitful
 EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
 OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
 REST = 32  # rounds without planning when no speculation at all can pay (costs are checked again after)
+PROBES_SEEN = 8.0  # first drafted tokens seen (decayed) before a probe is weighed by them
+PROBE_MEMORY = 0.98  # weight of an old first token's confidence per new one
+
+
+def _bin(confidence: float) -> int:
+    return min(max(int(confidence * BINS), 0), BINS - 1)
 
 
 class Acceptance:
@@ -51,9 +60,9 @@ class Acceptance:
         return (self.all_hits + PRIOR * self.prior) / (self.all_trials + PRIOR)
 
     def __call__(self, confidence: float | None) -> float:
-        if confidence is None:
-            return self.mean()
-        b = min(int(confidence * BINS), BINS - 1)
+        return self.mean() if confidence is None else self.of_bin(_bin(confidence))
+
+    def of_bin(self, b: int) -> float:
         return (self.hits[b] + PRIOR * (b + 0.5) / BINS) / (self.trials[b] + PRIOR)
 
     def observe(self, confidences: Sequence[float | None], kept: int) -> None:
@@ -63,7 +72,7 @@ class Acceptance:
             self.all_hits = self.all_hits * MEMORY + hit
             self.all_trials = self.all_trials * MEMORY + 1
             if q is not None:
-                b = min(int(q * BINS), BINS - 1)
+                b = _bin(q)
                 self.hits = [h * MEMORY for h in self.hits]
                 self.trials = [t * MEMORY for t in self.trials]
                 self.hits[b] += hit
@@ -84,6 +93,7 @@ class Pacer:
     idle: int = 0  # rounds since speculation was last tried
     patience: int = PATIENCE  # rounds to wait before the next exploration
     rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
+    firsts: list[float] = field(default_factory=lambda: [0.0] * BINS)  # first drafted tokens by confidence bin (decayed)
     plans: dict[str, int] = field(default_factory=lambda: {"target": 0, "ngram": 0, "draft": 0, "explore": 0})
     _costs: Costs | None = None
 
@@ -135,6 +145,8 @@ class Pacer:
         if max(g_rate, d_rate) > target_rate:
             return self._chose("ngram", g) if g_rate >= d_rate else self._chose("draft", limit)
         if has_draft and self.best(1.0, limit, first, step)[1] > 0:
+            if self.probe_pays(limit, first, step):
+                return self._chose("draft", limit)
             # drafting could pay if the draft were right more often: try it now and then,
             self.idle += 1  # as far as it would pay if the draft were right as often as it is at best
             if self.idle >= self.patience:
@@ -145,6 +157,34 @@ class Pacer:
         elif not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
+
+    def probe_pays(self, limit: int, first: float, step: float) -> bool:
+        """Is one draft step worth its cost for what its token's confidence tells? After it the
+        round goes on drafting (each token then as likely kept as that one) or decodes plainly,
+        whichever is worth more at the recent pace; the confidences the first drafted tokens
+        had lately weigh the outcomes."""
+        seen = sum(self.firsts)
+        if seen < PROBES_SEEN:
+            return False
+        pace, target = self.floor(), self.costs.target
+        plain = 1.0 - pace * (self.costs.host + target(1))
+        worth = 0.0
+        for b, weight in enumerate(self.firsts):
+            if weight <= 0:
+                continue
+            accept, best, expected, p = self.model.of_bin(b), plain, 1.0, 1.0
+            for h in range(1, limit + 1):
+                p *= accept
+                expected += p
+                best = max(best, expected - pace * (self.costs.host + (h - 1) * step + target(h + 1)))
+            worth += weight * best
+        return worth / seen - pace * first > plain
+
+    def probed(self, confidence: float | None) -> None:
+        """The draft's confidence in the first token it drafted this round (kept or not)."""
+        if confidence is not None:
+            self.firsts = [w * PROBE_MEMORY for w in self.firsts]
+            self.firsts[_bin(confidence)] += 1.0
 
     def _chose(self, kind: str, n: int) -> tuple[str, int]:
         self.plans[kind] += 1
@@ -244,6 +284,7 @@ class PacedDrafter:
         if self.kind in ("draft", "explore") and self.model is not None:
             out = self.model.draft(committed, n, self.pacer if self.kind == "draft" else None, confident=True)
             self.confidences = list(self.model.confidences)
+            self.pacer.probed(self.model.first_confidence)
             return out
         self.confidences = []
         return []

@@ -105,3 +105,26 @@ def test_acceptance_by_confidence():
         a.observe([0.95, 0.15], 1)  # confident tokens kept, unsure ones not
     assert a(0.97) > 0.9 and a(0.1) < 0.1 and 0.3 < a.mean() < 0.7
     assert Acceptance()(0.85) == (0.85 * 0 + 2.0 * 0.85) / 2.0  # the prior: the bin's confidence
+
+
+def test_probes_a_draft_that_is_right_where_it_is_sure():
+    """Half the rounds the draft is sure of a run of tokens and right, half it is unsure and
+    wrong at once: its mean acceptance is too low for drafting to pay, but one draft step tells
+    the two apart, and is worth its cost."""
+    p = pacer(CPU_F16)
+    for i in range(100):
+        sure = i % 2 == 0
+        p.model.observe([0.97] * 8 if sure else [0.15], 8 if sure else 0)
+        p.probed(0.97 if sure else 0.15)
+    for _ in range(200):  # the run of right tokens is short: the mean is what a plan at it sees
+        p.model.observe([None], 0)
+    first, step = p.costs.draft(1), p.costs.draft(1)
+    assert p.best(p.model.mean(), 16, first, step)[1] == 0
+    assert p.probe_pays(16, first, step)
+    assert p.plan(16, lambda: 0, lambda: 0, True) == ("draft", 16)
+    unsure = pacer(CPU_F16)
+    for _ in range(100):
+        unsure.model.observe([0.15], 0)
+        unsure.probed(0.15)
+    assert not unsure.probe_pays(16, first, step)
+    assert not pacer(CPU_F16).probe_pays(16, first, step)  # nothing seen yet
