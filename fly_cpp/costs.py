@@ -8,7 +8,9 @@ batch sizes (``Curve``: seconds by rows, linear in between), ``calibrate`` does 
 and caches the result in ``<cache>/costs.json`` under a key made of everything that changes
 it (the model files, the settings they are loaded with, the machine and the llama.cpp build),
 and ``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a
-GPU, a throttled CPU are handled alike). A plain one-row target decode and a batch are scaled
+GPU, a throttled CPU are handled alike). A curve whose batches cost far more per row than single
+decodes (``Curve.plausible``) was bent by other work while it was measured: it is measured again,
+and never cached. A plain one-row target decode and a batch are scaled
 apart: a calibration can misjudge one and not the other (a one-row decode measured 26% fast made
 every batch look 35% dear, and drafting stopped where it paid), and each is seen often enough to
 correct itself: plain decodes between drafts, batches in every drafting round.
@@ -40,6 +42,8 @@ MAX_REPEATS = 15
 TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
 SMOOTHING = 0.1  # weight of one round in the running scale
 MAX_ENTRIES = 64
+MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
+MEASURE_TRIES = 3
 _file_lock = threading.Lock()
 
 
@@ -71,6 +75,17 @@ class Curve:
 
     def as_dict(self) -> dict[str, float]:
         return {str(r): round(s * 1e3, 3) for r, s in zip(self.rows, self.seconds)}
+
+    @property
+    def plausible(self) -> bool:
+        """No batch costs much more per row than one-row decodes do (rows decoded together
+        never cost more than decoded apart, up to cache effects): a curve that breaks this was
+        bent by other work on the machine while it was measured."""
+        return all(s <= MAX_PER_ROW * r * self.seconds[0] for r, s in zip(self.rows, self.seconds))
+
+    def bounded(self) -> Curve:
+        """This curve with every size held to the bound ``plausible`` checks."""
+        return Curve(self.rows, tuple(min(s, MAX_PER_ROW * r * self.seconds[0]) for r, s in zip(self.rows, self.seconds)))
 
 
 def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
@@ -208,10 +223,22 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
         d = _curve(entry.get("draft")) if draft is not None else None
         if t is not None and (draft is None or d is not None):
             return Costs(t, d, cached=True)
-    t = measure(target, TARGET_ROWS, token)
-    d = measure(draft, DRAFT_ROWS, token) if draft is not None else None
-    _store(key, t, d)
+    t, t_ok = _measure_plausibly(target, TARGET_ROWS, token)
+    d, d_ok = _measure_plausibly(draft, DRAFT_ROWS, token) if draft is not None else (None, True)
+    if t_ok and d_ok:
+        _store(key, t, d)  # a curve the machine's load bent is used now but measured again next time
     return Costs(t, d)
+
+
+def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
+    """``measure``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
+    machine made some sizes far dearer than they are); the last one bounded if it never is.
+    The flag: a plausible curve was measured."""
+    for _ in range(MEASURE_TRIES):
+        curve = measure(ctx, rows, token)
+        if curve.plausible:
+            return curve, True
+    return curve.bounded(), False
 
 
 def _store(key: str, target: Curve, draft: Curve | None) -> None:

@@ -30,6 +30,7 @@ def test_measure_leaves_the_cache_as_it_was_and_never_decreases(stories):
 def test_calibration_is_cached_by_pair_settings_and_machine(stories, stories_draft, tmp_path, monkeypatch):
     monkeypatch.setenv("FLY_CPP_CACHE", str(tmp_path))
     monkeypatch.delenv("FLY_CPP_COSTS", raising=False)
+    monkeypatch.setattr("fly_cpp.costs.MAX_PER_ROW", float("inf"))  # a busy test machine must not keep it out of the cache
     t, d = ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1)
     with Engine(t, d) as e:
         first = calibrate(e.target, t, e.draft_ctx, d, token=0)
@@ -84,3 +85,46 @@ def test_measure_makes_room_in_a_full_context(stories):
         ctx.decode([m.bos] * 62, logits="none")
         curve = measure(ctx, (1, 2, 4, 8), token=m.bos)
         assert curve.rows == (1, 2, 4, 8) and len(ctx.tokens) == 56 and ctx.tokens == [m.bos] * 56
+
+
+class _Clock:
+    now = 0.0
+
+
+class _TimedContext:
+    """A context whose decodes take ``cost(rows)`` on a fake clock: ``busy`` first measurements
+    are bent as other work on the machine bends them (big batches 40x dearer)."""
+
+    def __init__(self, one_row: float, busy: int) -> None:
+        self.tokens: list[int] = []
+        self.n_batch = self.n_ctx = 512
+        self.n_threads = 1
+        self.one_row, self.busy, self.sizes_seen = one_row, busy, set()
+
+    def decode(self, tokens, logits="last"):  # type: ignore[no-untyped-def]
+        n = len(tokens)
+        if n == 1 and max(self.sizes_seen, default=1) > 1:  # a new measurement starts with one row
+            self.busy -= 1
+            self.sizes_seen.clear()
+        self.sizes_seen.add(n)
+        _Clock.now += self.one_row * (1 + 0.3 * (n - 1)) * (40 if self.busy > 0 and n >= 4 else 1)
+        self.tokens += tokens
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+
+@pytest.mark.parametrize("busy, cached", [(1, True), (9, False)])
+def test_a_curve_bent_by_a_busy_machine_is_measured_again_and_never_cached(
+        stories, tmp_path, monkeypatch, busy, cached):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setattr("fly_cpp.costs.perf_counter", lambda: _Clock.now)
+    t = ModelSettings(str(stories), n_ctx=256, n_threads=1)
+    costs = calibrate(_TimedContext(10 * MS, busy), t, None, None, token=0)  # type: ignore[arg-type]
+    assert costs.target_curve.plausible
+    assert costs.target(8) <= 1.5 * 8 * costs.target(1)
+    if cached:  # the second measurement was calm: that one is used and cached
+        assert costs.target(8) == pytest.approx(10 * MS * (1 + 0.3 * 7))
+    assert (cache_key(t, 1, None, 0) in (tmp_path / "costs.json").read_text()
+            if (tmp_path / "costs.json").exists() else False) == cached
+    assert not Curve((1, 4), (1 * MS, 40 * MS)).plausible and Curve((1, 4), (1 * MS, 5 * MS)).plausible
