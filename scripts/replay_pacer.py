@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Replay k auto's controller, and fixed-k drafting, over a bench run's prompts without the
+machine's noise: what each policy would have decoded, timed by the pair's measured cost curves.
+
+    python scripts/replay_pacer.py RUN/results.json --dataset prompts.jsonl [--draft-scale 1.2]
+
+From the run: every prompt's rendered tokens (re-rendered from ``--dataset`` as the bench did)
+and the target's greedy output (its ``target`` records). One teacher-forced pass of the draft
+model over prompt + output gives the draft's top token and its probability at every position:
+exactly what the draft proposes while it stays on the target's path (off it, nothing it drafts
+can be kept; its confidence there is taken from the same position). Policies then decode each
+prompt against that trace, greedy and exact (loose accepts are not replayed):
+
+- ``target``: one plain decode per token;
+- ``auto``: the real ``fly_cpp.pacing.Pacer`` (plan, more, trim, probe, observe), with the
+  drafter's n-gram checks and catch-up rows, the pacer carried from prompt to prompt as in a bench;
+- ``spd@kN`` / ``spd-plain@kN``: N drafted tokens every round, with / without the drafter's n-gram
+  checks; ``...pP`` stops a draft under probability P, as llama.cpp's ``--spec-draft-p-min``;
+- ``oracle``: drafts exactly the run the target will keep, when that pays.
+
+The clock is the pair's calibrated curves (``fly_cpp.costs``, cached per machine) times the
+``--*-scale`` factors; the replayed tok/s of each policy the run also measured is printed beside
+the measured one, so that the scales can be set to make the replay keep the run's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import Counter
+from dataclasses import dataclass
+
+from fly_cpp import ngram, rows
+from fly_cpp._llama import common_prefix
+from fly_cpp.bench import datasets
+from fly_cpp.bench.prompting import PromptRenderer
+from fly_cpp.config import ModelSettings
+from fly_cpp.costs import Costs
+from fly_cpp.engine import Engine
+from fly_cpp.pacing import Pacer
+
+OFF = -1  # a drafted token off the target's path: never kept
+K_MAX = 16
+
+
+@dataclass
+class Trace:
+    id: str
+    prompt: list[int]
+    out: list[int]  # the target's greedy output
+    top: list[int]  # the draft's top token after prompt + out[:i], i = 0..len(out)
+    prob: list[float]  # ... and its probability
+
+
+def traces(engine: Engine, results: dict, dataset: str) -> list[Trace]:
+    outputs = {x["prompt_id"]: x for x in results["records"] if x["mode"] == "target"}
+    meta = results["meta"]
+    ks = [K_MAX if x["k"] == "auto" else x["k"] for x in results["records"] if x.get("k") is not None]
+    # as the bench renders them: a prompt too long for the context is cut to leave room for the answer
+    renderer = PromptRenderer(engine, template=meta.get("templated", True), system=meta.get("system"),
+                              reserve=meta["max_tokens"] + max(ks, default=0) + 2)
+    ctx, found = engine.draft_ctx, []
+    for p in datasets.load(dataset).prompts:
+        if p.id not in outputs:
+            continue
+        record = outputs[p.id]
+        prompt, out = renderer.render(p.text).tokens, record["tokens"]
+        if len(prompt) != record["n_prompt"]:
+            print(f"skipped {p.id}: renders to {len(prompt)} tokens, the run had {record['n_prompt']}", file=sys.stderr)
+            continue
+        ctx.truncate(0)
+        logits = ctx.decode(prompt + out, logits=len(out) + 1)[:, : engine.n_vocab]
+        found.append(Trace(p.id, prompt, out, [int(t) for t in rows.argmax(logits)],
+                           [float(q) for q in rows.top_probability(logits)]))
+    return found
+
+
+class Replay:
+    """One prompt decoded by one policy; ``seconds`` is the cost model's clock."""
+
+    def __init__(self, trace: Trace, clock: Costs, use_ngram: bool = True) -> None:
+        self.t, self.clock, self.use_ngram = trace, clock, use_ngram
+        self.cache: list[int] = []  # what the draft's KV holds
+        self.seconds = 0.0
+        self.first: float | None = None
+
+    def predict(self, history: list[int], extra: list[int]) -> tuple[int, float]:
+        t, pos = self.t, len(history) - len(self.t.prompt)
+        at = min(pos + len(extra), len(t.out))
+        on = history[len(t.prompt):] + extra == t.out[:pos + len(extra)]
+        return (t.top[at] if on else OFF), t.prob[at]
+
+    def draft(self, committed: list[int], limit: int, pacer: Pacer | None, p_min: float = 0.0) -> tuple[list[int], list[float]]:
+        """As ``ModelDrafter.draft`` does, against the trace."""
+        keep = common_prefix(self.cache, committed[:-1])
+        catchup, out, sure_all, chances, history = committed[keep:-1], [], [], [], list(committed)
+        while len(out) < limit:
+            room = min(6, limit - len(out) - 1)
+            guess = ngram.lookup(history, 4, room) if self.use_ngram and room > 0 else []
+            if pacer is not None and guess:
+                guess = guess[: pacer.guess_length(len(guess), len(catchup))]
+            self.seconds += self.clock.draft(len(catchup) + 1 + len(guess))
+            catchup = []
+            preds = [self.predict(history, guess[:j]) for j in range(len(guess) + 1)]
+            agree = 0
+            while agree < len(guess) and guess[agree] == preds[agree][0]:
+                agree += 1
+            if pacer is not None and guess:
+                pacer.agree.observe([None] * len(guess), agree)
+            sure = [q for _, q in preds[: agree + 1]]
+            new = guess[:agree] + ([preds[agree][0]] if p_min <= 0 or sure[agree] >= p_min else [])
+            out, history, sure_all = out + new, history + new, sure_all + sure[: len(new)]
+            self.cache = history[:-1]
+            if len(new) == agree:
+                break
+            if pacer is not None:
+                for q in sure[: len(new)]:
+                    chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
+                if not pacer.more(chances, pacer.model(sure[len(new) - 1])):
+                    break
+        out = out[:limit]
+        if pacer is not None:
+            while len(chances) < len(out):
+                chances.append((chances[-1] if chances else 1.0) * pacer.model(sure_all[len(chances)]))
+            out = out[: pacer.trim(chances[: len(out)])]
+        self.first = sure_all[0] if sure_all else None
+        return out, sure_all[: len(out)]
+
+    def oracle(self, committed: list[int], pos: int, limit: int) -> list[int]:
+        t, run = self.t, 0
+        while run < limit and t.top[pos + run] == t.out[pos + run]:
+            run += 1
+        lag = len(committed) - 1 - common_prefix(self.cache, committed[:-1])
+        best, h_best = 1 / self.clock.target(1), 0
+        for h in range(1, run + 1):
+            rate = (h + 1) / (self.clock.draft(lag + 1) + (h - 1) * self.clock.draft(1) + self.clock.target(h + 1))
+            if rate > best:
+                best, h_best = rate, h
+        if h_best:
+            self.seconds += self.clock.draft(lag + 1) + (h_best - 1) * self.clock.draft(1)
+            self.cache = committed + t.out[pos: pos + h_best - 1]
+        return t.out[pos: pos + h_best]
+
+    def run(self, policy: str, k: int = K_MAX, p_min: float = 0.0, pacer: Pacer | None = None,
+            lengths: Counter | None = None) -> tuple[int, float, int]:
+        """(tokens, seconds, target passes)."""
+        t = self.t
+        committed, pos, passes, n = list(t.prompt), 0, 0, len(t.out)
+        self.cache, self.seconds = committed[:-1], 0.0
+        while pos < n:
+            limit, start, kind, sure = min(k, n - pos - 1), self.seconds, "target", []
+            drafted: list[int] = []
+            if policy == "oracle":
+                drafted = self.oracle(committed, pos, limit)
+            elif policy == "auto" and limit > 0:
+                guess: list[int] = []
+
+                def lookup() -> int:
+                    guess.extend(ngram.lookup(committed, 4, min(6, limit)))
+                    return len(guess)
+                lag = lambda: len(committed) - 1 - common_prefix(self.cache, committed[:-1])  # noqa: E731
+                kind, m = pacer.plan(limit, lag, lookup if self.use_ngram else (lambda: 0), True)
+                if kind == "ngram":
+                    drafted, sure = guess[:m], [None] * min(m, len(guess))
+                elif kind in ("draft", "explore"):
+                    drafted, sure = self.draft(committed, m, pacer if kind == "draft" else None)
+                    pacer.probed(self.first)
+            elif policy == "fixed" and limit > 0:
+                drafted, sure = self.draft(committed, limit, None, p_min)
+            self.seconds += self.clock.target(len(drafted) + 1) + self.clock.host
+            kept = 0
+            while kept < len(drafted) and drafted[kept] == t.out[pos + kept]:
+                kept += 1
+            emitted = min(kept + 1, n - pos)
+            committed += t.out[pos: pos + emitted]
+            pos, passes = pos + emitted, passes + 1
+            if lengths is not None:
+                lengths[len(drafted)] += 1
+            if pacer is not None:
+                verified = sure[: len(drafted)]
+                pacer.observe(kind if verified else "target", verified, kept, emitted, self.seconds - start)
+        return n, self.seconds, passes
+
+
+def policies(names: list[str]) -> list[tuple[str, dict]]:
+    out = []
+    for name in names:
+        base, _, p = name.partition("p0")
+        if base in ("auto", "oracle"):
+            out.append((name, {"policy": base}))
+            continue
+        mode, _, k = base.partition("@k")
+        if mode not in ("spd", "spd-plain") or not k.isdigit():
+            sys.exit(f"unknown policy {name!r}: auto, oracle, spd@kN, spd-plain@kN (optionally ...p0.75)")
+        out.append((name, {"policy": "fixed", "k": int(k), "p_min": float("0" + p) if p else 0.0,
+                           "ngram": mode == "spd"}))
+    return out
+
+
+def geo(values: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results")
+    ap.add_argument("--dataset", required=True, help="the JSONL file or dataset name the run used")
+    ap.add_argument("--policies", default="auto,oracle,spd@k3,spd@k5,spd-plain@k3,spd-plain@k5")
+    ap.add_argument("--target-scale", type=float, default=1.0, help="one-row target decodes x this")
+    ap.add_argument("--batch-scale", type=float, default=1.0, help="target batches x this")
+    ap.add_argument("--draft-scale", type=float, default=1.0, help="draft decodes x this")
+    ap.add_argument("--host-ms", type=float, default=0.5, help="host time of a round")
+    args = ap.parse_args()
+    results = json.load(open(args.results))
+    meta = results["meta"]
+    settings = [ModelSettings(path=meta[key], n_ctx=meta["n_ctx"], n_threads=meta["n_threads"])
+                for key in ("target_path", "draft_path")]
+    with Engine(*settings) as engine:
+        found = traces(engine, results, args.dataset)
+        calibrated = engine.costs()
+    clock = Costs(calibrated.target_curve, calibrated.draft_curve)
+    clock.target_scale, clock.batch_scale, clock.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
+    clock.host = args.host_ms / 1e3
+    measured: dict[str, list[float]] = {}
+    for x in results["records"]:
+        measured.setdefault(x["mode"], [0, 0])
+        measured[x["mode"]][0] += x["stats"]["n_tokens"]
+        measured[x["mode"]][1] += x["stats"]["seconds"]
+    groups = sorted({t.id.split("/")[0] for t in found})
+    alone = {t.id: (lambda r: r[0] / r[1])(Replay(t, clock).run("target")) for t in found}
+    print(f"{len(found)} prompts; speedup: per-prompt geometric mean over the target alone, replayed\n")
+    print(f"| policy | {' | '.join(groups)} | all | tok/s replayed | tok/s measured | mean accepted | draft lengths |")
+    print("|---|" + "---|" * (len(groups) + 5))
+    for name, how in [("target", {"policy": "target"}), *policies(args.policies.split(","))]:
+        speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
+        pacer = Pacer(lambda: clock, K_MAX) if how["policy"] == "auto" else None
+        for t in found:
+            replay = Replay(t, clock, use_ngram=how.get("ngram", True))
+            n, s, p = replay.run(how["policy"], how.get("k", K_MAX), how.get("p_min", 0.0), pacer, lengths)
+            speedups[t.id] = (n / s) / alone[t.id]
+            tokens, seconds, passes = tokens + n, seconds + s, passes + p
+        by_group = [geo([v for i, v in speedups.items() if i.split("/")[0] == g]) for g in groups]
+        real = measured.get("fly" if name == "auto" else name)
+        print(f"| {name} | {' | '.join(f'{v:.3f}' for v in by_group)} | {geo(list(speedups.values())):.3f} | "
+              f"{tokens / seconds:.2f} | {f'{real[0] / real[1]:.2f}' if real else '-'} | ", end="")
+        print(f"{tokens / passes:.2f} | {dict(sorted(lengths.items()))} |")
+
+
+if __name__ == "__main__":
+    main()
