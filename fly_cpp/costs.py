@@ -81,11 +81,15 @@ class Curve:
         """No batch costs much more per row than one-row decodes do (rows decoded together
         never cost more than decoded apart, up to cache effects): a curve that breaks this was
         bent by other work on the machine while it was measured."""
-        return all(s <= MAX_PER_ROW * r * self.seconds[0] for r, s in zip(self.rows, self.seconds))
+        return all(s <= self._ceiling(r) for r, s in zip(self.rows, self.seconds))
 
     def bounded(self) -> Curve:
         """This curve with every size held to the bound ``plausible`` checks."""
-        return Curve(self.rows, tuple(min(s, MAX_PER_ROW * r * self.seconds[0]) for r, s in zip(self.rows, self.seconds)))
+        return Curve(self.rows, tuple(min(s, self._ceiling(r)) for r, s in zip(self.rows, self.seconds)))
+
+    def _ceiling(self, rows: int) -> float:
+        """The most a plausible decode of ``rows`` rows costs, from this curve's one-row cost."""
+        return MAX_PER_ROW * rows * self.seconds[0]
 
 
 def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:

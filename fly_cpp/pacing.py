@@ -166,8 +166,8 @@ class Pacer:
         seen = sum(self.firsts)
         if seen < PROBES_SEEN:
             return False
-        pace, target = self.floor(), self.costs.target
-        plain = 1.0 - pace * (self.costs.host + target(1))
+        pace, host, target = self.floor(), self.costs.host, self.costs.target
+        plain = 1.0 - pace * (host + target(1))
         worth = 0.0
         for b, weight in enumerate(self.firsts):
             if weight <= 0:
@@ -176,7 +176,7 @@ class Pacer:
             for h in range(1, limit + 1):
                 p *= accept
                 expected += p
-                best = max(best, expected - pace * (self.costs.host + (h - 1) * step + target(h + 1)))
+                best = max(best, expected - pace * (host + (h - 1) * step + target(h + 1)))
             worth += weight * best
         return worth / seen - pace * first > plain
 

@@ -32,18 +32,21 @@ import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from fly_cpp import ngram, rows
 from fly_cpp._llama import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
-from fly_cpp.config import ModelSettings
+from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs
 from fly_cpp.engine import Engine
+from fly_cpp.errors import FlyError
 from fly_cpp.pacing import Pacer
 
 OFF = -1  # a drafted token off the target's path: never kept
-K_MAX = 16
+DEFAULTS = SpecSettings()  # k auto's longest draft and the drafter's n-gram lookup, as the engine runs them
+K_MAX = DEFAULTS.k_max
 
 
 @dataclass
@@ -98,8 +101,8 @@ class Replay:
         keep = common_prefix(self.cache, committed[:-1])
         catchup, out, sure_all, chances, history = committed[keep:-1], [], [], [], list(committed)
         while len(out) < limit:
-            room = min(6, limit - len(out) - 1)
-            guess = ngram.lookup(history, 4, room) if self.use_ngram and room > 0 else []
+            room = min(DEFAULTS.ngram_tokens, limit - len(out) - 1)
+            guess = ngram.lookup(history, DEFAULTS.ngram_max, room) if self.use_ngram and room > 0 else []
             if pacer is not None and guess:
                 guess = guess[: pacer.guess_length(len(guess), len(catchup))]
             self.seconds += self.clock.draft(len(catchup) + 1 + len(guess))
@@ -159,7 +162,7 @@ class Replay:
                 guess: list[int] = []
 
                 def lookup() -> int:
-                    guess.extend(ngram.lookup(committed, 4, min(6, limit)))
+                    guess.extend(ngram.lookup(committed, DEFAULTS.ngram_max, min(DEFAULTS.ngram_tokens, limit)))
                     return len(guess)
                 lag = lambda: len(committed) - 1 - common_prefix(self.cache, committed[:-1])  # noqa: E731
                 kind, m = pacer.plan(limit, lag, lookup if self.use_ngram else (lambda: 0), True)
@@ -214,13 +217,24 @@ def main() -> None:
     ap.add_argument("--draft-scale", type=float, default=1.0, help="draft decodes x this")
     ap.add_argument("--host-ms", type=float, default=0.5, help="host time of a round")
     args = ap.parse_args()
-    results = json.load(open(args.results))
-    meta = results["meta"]
-    settings = [ModelSettings(path=meta[key], n_ctx=meta["n_ctx"], n_threads=meta["n_threads"])
-                for key in ("target_path", "draft_path")]
-    with Engine(*settings) as engine:
-        found = traces(engine, results, args.dataset)
-        calibrated = engine.costs()
+    chosen = policies(args.policies.split(","))
+    try:
+        results = json.loads(Path(args.results).read_text(encoding="utf-8"))
+        meta = results["meta"]
+        settings = [ModelSettings(path=meta[key], n_ctx=meta["n_ctx"], n_threads=meta["n_threads"])
+                    for key in ("target_path", "draft_path")]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: {args.results} is not a fly-cpp bench results.json with a draft model ({e})")
+    if not any(x.get("mode") == "target" for x in results.get("records", [])):
+        sys.exit(f"error: {args.results} has no target records to replay (run the bench with the target mode)")
+    try:
+        with Engine(*settings) as engine:
+            found = traces(engine, results, args.dataset)
+            calibrated = engine.costs()
+    except FlyError as e:
+        sys.exit(f"error: {e}")
+    if not found:
+        sys.exit(f"error: none of the run's prompts is in --dataset {args.dataset}")
     clock = Costs(calibrated.target_curve, calibrated.draft_curve)
     clock.target_scale, clock.batch_scale, clock.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
     clock.host = args.host_ms / 1e3
@@ -234,7 +248,7 @@ def main() -> None:
     print(f"{len(found)} prompts; speedup: per-prompt geometric mean over the target alone, replayed\n")
     print(f"| policy | {' | '.join(groups)} | all | tok/s replayed | tok/s measured | mean accepted | draft lengths |")
     print("|---|" + "---|" * (len(groups) + 5))
-    for name, how in [("target", {"policy": "target"}), *policies(args.policies.split(","))]:
+    for name, how in [("target", {"policy": "target"}), *chosen]:
         speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
         pacer = Pacer(lambda: clock, K_MAX) if how["policy"] == "auto" else None
         for t in found:
