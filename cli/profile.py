@@ -80,6 +80,7 @@ def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool,
             result["engine"]["costs"] = model.as_dict()
             say(f"\ncost of one forward pass on this machine ({'cached' if model.cached else 'measured now'}; "
                 "ms by rows decoded; k auto decides with these):")
-            say(format_curve(model))
+            for depth in (model.target_curve.depth, model.target_curve.depth + 1024):
+                say(format_curve(model, depth))
     if as_json:
         click.echo(json.dumps(result))

@@ -4,7 +4,11 @@ A round of speculative decoding pays for drafting (one draft decode per step, pl
 catches up on) and for one target decode of the drafted rows plus one. Whether that beats a
 plain target decode depends on the machine, the models, their quantization, the threads and
 the offload, so nothing here is assumed: ``measure`` times llama_decode on a context for a few
-batch sizes (``Curve``: seconds by rows, linear in between), ``calibrate`` does it for a pair
+batch sizes (``Curve``: seconds by rows, linear in between), twice, the second time with
+``SPAN`` more tokens in the cache: a decode also reads the cache it attends over, and on a
+CPU that grows with the context (the synthetic costly target: 17 rows take 92 ms at 8 tokens
+of context and 207 ms at 250), so a curve measured on an empty cache priced the batches of a
+real generation at half what they cost. ``Curve`` is linear in the depth too. ``calibrate`` does it for a pair
 and caches the result in ``<cache>/costs.json`` under a key made of everything that changes
 it (the model files, the settings they are loaded with, the machine and the llama.cpp build),
 and ``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a
@@ -42,36 +46,44 @@ MAX_REPEATS = 15
 TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
 SMOOTHING = 0.1  # weight of one round in the running scale
 MAX_ENTRIES = 64
+MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least this share of it
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 MEASURE_TRIES = 3
+SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
 _file_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class Curve:
-    """Seconds of one llama_decode by number of rows: measured at ``rows``, linear between
-    them and beyond the last two."""
+    """Seconds of one llama_decode by number of rows, with ``depth`` tokens in the cache:
+    measured at ``rows``, linear between them and beyond the last two. ``per_token``: what each
+    further token of context adds to a decode of ``rows[i]`` rows (empty: depth is ignored)."""
 
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
+    depth: int = 0
+    per_token: tuple[float, ...] = ()
 
     @functools.cached_property
     def _table(self) -> tuple[float, ...]:
-        """Seconds for 0..TABLE_ROWS rows: the pacer asks for these every round."""
-        return tuple(self._interpolate(n) for n in range(TABLE_ROWS + 1))
+        """Seconds for 0..TABLE_ROWS rows at ``depth``: the pacer asks for these every round."""
+        return tuple(_interpolate(self.rows, self.seconds, n) for n in range(TABLE_ROWS + 1))
 
-    def __call__(self, n: int) -> float:
-        return self._table[n] if 0 <= n <= TABLE_ROWS else self._interpolate(n)
+    @functools.cached_property
+    def _slopes(self) -> tuple[float, ...]:
+        return tuple(_interpolate(self.rows, self.per_token, n) if self.per_token else 0.0
+                     for n in range(TABLE_ROWS + 1))
 
-    def _interpolate(self, n: int) -> float:
-        rows, secs = self.rows, self.seconds
-        if n <= rows[0] or len(rows) == 1:
-            return secs[0] * max(n, 0) / rows[0] if n < rows[0] else secs[0]
-        for i in range(1, len(rows)):
-            if n <= rows[i] or i == len(rows) - 1:
-                lo, hi = rows[i - 1], rows[i]
-                return secs[i - 1] + (secs[i] - secs[i - 1]) * (n - lo) / (hi - lo)
-        raise AssertionError("unreachable")
+    def __call__(self, n: int, depth: int | None = None) -> float:
+        """Seconds of a decode of ``n`` rows after ``depth`` tokens (None: at the measured depth)."""
+        if 0 <= n <= TABLE_ROWS:
+            base, slope = self._table[n], self._slopes[n]
+        else:
+            base = _interpolate(self.rows, self.seconds, n)
+            slope = _interpolate(self.rows, self.per_token, n) if self.per_token else 0.0
+        if depth is None or not slope:
+            return base
+        return max(base + slope * (depth - self.depth), base * MIN_SHALLOW)
 
     def as_dict(self) -> dict[str, float]:
         return {str(r): round(s * 1e3, 3) for r, s in zip(self.rows, self.seconds)}
@@ -85,11 +97,23 @@ class Curve:
 
     def bounded(self) -> Curve:
         """This curve with every size held to the bound ``plausible`` checks."""
-        return Curve(self.rows, tuple(min(s, self._ceiling(r)) for r, s in zip(self.rows, self.seconds)))
+        return dataclasses.replace(self, seconds=tuple(min(s, self._ceiling(r)) for r, s in zip(self.rows, self.seconds)))
 
     def _ceiling(self, rows: int) -> float:
         """The most a plausible decode of ``rows`` rows costs, from this curve's one-row cost."""
         return MAX_PER_ROW * rows * self.seconds[0]
+
+
+def _interpolate(rows: Sequence[int], values: Sequence[float], n: int) -> float:
+    """``values`` (measured at ``rows``) at ``n`` rows: linear between and beyond the last two,
+    proportional below the first."""
+    if n <= rows[0] or len(rows) == 1:
+        return values[0] * max(n, 0) / rows[0] if n < rows[0] else values[0]
+    for i in range(1, len(rows)):
+        if n <= rows[i] or i == len(rows) - 1:
+            lo, hi = rows[i - 1], rows[i]
+            return values[i - 1] + (values[i] - values[i - 1]) * (n - lo) / (hi - lo)
+    raise AssertionError("unreachable")
 
 
 def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
@@ -114,7 +138,25 @@ def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEAT
             if len(times) >= repeats and sum(times) >= MIN_SECONDS:
                 break
         seconds.append(max(statistics.median(times), seconds[-1] if seconds else 0.0))
-    return Curve(tuple(sizes), tuple(seconds))
+    return Curve(tuple(sizes), tuple(seconds), depth=base)
+
+
+def measure_deep(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+    """``measure`` at the cache's end and again ``SPAN`` tokens deeper (filler tokens, removed
+    after): one curve, linear in the depth, that prices a decode wherever the cache ends. The
+    cache is left as it was, but for room made at its end when the context is nearly full."""
+    top = min(max(rows), ctx.n_batch, ctx.n_ctx)
+    span = min(SPAN, (ctx.n_ctx - top) // 2)
+    if len(ctx.tokens) > ctx.n_ctx - top - span:
+        ctx.truncate(max(ctx.n_ctx - top - span, 0))
+    base = len(ctx.tokens)
+    near = measure(ctx, rows, token, repeats)
+    if span <= 0:
+        return near
+    ctx.decode([token] * span, logits="none")
+    far = measure(ctx, rows, token, repeats)
+    ctx.truncate(base)
+    return dataclasses.replace(near, per_token=tuple(max(f - n, 0.0) / span for n, f in zip(near.seconds, far.seconds)))
 
 
 def _identity(settings: ModelSettings, threads: int) -> dict[str, object]:
@@ -158,17 +200,25 @@ def _load_cache() -> dict[str, dict[str, object]]:
 
 
 def _curve(entry: object) -> Curve | None:
+    """A cached curve; None for one that is malformed or was measured at one depth only."""
     try:
-        rows, secs = entry["rows"], entry["seconds"]  # type: ignore[index]
-        curve = Curve(tuple(int(r) for r in rows), tuple(float(s) for s in secs))
-        return curve if curve.rows and len(curve.rows) == len(curve.seconds) else None
+        rows, secs, slopes = entry["rows"], entry["seconds"], entry["per_token"]  # type: ignore[index]
+        curve = Curve(tuple(int(r) for r in rows), tuple(float(s) for s in secs), int(entry["depth"]),  # type: ignore[index]
+                      tuple(float(s) for s in slopes))
+        return curve if curve.rows and len(curve.rows) == len(curve.seconds) == len(curve.per_token) else None
     except (KeyError, TypeError, ValueError):
         return None
 
 
+def _entry(curve: Curve | None) -> dict[str, object] | None:
+    return None if curve is None else {"rows": curve.rows, "seconds": curve.seconds, "depth": curve.depth,
+                                       "per_token": curve.per_token}
+
+
 class Costs:
-    """The cost model of one pair: calibrated curves times running scales (the target's: one
-    for a plain one-row decode, one for batches, which follows the first until a batch is seen)."""
+    """The cost model of one pair: calibrated curves, at the depth the caches have now
+    (``at``), times running scales (the target's: one for a plain one-row decode, one for
+    batches, which follows the first until a batch is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False) -> None:
         self.target_curve, self.draft_curve = target, draft
@@ -176,18 +226,23 @@ class Costs:
         self.target_scale = self.draft_scale = 1.0
         self.batch_scale: float | None = None  # target batches (2+ rows); None: none seen yet
         self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
+        self.depth = 0  # tokens in the caches this round (both models hold about as many)
+
+    def at(self, depth: int) -> None:
+        """This round's decodes come after ``depth`` tokens of context."""
+        self.depth = depth
 
     def target(self, rows: int) -> float:
         """Seconds of one target decode of ``rows`` rows, now."""
         scale = self.target_scale if rows <= 1 or self.batch_scale is None else self.batch_scale
-        return self.target_curve(rows) * scale
+        return self.target_curve(rows, self.depth) * scale
 
     def draft(self, rows: int) -> float:
         """Seconds of one draft decode of ``rows`` rows, now (0 without a draft model)."""
-        return self.draft_curve(rows) * self.draft_scale if self.draft_curve is not None else 0.0
+        return self.draft_curve(rows, self.depth) * self.draft_scale if self.draft_curve is not None else 0.0
 
     def observe_target(self, rows: int, seconds: float) -> None:
-        ratio = seconds / self.target_curve(rows)
+        ratio = seconds / self.target_curve(rows, self.depth)
         if rows <= 1:
             self.target_scale = _blend(self.target_scale, ratio)
         else:
@@ -198,17 +253,24 @@ class Costs:
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         if self.draft_curve is not None and rows > 0:
-            self.draft_scale = _blend(self.draft_scale, seconds / self.draft_curve(rows))
+            self.draft_scale = _blend(self.draft_scale, seconds / self.draft_curve(rows, self.depth))
 
     def as_dict(self) -> dict[str, object]:
-        """Milliseconds by rows, as calibrated, and the running scales."""
-        return {"target_ms": self.target_curve.as_dict(),
-                "draft_ms": self.draft_curve.as_dict() if self.draft_curve is not None else None,
+        """Milliseconds by rows, as calibrated (at ``*_depth`` tokens of context; ``*_ms_per_1k``:
+        what 1000 more add), and the running scales."""
+        t, d = self.target_curve, self.draft_curve
+        return {"target_ms": t.as_dict(), "target_depth": t.depth, "target_ms_per_1k": _per_1k(t),
+                "draft_ms": d.as_dict() if d is not None else None, "draft_depth": d.depth if d is not None else None,
+                "draft_ms_per_1k": _per_1k(d) if d is not None else None,
                 "target_scale": round(self.target_scale, 3),
                 "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
                 "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3),
                 "cached": self.cached}
+
+
+def _per_1k(curve: Curve) -> dict[str, float]:
+    return {str(r): round(s * 1e6, 3) for r, s in zip(curve.rows, curve.per_token)}
 
 
 def _blend(scale: float, ratio: float) -> float:
@@ -235,11 +297,11 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
 
 
 def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
-    """``measure``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
+    """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
     machine made some sizes far dearer than they are); the last one bounded if it never is.
     The flag: a plausible curve was measured."""
     for _ in range(MEASURE_TRIES):
-        curve = measure(ctx, rows, token)
+        curve = measure_deep(ctx, rows, token)
         if curve.plausible:
             return curve, True
     return curve.bounded(), False
@@ -249,8 +311,7 @@ def _store(key: str, target: Curve, draft: Curve | None) -> None:
     with _file_lock:
         data = _load_cache()
         data.pop(key, None)
-        data[key] = {"target": {"rows": target.rows, "seconds": target.seconds},
-                     "draft": {"rows": draft.rows, "seconds": draft.seconds} if draft is not None else None}
+        data[key] = {"target": _entry(target), "draft": _entry(draft)}
         while len(data) > MAX_ENTRIES:  # the oldest entries go first
             data.pop(next(iter(data)))
         path = cache_path()
@@ -281,12 +342,15 @@ def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: fl
             f"{advice}")
 
 
-def format_curve(costs: Costs) -> str:
-    """The calibrated curves as a table: ms by rows, and each as a multiple of one target decode."""
-    single = costs.target_curve(1)
-    lines = [f"{'rows':>5} {'target ms':>10} {'x 1 row':>8} {'draft ms':>9} {'x target':>9}"]
-    for r in sorted({*costs.target_curve.rows, *(costs.draft_curve.rows if costs.draft_curve else ())}):
-        t = costs.target_curve(r)
-        d = f"{costs.draft_curve(r) * 1e3:9.2f} {costs.draft_curve(r) / single:9.2f}" if costs.draft_curve else ""
+def format_curve(costs: Costs, depth: int = 0) -> str:
+    """The calibrated curves as a table at ``depth`` tokens of context: ms by rows, and each as a
+    multiple of one target decode at that depth."""
+    target, draft = costs.target_curve, costs.draft_curve
+    single = target(1, depth)
+    lines = [f"at {depth} tokens of context",
+             f"{'rows':>5} {'target ms':>10} {'x 1 row':>8} {'draft ms':>9} {'x target':>9}"]
+    for r in sorted({*target.rows, *(draft.rows if draft else ())}):
+        t = target(r, depth)
+        d = f"{draft(r, depth) * 1e3:9.2f} {draft(r, depth) / single:9.2f}" if draft else ""
         lines.append(f"{r:>5} {t * 1e3:10.2f} {t / single:8.2f} {d}")
     return "\n".join(lines)

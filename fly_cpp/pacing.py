@@ -3,7 +3,7 @@
 A round that drafts h tokens costs the draft steps plus one target decode of h+1 rows, and
 emits 1 + (accepted drafted tokens). ``Pacer`` keeps what that means here and now:
 
-- costs: ``fly_cpp.costs`` (measured curves, scaled by real rounds);
+- costs: ``fly_cpp.costs`` (measured curves, at the round's depth of context, scaled by real rounds);
 - acceptance: ``Acceptance``, the chance that a drafted token is kept given that every earlier
   one in its round was, learned from the rounds (FLy's loose accepts count as kept), by the
   draft's own confidence in the token (its top probability) and on average; n-gram guesses
@@ -274,6 +274,7 @@ class PacedDrafter:
             return len(guess)
 
         model = self.model
+        self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
                                        lookup if self.use_ngram else lambda: 0, model is not None)
         if self.kind == "ngram":

@@ -154,6 +154,7 @@ class Replay:
         committed, pos, passes, n = list(t.prompt), 0, 0, len(t.out)
         self.cache, self.seconds = committed[:-1], 0.0
         while pos < n:
+            self.clock.at(len(committed))
             limit, start, kind, sure = min(k, n - pos - 1), self.seconds, "target", []
             drafted: list[int] = []
             if policy == "oracle":
@@ -235,7 +236,7 @@ def main() -> None:
         sys.exit(f"error: {e}")
     if not found:
         sys.exit(f"error: none of the run's prompts is in --dataset {args.dataset}")
-    clock = Costs(calibrated.target_curve, calibrated.draft_curve)
+    clock = Costs(calibrated.target_curve, calibrated.draft_curve)  # the pacer's, scaled: it learns the scales
     clock.target_scale, clock.batch_scale, clock.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
     clock.host = args.host_ms / 1e3
     measured: dict[str, list[float]] = {}

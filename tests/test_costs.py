@@ -3,10 +3,13 @@ by real rounds; and the one-line note when speculation was slower than the targe
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fly_cpp import Engine, ModelSettings
-from fly_cpp.costs import Costs, Curve, cache_key, cache_path, calibrate, format_curve, measure, slower_note
+from fly_cpp.costs import (Costs, Curve, cache_key, cache_path, calibrate, format_curve, measure, measure_deep,
+                            slower_note)
 from fly_cpp._llama import Context, Model
 
 MS = 1e-3
@@ -16,6 +19,29 @@ def test_curve_interpolates_and_extrapolates():
     c = Curve((1, 2, 4), (10 * MS, 14 * MS, 20 * MS))
     assert c(1) == 10 * MS and c(3) == pytest.approx(17 * MS) and c(6) == pytest.approx(26 * MS)
     assert c.as_dict() == {"1": 10.0, "2": 14.0, "4": 20.0}
+
+
+def test_a_curve_prices_a_decode_by_the_context_it_attends_over():
+    c = Curve((1, 4), (10 * MS, 20 * MS), depth=100, per_token=(0.01 * MS, 0.04 * MS))
+    assert c(1) == 10 * MS and c(1, 100) == 10 * MS and c(1, 600) == pytest.approx(15 * MS)
+    assert c(4, 1100) == pytest.approx(60 * MS) and c(2, 1100) == pytest.approx(40 / 3 * MS + 20 * MS)
+    assert c(4, 0) == pytest.approx(16 * MS) and c(1, -10**6) == pytest.approx(2.5 * MS)  # never below a quarter
+    costs = Costs(c, Curve((1,), (1 * MS,), depth=100, per_token=(0.002 * MS,)))
+    assert costs.target(4) == pytest.approx(16 * MS)  # no depth said yet: an empty cache
+    costs.at(1100)
+    assert costs.target(4) == pytest.approx(60 * MS) and costs.draft(1) == pytest.approx(3 * MS)
+    costs.observe_target(1, 40 * MS)  # the one-row scale learns against the curve at this depth
+    assert costs.target_scale == pytest.approx(0.9 + 0.1 * 2)
+    assert Curve((1,), (5 * MS,))(1, 10**6) == 5 * MS  # measured at one depth only: depth is ignored
+
+
+def test_measure_deep_measures_a_deeper_cache_and_leaves_it_as_it_was(stories):
+    with Model(stories) as m, Context(m, n_ctx=256, n_threads=1) as ctx:
+        ctx.decode(m.tokenize("Once upon a time"), logits="none")
+        before = list(ctx.tokens)
+        curve = measure_deep(ctx, (1, 2, 4), token=m.bos)
+        assert ctx.tokens == before and curve.depth == len(before) and curve.rows == (1, 2, 4)
+        assert len(curve.per_token) == 3 and all(s >= 0 for s in curve.per_token)
 
 
 def test_measure_leaves_the_cache_as_it_was_and_never_decreases(stories):
@@ -36,10 +62,24 @@ def test_calibration_is_cached_by_pair_settings_and_machine(stories, stories_dra
         first = calibrate(e.target, t, e.draft_ctx, d, token=0)
         again = calibrate(e.target, t, e.draft_ctx, d, token=0)
     assert not first.cached and again.cached and again.target_curve == first.target_curve
+    assert first.target_curve.per_token and first.draft_curve is not None and first.draft_curve.per_token
     assert (tmp_path / "costs.json").exists()
     assert cache_key(t, 1, d, 1) != cache_key(t, 2, d, 1)  # other threads: measured again
     assert cache_key(t, 1, d, 1) != cache_key(t, 1, None, 0)
-    assert "target ms" in format_curve(first)
+    assert "target ms" in format_curve(first) and "at 1024 tokens of context" in format_curve(first, 1024)
+
+
+def test_a_curve_cached_at_one_depth_only_is_measured_again(stories, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setattr("fly_cpp.costs.MAX_PER_ROW", float("inf"))
+    t = ModelSettings(str(stories), n_ctx=256, n_threads=1)
+    with Model(stories) as m, Context(m, n_ctx=256, n_threads=1) as ctx:
+        key = cache_key(t, 1, None, 0)
+        (tmp_path / "costs.json").write_text(json.dumps({key: {"target": {"rows": [1, 2], "seconds": [0.01, 0.02]},
+                                                               "draft": None}}))
+        costs = calibrate(ctx, t, None, None, token=0)
+    assert not costs.cached and costs.target_curve.per_token
+    assert "per_token" in json.loads((tmp_path / "costs.json").read_text())[key]["target"]
 
 
 def test_costs_file_can_be_named(tmp_path, monkeypatch):
