@@ -53,6 +53,7 @@ class ModelDrafter:
         self.bias = bias
         self.confidences: list[float | None] = []
         self.first_confidence: float | None = None  # of the first drafted token, before trimming
+        self.left_out: tuple[int, float] | None = None  # the first token trimming left out, and its confidence
 
     def lag(self, committed: Sequence[int]) -> int:
         """Tokens this draft's cache must catch up on before drafting after ``committed``."""
@@ -110,11 +111,14 @@ class ModelDrafter:
                 if not pacer.more(chances, pacer.model(sure[len(new) - 1] if sure else None)):
                     break
         out = out[:limit]
+        self.left_out = None
         if pacer is not None:
             while len(chances) < len(out):  # tokens after the last decision (end of text, limit)
                 q = confidences[len(chances)] if len(chances) < len(confidences) else None
                 chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-            out = out[: pacer.trim(chances[: len(out)])]
+            n = pacer.trim(chances[: len(out)])
+            self.left_out = (out[n], confidences[n]) if n < len(out) and n < len(confidences) else None
+            out = out[:n]
         self.confidences = list(confidences[: len(out)])
         self.first_confidence = confidences[0] if confidences else None
         return out

@@ -265,8 +265,12 @@ class PacedDrafter:
         self.ngram_max, self.ngram_tokens, self.use_ngram = ngram_max, ngram_tokens, use_ngram
         self.kind = "target"
         self.confidences: list[float | None] = []
+        # a round's draft, where it starts and the token trimming left out with its confidence:
+        # whether the target then wrote that token is told by the next round's committed tokens
+        self._unverified: tuple[int, list[int], int, float] | None = None
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
+        self._learn_left_out(committed)
         guess: list[int] = []
 
         def lookup() -> int:
@@ -286,9 +290,25 @@ class PacedDrafter:
             out = self.model.draft(committed, n, self.pacer if self.kind == "draft" else None, confident=True)
             self.confidences = list(self.model.confidences)
             self.pacer.probed(self.model.first_confidence)
+            if self.kind == "draft" and self.model.left_out is not None:
+                token, confidence = self.model.left_out
+                self._unverified = (len(committed), out, token, confidence)
             return out
         self.confidences = []
         return []
+
+    def _learn_left_out(self, committed: Sequence[int]) -> None:
+        """A token left out of the last round's batch is evidence too: when every drafted token
+        before it was kept, the token the target wrote in its place says whether it would have
+        been kept (exactly). Without this, the confidences whose tokens always get trimmed would
+        keep their prior forever, right or wrong, and the drafts would stay short."""
+        if self._unverified is None:
+            return
+        start, verified, token, confidence = self._unverified
+        self._unverified = None
+        end = start + len(verified)
+        if len(committed) > end and list(committed[start:end]) == verified:
+            self.pacer.model.observe([confidence], int(committed[end] == token))
 
     def observe(self, kept: int, emitted: int, draft_seconds: float, target_rows: int, target_seconds: float,
                 round_seconds: float) -> None:

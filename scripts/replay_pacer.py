@@ -89,6 +89,7 @@ class Replay:
         self.cache: list[int] = []  # what the draft's KV holds
         self.seconds = 0.0
         self.first: float | None = None
+        self.left_out: tuple[int, float] | None = None  # as ``ModelDrafter.left_out``
 
     def predict(self, history: list[int], extra: list[int]) -> tuple[int, float]:
         t, pos = self.t, len(history) - len(self.t.prompt)
@@ -125,10 +126,13 @@ class Replay:
                 if not pacer.more(chances, pacer.model(sure[len(new) - 1])):
                     break
         out = out[:limit]
+        self.left_out = None
         if pacer is not None:
             while len(chances) < len(out):
                 chances.append((chances[-1] if chances else 1.0) * pacer.model(sure_all[len(chances)]))
-            out = out[: pacer.trim(chances[: len(out)])]
+            n = pacer.trim(chances[: len(out)])
+            self.left_out = (out[n], sure_all[n]) if n < len(out) else None
+            out = out[:n]
         self.first = sure_all[0] if sure_all else None
         return out, sure_all[: len(out)]
 
@@ -186,6 +190,8 @@ class Replay:
             if pacer is not None:
                 verified = sure[: len(drafted)]
                 pacer.observe(kind if verified else "target", verified, kept, emitted, self.seconds - start)
+                if kind == "draft" and self.left_out is not None and kept == len(drafted) == emitted - 1:  # as PacedDrafter learns
+                    pacer.model.observe([self.left_out[1]], int(t.out[pos - emitted + kept] == self.left_out[0]))
         return n, self.seconds, passes
 
 
