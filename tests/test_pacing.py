@@ -8,8 +8,10 @@ import random
 
 import pytest
 
+from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
-from fly_cpp.pacing import EXPLORE_MAX, Acceptance, Pacer
+from fly_cpp.drafters import NgramDrafter
+from fly_cpp.pacing import EXPLORE_MAX, Acceptance, PacedDrafter, Pacer
 
 MS = 1e-3
 # 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
@@ -128,3 +130,23 @@ def test_probes_a_draft_that_is_right_where_it_is_sure():
         unsure.probed(0.15)
     assert not unsure.probe_pays(16, first, step)
     assert not pacer(CPU_F16).probe_pays(16, first, step)  # nothing seen yet
+
+
+def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_it():
+    """Trimming leaves unsure tokens unverified, so their confidence would never learn how often
+    such tokens are right; the next round's committed tokens tell, when the ones before it were kept."""
+    p = pacer(CPU_F16)
+    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
+    prior = p.model(0.35)
+    for _ in range(40):
+        drafter._unverified = (3, [7, 8], 9, 0.35)
+        drafter.draft([1, 2, 3, 7, 8, 9, 4], 8)  # both drafted tokens kept, then the target wrote the left-out 9
+    assert p.model(0.35) > 0.9 > prior
+    for _ in range(40):
+        drafter._unverified = (3, [7, 8], 9, 0.35)
+        drafter.draft([1, 2, 3, 7, 8, 5, 4], 8)  # ... wrote 5 instead
+    assert p.model(0.35) < 0.5
+    seen = p.model.trials[:]
+    drafter._unverified = (3, [7, 8], 9, 0.35)
+    drafter.draft([1, 2, 3, 7, 6, 9, 4], 8)  # a verified token was not kept: the left-out one says nothing
+    assert p.model.trials == seen and drafter._unverified is None
