@@ -119,25 +119,30 @@ def _interpolate(rows: Sequence[int], values: Sequence[float], n: int) -> float:
 def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
     """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
     after each (the cache is left as it was, but for room made at its end for the largest
-    batch when the context is nearly full). A decode of more rows never costs less than one
-    of fewer (the curve is made non-decreasing: timing noise must not make batches look free)."""
+    batch when the context is nearly full). The sizes take turns, pass after pass (the first
+    one untimed: caches, allocations), and each keeps its median: a burst of other work on the
+    machine then bends one pass of every size, which the median drops, rather than every
+    timing of one size (a one-row decode timed 48% dear that way made batches look nearly
+    free). A decode of more rows never costs less than one of fewer (the curve is made
+    non-decreasing: timing noise must not make batches look free)."""
     top = min(max(rows), ctx.n_batch, ctx.n_ctx)
     if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
         ctx.truncate(ctx.n_ctx - top)
     base = len(ctx.tokens)
     sizes = [r for r in rows if r <= top]
-    seconds: list[float] = []
-    for r in sizes:
-        times: list[float] = []
-        for rep in range(MAX_REPEATS + 1):
+    times: list[list[float]] = [[] for _ in sizes]
+    for rep in range(MAX_REPEATS + 1):
+        for r, timed in zip(sizes, times):
             t0 = perf_counter()
             ctx.decode([token] * r, logits="all")
-            if rep:  # the first is a warm-up (caches, allocations)
-                times.append(perf_counter() - t0)
+            if rep:
+                timed.append(perf_counter() - t0)
             ctx.truncate(base)
-            if len(times) >= repeats and sum(times) >= MIN_SECONDS:
-                break
-        seconds.append(max(statistics.median(times), seconds[-1] if seconds else 0.0))
+        if rep >= repeats and all(sum(timed) >= MIN_SECONDS for timed in times):
+            break
+    seconds: list[float] = []
+    for timed in times:
+        seconds.append(max(statistics.median(timed), seconds[-1] if seconds else 0.0))
     return Curve(tuple(sizes), tuple(seconds), depth=base)
 
 

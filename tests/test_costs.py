@@ -132,8 +132,8 @@ class _Clock:
 
 
 class _TimedContext:
-    """A context whose decodes take ``cost(rows)`` on a fake clock: ``busy`` first measurements
-    are bent as other work on the machine bends them (big batches 40x dearer)."""
+    """A context whose decodes take ``cost(rows)`` on a fake clock: its ``busy`` first passes
+    over the sizes are bent as other work on the machine bends them (big batches 40x dearer)."""
 
     def __init__(self, one_row: float, busy: int) -> None:
         self.tokens: list[int] = []
@@ -143,7 +143,7 @@ class _TimedContext:
 
     def decode(self, tokens, logits="last"):  # type: ignore[no-untyped-def]
         n = len(tokens)
-        if n == 1 and max(self.sizes_seen, default=1) > 1:  # a new measurement starts with one row
+        if n == 1 and max(self.sizes_seen, default=1) > 1:  # a new pass starts with one row
             self.busy -= 1
             self.sizes_seen.clear()
         self.sizes_seen.add(n)
@@ -154,7 +154,7 @@ class _TimedContext:
         del self.tokens[n:]
 
 
-@pytest.mark.parametrize("busy, cached", [(1, True), (9, False)])
+@pytest.mark.parametrize("busy, cached", [(2, True), (99, False)])
 def test_a_curve_bent_by_a_busy_machine_is_measured_again_and_never_cached(
         stories, tmp_path, monkeypatch, busy, cached):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
@@ -163,7 +163,7 @@ def test_a_curve_bent_by_a_busy_machine_is_measured_again_and_never_cached(
     costs = calibrate(_TimedContext(10 * MS, busy), t, None, None, token=0)  # type: ignore[arg-type]
     assert costs.target_curve.plausible
     assert costs.target(8) <= 1.5 * 8 * costs.target(1)
-    if cached:  # the second measurement was calm: that one is used and cached
+    if cached:  # a bent pass or two: the medians drop them, the curve is cached
         assert costs.target(8) == pytest.approx(10 * MS * (1 + 0.3 * 7))
     assert (cache_key(t, 1, None, 0) in (tmp_path / "costs.json").read_text()
             if (tmp_path / "costs.json").exists() else False) == cached
