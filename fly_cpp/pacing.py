@@ -41,6 +41,8 @@ OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many toke
 REST = 32  # rounds without planning when no speculation at all can pay (costs are checked again after)
 PROBES_SEEN = 8.0  # first drafted tokens seen (decayed) before a probe is weighed by them
 PROBE_MEMORY = 0.98  # weight of an old first token's confidence per new one
+DRAFTED_MEMORY = 0.9  # weight of an old drafting round in the drafting rounds' realized pace
+DRAFTED_SEEN = 8.0  # drafting rounds (decayed) before their realized pace can stop planned drafts
 
 
 def _bin(confidence: float) -> int:
@@ -94,6 +96,7 @@ class Pacer:
     patience: int = PATIENCE  # rounds to wait before the next exploration
     rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
     firsts: list[float] = field(default_factory=lambda: [0.0] * BINS)  # first drafted tokens by confidence bin (decayed)
+    drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # drafting rounds: tokens, seconds, rounds (decayed)
     plans: dict[str, int] = field(default_factory=lambda: {"target": 0, "ngram": 0, "draft": 0, "explore": 0})
     _costs: Costs | None = None
 
@@ -142,10 +145,13 @@ class Pacer:
         if has_draft:
             first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
             d_rate = self.best(self.model.mean(), limit, first, step)[0]
-        if max(g_rate, d_rate) > target_rate:
-            return self._chose("ngram", g) if g_rate >= d_rate else self._chose("draft", limit)
+        losing = self.drafts_lose()
+        if g_rate > target_rate and (g_rate >= d_rate or losing):
+            return self._chose("ngram", g)
+        if d_rate > target_rate and not losing:
+            return self._chose("draft", limit)
         if has_draft and self.best(1.0, limit, first, step)[1] > 0:
-            if self.probe_pays(limit, first, step):
+            if not losing and self.probe_pays(limit, first, step):
                 return self._chose("draft", limit)
             # drafting could pay if the draft were right more often: try it now and then,
             self.idle += 1  # as far as it would pay if the draft were right as often as it is at best
@@ -179,6 +185,14 @@ class Pacer:
                 best = max(best, expected - pace * (host + (h - 1) * step + target(h + 1)))
             worth += weight * best
         return worth / seen - pace * first > plain
+
+    def drafts_lose(self) -> bool:
+        """Have the rounds that drafted with the draft model lately been slower, all told, than
+        the target alone? Plans are made from models (of acceptance, of what follows a sure
+        first token) that can be wrong in ways they cannot see themselves; what the rounds
+        realized cannot. Then only explorations draft, less and less often while they lose too."""
+        tokens, seconds, rounds = self.drafted
+        return rounds >= DRAFTED_SEEN and tokens < seconds * self.alone()
 
     def probed(self, confidence: float | None) -> None:
         """The draft's confidence in the first token it drafted this round (kept or not)."""
@@ -241,8 +255,10 @@ class Pacer:
         how long it took (drafting and verifying)."""
         if kind in ("draft", "explore"):
             self.model.observe(confidences, kept)
-        if kind == "explore":  # a fruitful try makes the next one come soon, a fruitless one later
-            self.patience = PATIENCE if 2 * kept >= len(confidences) else min(self.patience * 2, EXPLORE_MAX)
+            self.drafted = [x * DRAFTED_MEMORY + y for x, y in zip(self.drafted, (emitted, seconds, 1.0))]
+        if kind == "explore":  # a try that beat the target alone makes the next one come soon, another one later
+            fruitful = 2 * kept >= len(confidences) and emitted > seconds * self.alone()
+            self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
         elif kind == "ngram":
             self.guesses.observe(confidences, kept)
         if seconds > 0:
@@ -316,4 +332,4 @@ class PacedDrafter:
         costs.observe_target(target_rows, target_seconds)
         costs.observe_host(round_seconds - draft_seconds - target_seconds)
         verified = self.confidences[: target_rows - 1]  # a draft may have been dropped (n_min)
-        self.pacer.observe(self.kind if verified else "target", verified, kept, emitted, round_seconds)
+        self.pacer.observe(self.kind, verified, kept, emitted, round_seconds)

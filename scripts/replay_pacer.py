@@ -189,7 +189,7 @@ class Replay:
                 lengths[len(drafted)] += 1
             if pacer is not None:
                 verified = sure[: len(drafted)]
-                pacer.observe(kind if verified else "target", verified, kept, emitted, self.seconds - start)
+                pacer.observe(kind, verified, kept, emitted, self.seconds - start)
                 if kind == "draft" and self.left_out is not None and kept == len(drafted) == emitted - 1:  # as PacedDrafter learns
                     pacer.model.observe([self.left_out[1]], int(t.out[pos - emitted + kept] == self.left_out[0]))
         return n, self.seconds, passes
