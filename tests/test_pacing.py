@@ -11,7 +11,7 @@ import pytest
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.drafters import NgramDrafter
-from fly_cpp.pacing import EXPLORE_MAX, Acceptance, PacedDrafter, Pacer
+from fly_cpp.pacing import EXPLORE_MAX, PATIENCE, Acceptance, PacedDrafter, Pacer
 
 MS = 1e-3
 # 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
@@ -150,3 +150,29 @@ def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_i
     drafter._unverified = (3, [7, 8], 9, 0.35)
     drafter.draft([1, 2, 3, 7, 6, 9, 4], 8)  # a verified token was not kept: the left-out one says nothing
     assert p.model.trials == seen and drafter._unverified is None
+
+
+def test_stops_planning_drafts_while_the_rounds_that_drafted_lose_to_the_target():
+    """The acceptance model can promise what the rounds do not deliver (a draft sure and wrong,
+    costs that moved): what drafting rounds realized, all told, overrules it until explorations
+    beat the target alone again."""
+    p = pacer(CPU_F16)
+    for _ in range(50):
+        p.model.observe([0.95] * 8, 8)
+    assert p.plan(16, lambda: 0, lambda: 0, True)[0] == "draft"
+    for _ in range(20):
+        p.observe("draft", [0.95] * 4, 4, 5, 1.0)  # 5 tokens/s; the target alone makes ~11.6
+    assert p.drafts_lose()
+    kinds = [p.plan(16, lambda: 0, lambda: 0, True)[0] for _ in range(40)]
+    assert "draft" not in kinds and "explore" in kinds
+    for _ in range(30):
+        p.observe("explore", [0.95] * 8, 8, 9, 0.3)  # 30 tokens/s
+    assert not p.drafts_lose() and p.plan(16, lambda: 0, lambda: 0, True)[0] == "draft"
+
+
+def test_an_exploration_that_keeps_tokens_but_loses_to_the_target_is_fruitless():
+    p = pacer(CPU_F16)
+    p.observe("explore", [0.95] * 2, 2, 3, 1.0)  # kept all, at 3 tokens/s
+    assert p.patience == 2 * PATIENCE
+    p.observe("explore", [0.95] * 8, 8, 9, 0.3)
+    assert p.patience == PATIENCE
