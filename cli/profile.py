@@ -80,7 +80,8 @@ def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool,
             result["engine"]["costs"] = model.as_dict()
             say(f"\ncost of one forward pass on this machine ({'cached' if model.cached else 'measured now'}; "
                 "ms by rows decoded; k auto decides with these):")
-            for depth in (model.target_curve.depth, model.target_curve.depth + 1024):
+            shallow = model.target_curve.depth  # and 1024 tokens deeper, within the context
+            for depth in dict.fromkeys((shallow, min(shallow + 1024, info.n_ctx))):
                 say(format_curve(model, depth))
     if as_json:
         click.echo(json.dumps(result))

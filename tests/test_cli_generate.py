@@ -151,3 +151,10 @@ def test_vocab_rules(change, words):
     check_compatible(FakeVocab(), FakeVocab(n_vocab=228))  # within 128 of each other: fine
     with pytest.raises(FlyError, match=words.replace("(", r"\(").replace(")", r"\)")):
         check_compatible(FakeVocab(), FakeVocab(name="d.gguf", **change))
+
+
+def test_profile_prints_the_cost_curve_at_two_depths_within_the_context():
+    r = fly("profile", "--engine", "--skip-table", "-n", "8", "--runs", "1", "-c", "256")
+    assert r.returncode == 0, r.stderr
+    depths = [int(line.split()[1]) for line in r.stdout.splitlines() if line.endswith("tokens of context")]
+    assert len(depths) == 2 and depths[0] < depths[1] == 256
