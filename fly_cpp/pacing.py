@@ -43,6 +43,7 @@ PROBES_SEEN = 8.0  # first drafted tokens seen (decayed) before a probe is weigh
 PROBE_MEMORY = 0.98  # weight of an old first token's confidence per new one
 DRAFTED_MEMORY = 0.9  # weight of an old drafting round in the drafting rounds' realized pace
 DRAFTED_SEEN = 8.0  # drafting rounds (decayed) before their realized pace can stop planned drafts
+PAIR_MEMORY = 0.995  # ... the same over a long run: has drafting paid on this pair at all?
 
 
 def _bin(confidence: float) -> int:
@@ -97,6 +98,7 @@ class Pacer:
     rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
     firsts: list[float] = field(default_factory=lambda: [0.0] * BINS)  # first drafted tokens by confidence bin (decayed)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # drafting rounds: tokens, seconds, rounds (decayed)
+    drafted_long: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # ... over a long run
     plans: dict[str, int] = field(default_factory=lambda: {"target": 0, "ngram": 0, "draft": 0, "explore": 0})
     _costs: Costs | None = None
 
@@ -163,6 +165,20 @@ class Pacer:
         elif not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
+
+    def begin(self) -> None:
+        """A generation starts: a new text. What the last rounds of the previous one said about
+        that text (drafting lost there, so explorations came further and further apart) says
+        nothing about this one when drafting has paid on this pair over the long run: it is
+        forgotten then (on the costly pair a predictable answer after one that ended
+        unpredictable was decoded 44 rounds alone before drafting again). Where drafting has
+        not paid over the long run, each text starts where the last one ended."""
+        tokens, seconds, rounds = self.drafted_long
+        if rounds < DRAFTED_SEEN or tokens < seconds * self.alone():
+            return
+        self.idle = max(self.idle - self.rest, 0)  # a rest counts its rounds as idle in advance
+        self.rest, self.patience = 0, PATIENCE
+        self.drafted = [0.0, 0.0, 0.0]
 
     def probe_pays(self, limit: int, first: float, step: float) -> bool:
         """Is one draft step worth its cost for what its token's confidence tells? After it the
@@ -255,7 +271,9 @@ class Pacer:
         how long it took (drafting and verifying)."""
         if kind in ("draft", "explore"):
             self.model.observe(confidences, kept)
-            self.drafted = [x * DRAFTED_MEMORY + y for x, y in zip(self.drafted, (emitted, seconds, 1.0))]
+            done = (emitted, seconds, 1.0)
+            self.drafted = [x * DRAFTED_MEMORY + y for x, y in zip(self.drafted, done)]
+            self.drafted_long = [x * PAIR_MEMORY + y for x, y in zip(self.drafted_long, done)]
         if kind == "explore":  # a try that beat the target alone makes the next one come soon, another one later
             fruitful = 2 * kept >= len(confidences) and emitted > seconds * self.alone()
             self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
@@ -276,7 +294,9 @@ class PacedDrafter:
     when there is one) or n-gram lookup. The loop tells it how each round went (``observe``)."""
 
     def __init__(self, inner: Drafter, pacer: Pacer, ngram_max: int, ngram_tokens: int, use_ngram: bool) -> None:
+        """One per generation; the pacer carries over from one to the next."""
         self.inner, self.pacer = inner, pacer
+        pacer.begin()
         self.model = inner if isinstance(inner, ModelDrafter) else None
         self.ngram_max, self.ngram_tokens, self.use_ngram = ngram_max, ngram_tokens, use_ngram
         self.kind = "target"

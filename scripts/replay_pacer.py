@@ -259,6 +259,8 @@ def main() -> None:
         speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
         pacer = Pacer(lambda: clock, K_MAX) if how["policy"] == "auto" else None
         for t in found:
+            if pacer is not None:
+                pacer.begin()  # as each generation's PacedDrafter does
             replay = Replay(t, clock, use_ngram=how.get("ngram", True))
             n, s, p = replay.run(how["policy"], how.get("k", K_MAX), how.get("p_min", 0.0), pacer, lengths)
             speedups[t.id] = (n / s) / alone[t.id]

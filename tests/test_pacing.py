@@ -176,3 +176,32 @@ def test_an_exploration_that_keeps_tokens_but_loses_to_the_target_is_fruitless()
     assert p.patience == 2 * PATIENCE
     p.observe("explore", [0.95] * 8, 8, 9, 0.3)
     assert p.patience == PATIENCE
+
+
+def test_a_new_text_forgets_that_the_last_one_ended_unpredictable_where_drafting_pays():
+    """A generation starts where drafting has paid on this pair over the long run: the losing
+    streak and the long waits between explorations that ended the previous text are forgotten."""
+    p = pacer(CPU_F16)
+    simulate(p, accept=0.95, rounds=200)  # drafting pays on this pair
+    simulate(p, accept=0.02, rounds=600, seed=3)  # ... then the text turned unpredictable
+    assert p.drafts_lose() and p.patience > PATIENCE
+    p.begin()
+    assert not p.drafts_lose() and p.patience == PATIENCE and p.rest == 0
+    assert p.plan(16, lambda: 0, lambda: 0, True)[0] == "draft"
+
+
+def test_a_new_text_starts_where_the_last_ended_where_drafting_never_paid():
+    p = pacer(CPU_F16)
+    for _ in range(30):
+        p.observe("explore", [0.95] * 2, 0, 1, 1.0)  # drafting rounds lost, all along
+    patience, drafted = p.patience, list(p.drafted)
+    p.begin()
+    assert p.drafts_lose() and p.patience == patience and p.drafted == drafted
+
+
+def test_each_generation_begins_a_new_text_for_its_pacer():
+    p = pacer(CPU_F16)
+    simulate(p, accept=0.95, rounds=200)
+    simulate(p, accept=0.02, rounds=600, seed=3)
+    PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    assert p.patience == PATIENCE
