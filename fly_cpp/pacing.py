@@ -155,8 +155,16 @@ class Pacer:
         if has_draft and self.best(1.0, limit, first, step)[1] > 0:
             if not losing and self.probe_pays(limit, first, step):
                 return self._chose("draft", limit)
-            # drafting could pay if the draft were right more often: try it now and then,
-            self.idle += 1  # as far as it would pay if the draft were right as often as it is at best
+            # drafting could pay if the draft were right more often: try it now and then, as far
+            # as it would pay if the draft were right as often as it is at best. When no length
+            # would pay even then (the draft caught up: what it lags by is a debt of the idle
+            # rounds, not of the try), a try could never beat the target alone and would show
+            # nothing (one drafted token on a compute-bound target: 2 rows cost 1.6 decodes)
+            if self.best(OPTIMISM, limit, step, step)[1] == 0:
+                if not guesses_may_pay:
+                    self.rest = REST
+                return self._chose("target", 0)
+            self.idle += 1
             if self.idle >= self.patience:
                 return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
             if not guesses_may_pay:  # nothing to weigh until the next exploration:

@@ -60,6 +60,20 @@ def test_never_drafts_where_even_a_perfect_draft_loses():
     assert rate == pytest.approx(1 / (34 * MS))
 
 
+# the Q4_K_M pair on a slower CPU: a 12-row batch costs about what 8 rows do, so a draft that is
+# always right would pay at 11 tokens a round (1.4x), but one right 90% of the time pays at no length
+CPU_Q4_SLOW = Costs(Curve((1, 2, 4, 8, 12, 17), (74 * MS, 118 * MS, 172 * MS, 240 * MS, 246 * MS, 338 * MS)),
+                    Curve((1, 2, 4, 8), (36 * MS, 37 * MS, 50 * MS, 76 * MS)))
+
+
+def test_never_explores_where_no_exploration_could_beat_the_target():
+    p = pacer(CPU_Q4_SLOW)
+    assert p.best(1.0, 16, 36 * MS, 36 * MS)[1] > 0 and p.best(0.9, 16, 36 * MS, 36 * MS)[1] == 0
+    rate, plans = simulate(p, accept=0.9, rounds=1000)
+    assert plans["explore"] == plans["draft"] == 0
+    assert rate == pytest.approx(1 / (74 * MS))
+
+
 def test_drafts_where_it_pays_and_beats_the_target():
     p = pacer(CPU_F16)
     rate, plans = simulate(p, accept=0.9, rounds=300)
