@@ -160,17 +160,15 @@ class Pacer:
             # would pay even then (the draft caught up: what it lags by is a debt of the idle
             # rounds, not of the try), a try could never beat the target alone and would show
             # nothing (one drafted token on a compute-bound target: 2 rows cost 1.6 decodes)
-            if self.best(OPTIMISM, limit, step, step)[1] == 0:
-                if not guesses_may_pay:
-                    self.rest = REST
+            if self.best(OPTIMISM, limit, step, step)[1] > 0:
+                self.idle += 1
+                if self.idle >= self.patience:
+                    return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
+                if not guesses_may_pay:  # nothing to weigh until the next exploration:
+                    self.rest = self.patience - self.idle - 1  # decode alone till then without planning
+                    self.idle += self.rest
                 return self._chose("target", 0)
-            self.idle += 1
-            if self.idle >= self.patience:
-                return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
-            if not guesses_may_pay:  # nothing to weigh until the next exploration:
-                self.rest = self.patience - self.idle - 1  # decode alone till then without planning
-                self.idle += self.rest
-        elif not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
+        if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
 
@@ -181,8 +179,7 @@ class Pacer:
         forgotten then (on the costly pair a predictable answer after one that ended
         unpredictable was decoded 44 rounds alone before drafting again). Where drafting has
         not paid over the long run, each text starts where the last one ended."""
-        tokens, seconds, rounds = self.drafted_long
-        if rounds < DRAFTED_SEEN or tokens < seconds * self.alone():
+        if not self._beat_alone(self.drafted_long):
             return
         self.idle = max(self.idle - self.rest, 0)  # a rest counts its rounds as idle in advance
         self.rest, self.patience = 0, PATIENCE
@@ -215,8 +212,13 @@ class Pacer:
         the target alone? Plans are made from models (of acceptance, of what follows a sure
         first token) that can be wrong in ways they cannot see themselves; what the rounds
         realized cannot. Then only explorations draft, less and less often while they lose too."""
-        tokens, seconds, rounds = self.drafted
-        return rounds >= DRAFTED_SEEN and tokens < seconds * self.alone()
+        return self._beat_alone(self.drafted) is False
+
+    def _beat_alone(self, record: Sequence[float]) -> bool | None:
+        """Did the drafting rounds of ``record`` (tokens, seconds, rounds; decayed) emit more
+        than the target alone would have in their time? None: too few rounds to say."""
+        tokens, seconds, rounds = record
+        return None if rounds < DRAFTED_SEEN else tokens >= seconds * self.alone()
 
     def probed(self, confidence: float | None) -> None:
         """The draft's confidence in the first token it drafted this round (kept or not)."""
