@@ -74,9 +74,10 @@ class ModelDrafter:
         while len(out) < limit:
             t0 = perf_counter()
             room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
-            guess = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
-            if pacer is not None and guess:  # check only as much of the guess as pays
-                guess = guess[: pacer.guess_length(len(guess), len(catchup))]
+            found = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
+            guess = found  # check only as much of the guess as pays
+            if pacer is not None and found:
+                guess = found[: pacer.guess_length(len(found), len(catchup))]
             batch = [*catchup, history[-1], *guess]
             logits = ctx.decode(batch, logits=len(guess) + 1)
             catchup = []
@@ -86,8 +87,8 @@ class ModelDrafter:
             agree = 0
             while agree < len(guess) and guess[agree] == best[agree]:
                 agree += 1
-            if pacer is not None and guess:
-                pacer.agree.observe([None] * len(guess), agree)
+            if pacer is not None and found:
+                pacer.guess_checked(found, len(guess), best)
             sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if want_confidence else []
             new = [*guess[:agree]]
             if spec.p_min <= 0 or sure[agree] >= spec.p_min:

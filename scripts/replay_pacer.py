@@ -103,17 +103,18 @@ class Replay:
         catchup, out, sure_all, chances, history = committed[keep:-1], [], [], [], list(committed)
         while len(out) < limit:
             room = min(DEFAULTS.ngram_tokens, limit - len(out) - 1)
-            guess = ngram.lookup(history, DEFAULTS.ngram_max, room) if self.use_ngram and room > 0 else []
-            if pacer is not None and guess:
-                guess = guess[: pacer.guess_length(len(guess), len(catchup))]
+            found = ngram.lookup(history, DEFAULTS.ngram_max, room) if self.use_ngram and room > 0 else []
+            guess = found
+            if pacer is not None and found:
+                guess = found[: pacer.guess_length(len(found), len(catchup))]
             self.seconds += self.clock.draft(len(catchup) + 1 + len(guess))
             catchup = []
             preds = [self.predict(history, guess[:j]) for j in range(len(guess) + 1)]
             agree = 0
             while agree < len(guess) and guess[agree] == preds[agree][0]:
                 agree += 1
-            if pacer is not None and guess:
-                pacer.agree.observe([None] * len(guess), agree)
+            if pacer is not None and found:
+                pacer.guess_checked(found, len(guess), [p for p, _ in preds])
             sure = [q for _, q in preds[: agree + 1]]
             new = guess[:agree] + ([preds[agree][0]] if p_min <= 0 or sure[agree] >= p_min else [])
             out, history, sure_all = out + new, history + new, sure_all + sure[: len(new)]

@@ -8,7 +8,9 @@ import pytest
 
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import SpecSettings
+from fly_cpp.costs import Costs, Curve
 from fly_cpp.drafters import ModelDrafter, NgramDrafter
+from fly_cpp.pacing import Pacer
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +63,22 @@ def test_ngram_drafter_copies_from_the_context():
     assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 10) == [4, 5, 6, 1]
     assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 2) == [4, 5]
     assert d.draft([1, 2, 3], 4) == []
+
+
+def test_a_paced_draft_learns_its_agreement_with_guesses_it_left_unchecked(model):
+    """With the agreement low the pacer checks no guess; the draft's own tokens still say
+    whether the n-gram guesses were right, so the agreement can climb back."""
+    costs = Costs(Curve((1, 2, 4, 8), (0.086, 0.143, 0.161, 0.19)), Curve((1, 2, 4, 8), (0.02, 0.03, 0.045, 0.08)))
+    pacer = Pacer(lambda: costs, k_max=16)
+    for _ in range(20):
+        pacer.agree.observe([None], 0)
+    assert pacer.guess_length(6, 0) == 0
+    committed = model.tokenize("Once upon a time, there was a girl. Once upon a time, there was a girl. Once upon a time")
+    with Context(model, n_ctx=256, n_threads=1) as ctx:
+        drafter = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=8))
+        drafter.draft(committed, 1)  # the cache holds the text: no catch-up to share a decode with
+        assert pacer.guess_length(6, 0) == 0
+        seen = pacer.agree.all_trials
+        drafter.draft(committed, 8, pacer)
+        assert pacer.agree.all_trials > seen  # evidence, though no guess was checked
+        assert pacer.agree.all_hits > 0  # the draft went on as the earlier text did

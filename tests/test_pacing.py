@@ -115,6 +115,29 @@ def test_free_guesses_that_are_right_pay_even_on_a_compute_bound_target():
     assert fresh.plan(16, lambda: 0, lambda: 6, False) == ("target", 0)  # no evidence: too costly to try
 
 
+def test_the_drafts_agreement_with_guesses_is_learned_also_while_guesses_go_unchecked():
+    """Checking n-gram guesses with the draft model pays only while the draft agrees with them
+    often enough; once a few misses bring the agreement low no guess is checked, and the draft's
+    next token, which it makes anyway, must still tell whether the guess was right."""
+    p = pacer(CPU_F16)
+    for _ in range(10):
+        p.guess_checked([5, 6, 7], 3, [9, 6, 7, 8])  # the first guessed token wrong: nothing more said
+    assert p.guess_length(6, 0) == 0  # not worth checking any more
+    seen = p.agree.all_trials
+    p.guess_checked([5, 6, 7], 0, [4])  # unchecked, and the draft's own next token differs
+    assert p.agree.all_trials > seen and p.guess_length(6, 0) == 0
+    for _ in range(40):
+        p.guess_checked([5, 6, 7], 0, [5])  # unchecked, and the draft went on as the guess did
+    assert p.guess_length(6, 0) > 0
+    fresh = pacer(CPU_F16)
+    fresh.guess_checked([5, 6, 7], 2, [5, 6, 7])  # two checked and right, the third told by the next token
+    three = 1 + 0.99 + 0.99 ** 2  # three tokens told (older evidence decays with each)
+    assert fresh.agree.all_trials == pytest.approx(three) and fresh.agree.all_hits == pytest.approx(three)
+    fresh = pacer(CPU_F16)
+    fresh.guess_checked([5, 6, 7], 2, [5, 4, 7])  # the second checked token wrong: the third says nothing
+    assert fresh.agree.all_trials == pytest.approx(1 + 0.99) and fresh.agree.all_hits == pytest.approx(0.99)
+
+
 def test_acceptance_by_confidence():
     a = Acceptance()
     for _ in range(200):
