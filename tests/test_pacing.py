@@ -138,6 +138,23 @@ def test_the_drafts_agreement_with_guesses_is_learned_also_while_guesses_go_unch
     assert fresh.agree.all_trials == pytest.approx(1 + 0.99) and fresh.agree.all_hits == pytest.approx(0.99)
 
 
+def test_guesses_that_a_few_misses_made_not_worth_verifying_are_tried_again_when_right():
+    """With no draft model, n-gram lookup is the only speculation; once misses bring its
+    acceptance under what a batch costs, no guess is verified, and the tokens the target writes
+    must still tell whether the guesses would have been right."""
+    flat = Costs(Curve((1, 2, 4, 8, 16), (10 * MS, 10.5 * MS, 11 * MS, 12 * MS, 14 * MS)), None)  # a GPU
+    p = pacer(flat)
+    for _ in range(20):
+        p.guesses.observe([None], 0)
+    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    text, kinds = [1, 2, 3, 4, 5] * 2, []
+    for _ in range(400):
+        drafter.draft(text, 8)
+        kinds.append(drafter.kind)
+        text = text + [text[-5]]  # the target goes on repeating, as the guesses say
+    assert kinds[0] == "target" and "ngram" in kinds
+
+
 def test_acceptance_by_confidence():
     a = Acceptance()
     for _ in range(200):
