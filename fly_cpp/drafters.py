@@ -88,7 +88,7 @@ class ModelDrafter:
             while agree < len(guess) and guess[agree] == best[agree]:
                 agree += 1
             if pacer is not None and found:
-                pacer.guess_checked(found, len(guess), best)
+                pacer.guess_checked(found, len(guess), agree, int(best[agree]))
             sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if want_confidence else []
             new = [*guess[:agree]]
             if spec.p_min <= 0 or sure[agree] >= spec.p_min:

@@ -253,18 +253,15 @@ class Pacer:
                 best, best_g = rate, g
         return best_g
 
-    def guess_checked(self, found: Sequence[int], checked: int, own: Sequence[int]) -> None:
-        """A draft step checked the first ``checked`` tokens of the n-gram guess ``found``;
-        ``own``: the draft's own token at each checked position and the one after. Where all the
-        checked tokens agreed, the draft's next token says for free whether the first unchecked
-        one would have: without it, an agreement that the first guesses brought low would never
-        be checked again (on the F16 pair a writing prompt's first 7 guesses stopped the checks
-        for the next 40 prompts, code included)."""
-        agree = 0
-        while agree < checked and found[agree] == own[agree]:
-            agree += 1
+    def guess_checked(self, found: Sequence[int], checked: int, agree: int, own_next: int) -> None:
+        """A draft step checked the first ``checked`` tokens of the n-gram guess ``found`` and
+        agreed with the first ``agree``; ``own_next``: the draft's own token after those. Where
+        all the checked tokens agreed, that token says for free whether the first unchecked one
+        would have: without it, an agreement that the first guesses brought low would never be
+        checked again (on the F16 pair a writing prompt's first 7 guesses stopped the checks for
+        the next 40 prompts, code included)."""
         told = agree + 1 if agree == checked < len(found) else checked
-        self.agree.observe([None] * told, agree + int(told > checked and found[agree] == own[agree]))
+        self.agree.observe([None] * told, agree + int(told > checked and found[agree] == own_next))
 
     def guess_written(self, guess: Sequence[int], wrote: Sequence[int]) -> None:
         """An n-gram guess no round verified, judged by the tokens the round after it wrote."""

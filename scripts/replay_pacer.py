@@ -114,7 +114,7 @@ class Replay:
             while agree < len(guess) and guess[agree] == preds[agree][0]:
                 agree += 1
             if pacer is not None and found:
-                pacer.guess_checked(found, len(guess), [p for p, _ in preds])
+                pacer.guess_checked(found, len(guess), agree, preds[agree][0])
             sure = [q for _, q in preds[: agree + 1]]
             new = guess[:agree] + ([preds[agree][0]] if p_min <= 0 or sure[agree] >= p_min else [])
             out, history, sure_all = out + new, history + new, sure_all + sure[: len(new)]

@@ -121,20 +121,20 @@ def test_the_drafts_agreement_with_guesses_is_learned_also_while_guesses_go_unch
     next token, which it makes anyway, must still tell whether the guess was right."""
     p = pacer(CPU_F16)
     for _ in range(10):
-        p.guess_checked([5, 6, 7], 3, [9, 6, 7, 8])  # the first guessed token wrong: nothing more said
+        p.guess_checked([5, 6, 7], 3, 0, 9)  # the first guessed token wrong: nothing more said
     assert p.guess_length(6, 0) == 0  # not worth checking any more
     seen = p.agree.all_trials
-    p.guess_checked([5, 6, 7], 0, [4])  # unchecked, and the draft's own next token differs
+    p.guess_checked([5, 6, 7], 0, 0, 4)  # unchecked, and the draft's own next token differs
     assert p.agree.all_trials > seen and p.guess_length(6, 0) == 0
     for _ in range(40):
-        p.guess_checked([5, 6, 7], 0, [5])  # unchecked, and the draft went on as the guess did
+        p.guess_checked([5, 6, 7], 0, 0, 5)  # unchecked, and the draft went on as the guess did
     assert p.guess_length(6, 0) > 0
     fresh = pacer(CPU_F16)
-    fresh.guess_checked([5, 6, 7], 2, [5, 6, 7])  # two checked and right, the third told by the next token
+    fresh.guess_checked([5, 6, 7], 2, 2, 7)  # two checked and right, the third told by the next token
     three = 1 + 0.99 + 0.99 ** 2  # three tokens told (older evidence decays with each)
     assert fresh.agree.all_trials == pytest.approx(three) and fresh.agree.all_hits == pytest.approx(three)
     fresh = pacer(CPU_F16)
-    fresh.guess_checked([5, 6, 7], 2, [5, 4, 7])  # the second checked token wrong: the third says nothing
+    fresh.guess_checked([5, 6, 7], 2, 1, 4)  # the second checked token wrong: the third says nothing
     assert fresh.agree.all_trials == pytest.approx(1 + 0.99) and fresh.agree.all_hits == pytest.approx(0.99)
 
 
