@@ -63,6 +63,24 @@ def test_peer_arguments(tmp_path: Path) -> None:
         peer.run("speculative", "Once upon a time", 8, 4)
 
 
+def test_peer_offloads_what_fly_cpp_offloads(tmp_path: Path) -> None:
+    # a GPU build of the binaries offloads every layer unless told: they are told fly-cpp's count
+    target, draft = str(bundled.TARGET), str(bundled.DRAFT)
+    for name in ("llama-speculative-simple", "llama-completion"):
+        (tmp_path / name).write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/{name}.argv\nexit 3\n')
+        (tmp_path / name).chmod(0o755)
+    for layers, draft_layers, want, want_draft in ((0, 0, "0", "0"), (-1, 7, "all", "7")):
+        peer = Peer(tmp_path, target, draft, n_ctx=512, n_threads=1, repack=False, gpu_layers=layers,
+                    draft_gpu_layers=draft_layers)
+        for kind in ("speculative", "target"):
+            with pytest.raises(FlyError):
+                peer.run(kind, "Once upon a time", 8, 4)
+        spec = (tmp_path / "llama-speculative-simple.argv").read_text().split()
+        assert spec[spec.index("-ngl") + 1] == want and spec[spec.index("-ngld") + 1] == want_draft
+        plain = (tmp_path / "llama-completion.argv").read_text().split()
+        assert plain[plain.index("-ngl") + 1] == want and "-ngld" not in plain
+
+
 @pytest.mark.skipif(not LLAMA_BIN, reason="set FLY_CPP_LLAMA_BIN to a directory built by scripts/build-llama-cpp.sh")
 def test_real_peer_run(tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -107,11 +107,17 @@ def parse_completion(output: str) -> PeerRun:
     return run
 
 
+def _layers(n: int) -> str:
+    """fly-cpp's layer count as the binaries' -ngl takes it (fly-cpp's -1 is their "all")."""
+    return "all" if n < 0 else str(n)
+
+
 class Peer:
     """llama.cpp's binaries in one directory, run with the same models and settings."""
 
     def __init__(self, bin_dir: str | os.PathLike[str], target: str, draft: str | None, *, n_ctx: int,
-                 n_threads: int, repack: bool | None = None, timeout: float = TIMEOUT_SECONDS) -> None:
+                 n_threads: int, repack: bool | None = None, gpu_layers: int = 0, draft_gpu_layers: int = 0,
+                 timeout: float = TIMEOUT_SECONDS) -> None:
         self.dir = Path(bin_dir)
         if not self.dir.is_dir():
             raise FlyError(f"--llama-cpp-bin: no such directory: {self.dir}")
@@ -127,10 +133,12 @@ class Peer:
         self.target, self.draft = target, draft
         self.n_ctx, self.n_threads, self.timeout = n_ctx, n_threads, timeout
         self.repack = repack if repack is not None else not cpu_has_amx()  # AMX repacking crashes
+        # fly-cpp's offload, said explicitly: on a GPU build the binaries offload all by default
+        self.gpu_layers, self.draft_gpu_layers = _layers(gpu_layers), _layers(draft_gpu_layers)
 
     def _common(self, prompt_file: str, max_tokens: int) -> list[str]:
         args = ["-m", self.target, "-f", prompt_file, "-n", str(max_tokens), "-c", str(self.n_ctx),
-                "-t", str(self.n_threads), "--temp", "0", "--seed", "0"]
+                "-t", str(self.n_threads), "--temp", "0", "--seed", "0", "-ngl", self.gpu_layers]
         return args if self.repack else [*args, "--no-repack"]
 
     def _run(self, argv: list[str], parse: Callable[[str], PeerRun], prompt: str) -> PeerRun:
@@ -157,7 +165,7 @@ class Peer:
             path = f.name
         try:
             if kind == "speculative":
-                argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft,
+                argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft, "-ngld", self.draft_gpu_layers,
                         "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
                         "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]
                 return self._run(argv, parse_speculative, prompt)
@@ -167,4 +175,5 @@ class Peer:
             os.unlink(path)
 
     def describe(self) -> dict[str, Any]:
-        return {"bin": str(self.dir), "repack": self.repack, "speculative": SPECULATIVE, "target_only": COMPLETION}
+        return {"bin": str(self.dir), "repack": self.repack, "gpu_layers": self.gpu_layers,
+                "draft_gpu_layers": self.draft_gpu_layers, "speculative": SPECULATIVE, "target_only": COMPLETION}
