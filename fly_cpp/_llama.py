@@ -81,6 +81,12 @@ def library() -> ctypes.CDLL:
     return ll.llama_cpp._lib
 
 
+def gpu_names() -> list[str]:
+    """This machine's GPUs as llama.cpp sees them (empty on a build without a GPU backend; RPC
+    servers are not counted)."""
+    return _rpc.local_device_names(library())
+
+
 def last_log_error() -> str:
     """The most recent llama.cpp log line that looks like an error, for error messages."""
     for line in reversed(_log_tail):

@@ -376,6 +376,12 @@ def device_array(lib: ctypes.CDLL, remote: Sequence[int]) -> ctypes.Array[Any]:
     return (_P * (len(devices) + 1))(*devices, None)
 
 
+def local_device_names(lib: ctypes.CDLL) -> list[str]:
+    """The names of this machine's accelerators (``Ggml.local_devices``)."""
+    g = _Ggml.of(lib)
+    return [(g.backend_dev_name(dev) or b"?").decode("utf-8", "replace") for dev in g.local_devices()]
+
+
 # -- the server ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,39 @@
+"""On a GPU build of llama.cpp (``-DGGML_CUDA=on`` and the like), with every layer offloaded:
+exact-match speculation is still the target's own greedy output, and k auto prices the GPU's
+decodes from its own measurement. Skipped where llama.cpp has no GPU to offload to (CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp._llama import gpu_names
+
+pytestmark = pytest.mark.skipif(not gpu_names(), reason="llama.cpp was built without a GPU backend, or sees no GPU")
+
+PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because", "Sam liked to eat"]
+
+
+@pytest.fixture(scope="module")
+def gpu_pair(stories, stories_draft):
+    # n_ubatch=1: each verified row is computed as a one-token decode would compute it (the
+    # GPU's batched kernels, like the CPU's, are not bit-identical to single-row ones)
+    with Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1, n_gpu_layers=-1),
+                ModelSettings(str(stories_draft), n_gpu_layers=-1)) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_offloaded_spd_is_the_offloaded_targets_greedy_output(gpu_pair, k) -> None:
+    for prompt in PROMPTS:
+        target = gpu_pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=48).run().tokens
+        spd = gpu_pair.generate(prompt, spec=SpecSettings(mode="spd", k=k), max_tokens=48).run()
+        assert spd.tokens == target, prompt
+        assert spd.stats.n_drafted > 0 or k == "auto"  # k auto may find drafting a tiny pair not worth it
+
+
+def test_k_auto_prices_offloaded_decodes(gpu_pair) -> None:
+    gen = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="fly", k="auto"), max_tokens=48).run()
+    costs = gen.stats.pacing["costs"]
+    assert costs["target_ms"] and costs["draft_ms"]
+    assert all(ms > 0 for ms in costs["target_ms"].values())
