@@ -232,6 +232,12 @@ class Costs:
         self.batch_scale: float | None = None  # target batches (2+ rows); None: none seen yet
         self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
         self.depth = 0  # tokens in the caches this round (both models hold about as many)
+        self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
+        self.draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
+
+    def cold(self) -> None:
+        """A decode outside the rounds (a prompt) came last: the next round's decodes are not warm."""
+        self._batched, self.draft_warm = None, False
 
     def at(self, depth: int) -> None:
         """This round's decodes come after ``depth`` tokens of context."""
@@ -246,18 +252,32 @@ class Costs:
         """Seconds of one draft decode of ``rows`` rows, now (0 without a draft model)."""
         return self.draft_curve(rows, self.depth) * self.draft_scale if self.draft_curve is not None else 0.0
 
-    def observe_target(self, rows: int, seconds: float) -> None:
+    def observe_target(self, rows: int, seconds: float) -> bool:
+        """Learn from a target decode if it is warm: of the same kind (one row, or a batch) as
+        the decode before it; returns whether it was. On a GPU llama.cpp builds the graph anew
+        when the kind changes (and a one-row decode then captures its CUDA graph again): on the
+        synthetic costly pair on an H100, batches after runs of one-row decodes took 1.5x their
+        calibrated time and steady ones 0.54x; the scales learned from the switches alone, and
+        drafting looked dear where drafting every round ran 1.5x the target. On a CPU the kinds
+        cost the same either way."""
+        warm = self._batched is (rows > 1)
+        self._batched = rows > 1
+        if not warm:
+            return False
         ratio = seconds / self.target_curve(rows, self.depth)
         if rows <= 1:
             self.target_scale = _blend(self.target_scale, ratio)
         else:
             self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
+        return True
 
     def observe_host(self, seconds: float) -> None:
         self.host = max(seconds, 0.0) if self.host == 0 else (1 - SMOOTHING) * self.host + SMOOTHING * max(seconds, 0.0)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
-        if self.draft_curve is not None and rows > 0:
+        """A draft decode, learned from when the draft model decoded in the last round too (its
+        first decode after idle rounds switches kinds as the target's do)."""
+        if self.draft_curve is not None and rows > 0 and self.draft_warm:
             self.draft_scale = _blend(self.draft_scale, seconds / self.draft_curve(rows, self.depth))
 
     def as_dict(self) -> dict[str, object]:
@@ -279,7 +299,11 @@ def _per_1k(curve: Curve) -> dict[str, float]:
 
 
 def _blend(scale: float, ratio: float) -> float:
-    return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.2), 5.0)
+    """One observation's step: ``ratio`` held within half and twice the scale, so that a
+    one-off (a GPU's first decode of a new kind of batch sets up its kernels: on an H100 one
+    took tens of times its calibrated cost) moves the scale by a tenth at most, where it once
+    moved it 40% and kept drafting off; a real change is followed over a few rounds."""
+    return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.5 * scale, 0.2), 2.0 * scale, 5.0)
 
 
 def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,

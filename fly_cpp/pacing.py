@@ -97,6 +97,7 @@ class Pacer:
     pace: float = 0.0  # tokens per second the recent rounds kept (0: none yet)
     idle: int = 0  # rounds since speculation was last tried
     patience: int = PATIENCE  # rounds to wait before the next exploration
+    explore_next: bool = False  # an exploration's second round comes next (the first one is not warm)
     rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
     firsts: list[float] = field(default_factory=lambda: [0.0] * BINS)  # first drafted tokens by confidence bin (decayed)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # drafting rounds: tokens, seconds, rounds (decayed)
@@ -140,6 +141,10 @@ class Pacer:
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
+        if self.explore_next and has_draft:  # judged on its second round: see ``observe``
+            self.explore_next = False
+            first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
+            return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
         target_rate = self.alone()
         g_rate, g = 0.0, 0
         guesses_may_pay = self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0
@@ -168,6 +173,7 @@ class Pacer:
             if self.best(OPTIMISM, limit, step, step)[1] > 0:
                 self.idle += 1
                 if self.idle >= self.patience:
+                    self.explore_next = True
                     return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
                 if not guesses_may_pay:  # nothing to weigh until the next exploration:
                     self.rest = self.patience - self.idle - 1  # decode alone till then without planning
@@ -189,6 +195,8 @@ class Pacer:
         on prompts where fixed k 3 ran 1.3-1.5x)."""
         if self._beat_alone(self.drafted_long, PAIR_SEEN) is False:
             return
+        if self._costs is not None:
+            self._costs.cold()  # the prompt's decode comes before the first round
         self.idle = max(self.idle - self.rest, 0)  # a rest counts its rounds as idle in advance
         self.rest, self.patience = 0, PATIENCE
         self.drafted = [0.0, 0.0, 0.0]
@@ -299,15 +307,21 @@ class Pacer:
         return best, best_n
 
     def observe(self, kind: str, confidences: Sequence[float | None], kept: int, emitted: int,
-                seconds: float) -> None:
-        """A verified round: how many drafted tokens were kept, how many tokens it emitted, and
-        how long it took (drafting and verifying)."""
+                seconds: float, warm: bool = True) -> None:
+        """A verified round: how many drafted tokens were kept, how many tokens it emitted, how
+        long it took (drafting and verifying), and whether it was warm (its target decode of
+        the same kind as the round before's, ``Costs.observe_target``). Only warm rounds say
+        whether drafting pays: the first drafting round after plain ones pays for switching
+        (on a GPU a single one lost to the target alone where drafting every round won 1.5x,
+        and the record of such rounds kept drafting off for good). So an exploration drafts
+        two rounds in a row and the second one is judged."""
         if kind in ("draft", "explore"):
             self.model.observe(confidences, kept)
-            done = (emitted, seconds, 1.0)
-            self.drafted = [x * DRAFTED_MEMORY + y for x, y in zip(self.drafted, done)]
-            self.drafted_long = [x * PAIR_MEMORY + y for x, y in zip(self.drafted_long, done)]
-        if kind == "explore":  # a try that beat the target alone makes the next one come soon, another one later
+            if warm:
+                done = (emitted, seconds, 1.0)
+                self.drafted = [x * DRAFTED_MEMORY + y for x, y in zip(self.drafted, done)]
+                self.drafted_long = [x * PAIR_MEMORY + y for x, y in zip(self.drafted_long, done)]
+        if kind == "explore" and warm:  # a try that beat the target alone makes the next one come soon, another one later
             fruitful = 2 * kept >= len(confidences) and emitted > seconds * self.alone()
             self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
         elif kind == "ngram":
@@ -401,7 +415,8 @@ class PacedDrafter:
     def observe(self, kept: int, emitted: int, draft_seconds: float, target_rows: int, target_seconds: float,
                 round_seconds: float) -> None:
         costs = self.pacer.costs
-        costs.observe_target(target_rows, target_seconds)
+        warm = costs.observe_target(target_rows, target_seconds)
+        costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
         costs.observe_host(round_seconds - draft_seconds - target_seconds)
         verified = self.confidences[: target_rows - 1]  # a draft may have been dropped (n_min)
-        self.pacer.observe(self.kind, verified, kept, emitted, round_seconds)
+        self.pacer.observe(self.kind, verified, kept, emitted, round_seconds, warm)

@@ -158,6 +158,7 @@ class Replay:
         t = self.t
         committed, pos, passes, n = list(t.prompt), 0, 0, len(t.out)
         self.cache, self.seconds = committed[:-1], 0.0
+        batched: bool | None = None  # the last target decode had 2+ rows (None: the prompt's came last)
         while pos < n:
             self.clock.at(len(committed))
             limit, start, kind, sure = min(k, n - pos - 1), self.seconds, "target", []
@@ -188,9 +189,10 @@ class Replay:
             pos, passes = pos + emitted, passes + 1
             if lengths is not None:
                 lengths[len(drafted)] += 1
+            warm, batched = batched is (len(drafted) > 0), len(drafted) > 0  # as Costs.observe_target says
             if pacer is not None:
                 verified = sure[: len(drafted)]
-                pacer.observe(kind, verified, kept, emitted, self.seconds - start)
+                pacer.observe(kind, verified, kept, emitted, self.seconds - start, warm)
                 if kind == "draft" and self.left_out is not None and kept == len(drafted) == emitted - 1:  # as PacedDrafter learns
                     pacer.model.observe([self.left_out[1]], int(t.out[pos - emitted + kept] == self.left_out[0]))
         return n, self.seconds, passes

@@ -30,7 +30,8 @@ def test_a_curve_prices_a_decode_by_the_context_it_attends_over():
     assert costs.target(4) == pytest.approx(16 * MS)  # no depth said yet: an empty cache
     costs.at(1100)
     assert costs.target(4) == pytest.approx(60 * MS) and costs.draft(1) == pytest.approx(3 * MS)
-    costs.observe_target(1, 40 * MS)  # the one-row scale learns against the curve at this depth
+    assert not costs.observe_target(1, 99 * MS) and costs.target_scale == 1.0  # the first decode is not warm
+    assert costs.observe_target(1, 40 * MS)  # a warm one-row decode learns against the curve at this depth
     assert costs.target_scale == pytest.approx(0.9 + 0.1 * 2)
     assert Curve((1,), (5 * MS,))(1, 10**6) == 5 * MS  # measured at one depth only: depth is ignored
 
@@ -103,12 +104,30 @@ def test_a_misjudged_single_decode_is_corrected_without_making_batches_dear():
         c.observe_target(1, 98 * MS)
     assert c.target(1) == pytest.approx(98 * MS, rel=0.01)
     assert c.target(4) == pytest.approx(140 * MS * 98 / 72, rel=0.01)  # no batch seen: the one scale
-    for _ in range(60):
+    for _ in range(60):  # runs of each kind: the first decode of a run (a switch) teaches nothing
         c.observe_target(1, 98 * MS)
+        c.observe_target(1, 98 * MS)
+        c.observe_target(4, 140 * MS)
         c.observe_target(4, 140 * MS)
     assert c.target(1) == pytest.approx(98 * MS, rel=0.01) and c.target(4) == pytest.approx(140 * MS, rel=0.01)
     assert c.target(2) == pytest.approx(127 * MS, rel=0.01)
     assert c.as_dict()["batch_scale"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_only_warm_decodes_teach_and_one_off_costs_move_a_scale_a_little():
+    c = Costs(Curve((1, 4), (2 * MS, 3 * MS)), Curve((1,), (1 * MS,)))
+    assert not c.observe_target(4, 9 * MS)  # a batch after nothing: not warm
+    assert not c.observe_target(1, 9 * MS)  # a single row after a batch: not warm
+    assert c.target_scale == 1.0 and c.batch_scale is None
+    assert c.observe_target(1, 100 * MS)  # warm, but a one-off: held to twice the scale
+    assert c.target_scale == pytest.approx(1.1)
+    c.observe_draft(1, 50 * MS)  # the draft model did not decode in the last round: not warm
+    assert c.draft_scale == 1.0
+    c.draft_warm = True
+    c.observe_draft(1, 0.1 * MS)  # held to half the scale
+    assert c.draft_scale == pytest.approx(0.95)
+    c.cold()  # a prompt was decoded: the next decodes are not warm
+    assert not c.observe_target(1, 2 * MS) and not c.draft_warm
 
 
 def test_slower_note_says_why_and_what_to_try():
