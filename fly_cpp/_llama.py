@@ -19,8 +19,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as ll
-import numpy as np
+
+
+def _cxx_runtime_first() -> None:
+    """Make the system's C++ runtime answer libllama's lookups before any library it loads. A
+    CUDA build of llama.cpp's shared libraries (H100, CUDA 13) has C++ stream code of its own
+    in libggml-cuda.so; loaded from Python, which does not link the C++ runtime, libllama bound
+    to that copy and crashed (SIGSEGV in llama_model::print_info, while loading any model;
+    LD_PRELOAD of libstdc++ cured it). Nothing changes where the runtime is found first anyway."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass
+
+
+_cxx_runtime_first()
+import llama_cpp as ll  # noqa: E402
+import numpy as np  # noqa: E402
 
 from fly_cpp import rpc as _rpc
 from fly_cpp.errors import FlyError
