@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def _cxx_runtime_first() -> None:
     """Make the system's C++ runtime answer libllama's lookups before any library it loads. A
     CUDA build of llama.cpp's shared libraries (H100, CUDA 13) has C++ stream code of its own

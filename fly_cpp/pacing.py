@@ -143,8 +143,7 @@ class Pacer:
             return self._chose("target", 0)
         if self.explore_next and has_draft:  # judged on its second round: see ``observe``
             self.explore_next = False
-            first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
-            return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
+            return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
         target_rate = self.alone()
         g_rate, g = 0.0, 0
         guesses_may_pay = self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0
@@ -174,7 +173,7 @@ class Pacer:
                 self.idle += 1
                 if self.idle >= self.patience:
                     self.explore_next = True
-                    return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
+                    return self._explore(limit, first, step)
                 if not guesses_may_pay:  # nothing to weigh until the next exploration:
                     self.rest = self.patience - self.idle - 1  # decode alone till then without planning
                     self.idle += self.rest
@@ -182,6 +181,10 @@ class Pacer:
         if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
+
+    def _explore(self, limit: int, first: float, step: float) -> tuple[str, int]:
+        """An exploration: as far as drafting would pay if the draft were right as often as it is at best."""
+        return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
 
     def begin(self) -> None:
         """A generation starts: a new text. What the last rounds of the previous one said about
@@ -193,10 +196,10 @@ class Pacer:
         not a long run (a cold start on an unpredictable text, or on a busy machine, would
         otherwise keep the next texts from drafting: on the F16 pair, 0.95-0.99x the target
         on prompts where fixed k 3 ran 1.3-1.5x)."""
+        if self._costs is not None:
+            self._costs.cold()  # the prompt's decode comes before the first round, whatever the record says
         if self._beat_alone(self.drafted_long, PAIR_SEEN) is False:
             return
-        if self._costs is not None:
-            self._costs.cold()  # the prompt's decode comes before the first round
         self.idle = max(self.idle - self.rest, 0)  # a rest counts its rounds as idle in advance
         self.rest, self.patience = 0, PATIENCE
         self.drafted = [0.0, 0.0, 0.0]

@@ -312,3 +312,12 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
             seconds += took
     assert p.plans["draft"] > 1000
     assert tokens / seconds > 1.1 / (2.06 * MS)
+
+
+def test_a_new_generation_starts_cold_even_where_drafting_never_paid():
+    costs = Costs(Curve((1, 4), (2 * MS, 3 * MS)), Curve((1,), (1 * MS,)))
+    p = Pacer(lambda: costs, k_max=16)
+    p.drafted_long = [1.0, 100.0, 40.0]  # 40 drafting rounds that lost: the record is kept
+    assert p.costs.observe_target(4, 3 * MS) is False and p.costs.observe_target(4, 3 * MS)
+    p.begin()  # the prompt's decode came between: the next batch is not warm
+    assert p.drafted_long == [1.0, 100.0, 40.0] and p.costs.observe_target(4, 3 * MS) is False

@@ -165,8 +165,8 @@ class Peer:
             path = f.name
         try:
             if kind == "speculative":
-                argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft, "-ngld", self.draft_gpu_layers,
-                        "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft,
+                        "-ngld", self.draft_gpu_layers, "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
                         "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]
                 return self._run(argv, parse_speculative, prompt)
             argv = [str(self.completion), *self._common(path, max_tokens), "-no-cnv", "--perf"]
