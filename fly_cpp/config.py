@@ -21,6 +21,7 @@ FLY_RULES = ("guarded", "paper")
 SPLIT_MODES = ("none", "layer", "row")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's KV cache types
 FLASH_ATTN = ("auto", "on", "off")
+STEADY = ("auto", "on", "off")
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: ggml's thread pool holds at most this many
 MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
 MAX_SEED = 2**64 - 1
@@ -269,6 +270,10 @@ class SpecSettings:
     cross_round_confidence: float = field(default=0.5, metadata=_help(
         "cross-round: keep a tail mismatch only when the draft's running agreement makes completing its "
         "window at least this likely; 0 = always"))
+    steady_batches: str = field(default="off", metadata=_help(
+        "pad the target's verification batches to the widest of the recent rounds, so that their shape stays "
+        "steady (a GPU reruns a decode of the shape it ran last faster; not yet measured end to end); "
+        "auto = on when the target is offloaded to a GPU or rpc server"))
 
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -289,6 +294,8 @@ class SpecSettings:
                  + (f"k ({self.k})" if self.k != AUTO else f"k_max ({self.k_max})"))
         _require(isinstance(self.cross_round_confidence, (int, float)) and 0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
+        _require(self.steady_batches in STEADY,
+                 f"steady_batches must be one of {', '.join(STEADY)}, got {self.steady_batches!r}")
 
     @property
     def auto(self) -> bool:

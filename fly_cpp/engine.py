@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from fly_cpp import loop, scoring
-from fly_cpp._llama import Context, Model, gguf_hparams, kv_bytes_per_token
+from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, calibrate, slower_note
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
@@ -25,6 +25,7 @@ from fly_cpp.output import Output
 from fly_cpp.pacing import PacedDrafter, Pacer
 from fly_cpp.request import Request
 from fly_cpp.sampling import NO_BIAS, LogitBias
+from fly_cpp.shape import Steady
 from fly_cpp.step import Stats, Step
 from fly_cpp.vocab import check_compatible
 
@@ -240,11 +241,21 @@ class Engine:
         elif drafter is None:
             drafter = self.drafter(spec, bias)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
-        steps = loop.run(request, self.target, drafter, out)
+        steady = Steady() if drafter is not None and self.steady_batches(spec) else None
+        steps = loop.run(request, self.target, drafter, out, steady)
         pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
         gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
         self._open.add(gen)
         return gen
+
+    def steady_batches(self, spec: SpecSettings) -> bool:
+        """Whether ``spec``'s verification batches are padded to a steady width
+        (``fly_cpp.shape``): as set, and with "auto" where the target runs on a GPU or rpc server
+        (on a CPU every padded row costs its share)."""
+        if spec.steady_batches != "auto":
+            return spec.steady_batches == "on"
+        t = self.target_settings
+        return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
 
     def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when

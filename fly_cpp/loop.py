@@ -28,13 +28,16 @@ from fly_cpp.drafters import Drafter
 from fly_cpp.output import Output
 from fly_cpp.request import Request
 from fly_cpp.scoring import token_probs
+from fly_cpp.shape import Steady, padded
 from fly_cpp.step import Stats, Step
 from fly_cpp.verify import Verifier
 
 
-def run(request: Request, target: Context, drafter: Drafter | None, out: Output) -> Iterator[Step]:
+def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
+        steady: Steady | None = None) -> Iterator[Step]:
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
-    tokens through ``out`` (which keeps the stats and records how the text ends)."""
+    tokens through ``out`` (which keeps the stats and records how the text ends). ``steady``:
+    pad the verification batches to its width (``fly_cpp.shape``)."""
     spec, stats = request.spec, out.stats
     verify, window = Verifier(request, out.detok.piece), Window(spec)
     observe = getattr(drafter, "observe", None)  # drafters that learn from how their rounds went
@@ -63,7 +66,10 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
                 _refute(window, committed, target, out)
                 continue
             t1 = perf_counter()
-            logits = target.decode([committed[-1], *drafted], logits="all")  # (m+1, n_vocab) view
+            batch = [committed[-1], *drafted]
+            width = len(batch) if steady is None else steady.width(len(batch), room + 1)
+            # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
+            logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
             t2 = perf_counter()
             verdict, chosen = verify(logits, drafted, committed, cross_round=window.enabled,
                                      window_left=window.left, max_left=window.max_left())
@@ -104,7 +110,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output)
             t3 = perf_counter()
             if observe is not None:
                 kept = verdict.accepted if verdict.refuted_at is None else 0
-                observe(kept, kept + 1, t1 - t0, len(drafted) + 1, t2 - t1, t3 - t0)
+                observe(kept, kept + 1, t1 - t0, width, t2 - t1, t3 - t0)
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()

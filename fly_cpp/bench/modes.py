@@ -32,6 +32,9 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     # FLy with the deferred window carried across rounds (gains for short drafts)
     "fly+xr": lambda s: dataclasses.replace(s, mode="fly", cross_round=True),
     "fly+xr-always": lambda s: dataclasses.replace(s, mode="fly", cross_round=True, cross_round_confidence=0.0),
+    # verification batches padded to a steady width (fly_cpp.shape), or never
+    "fly-steady": lambda s: dataclasses.replace(s, mode="fly", steady_batches="on"),
+    "fly-ragged": lambda s: dataclasses.replace(s, mode="fly", steady_batches="off"),
     # the published rule exactly, in-round and with the cross-round window
     "fly-paper": lambda s: dataclasses.replace(s, mode="fly", fly_rule="paper"),
     "fly-paper+xr": lambda s: dataclasses.replace(s, mode="fly", fly_rule="paper", cross_round=True),
