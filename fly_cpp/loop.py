@@ -110,7 +110,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
             t3 = perf_counter()
             if observe is not None:
                 kept = verdict.accepted if verdict.refuted_at is None else 0
-                observe(kept, kept + 1, t1 - t0, width, t2 - t1, t3 - t0)
+                observe(kept, kept + 1, t1 - t0, len(batch), t2 - t1, t3 - t0, width)
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()

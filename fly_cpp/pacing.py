@@ -416,9 +416,11 @@ class PacedDrafter:
             self.pacer.model.observe([confidence], int(committed[end] == token))
 
     def observe(self, kept: int, emitted: int, draft_seconds: float, target_rows: int, target_seconds: float,
-                round_seconds: float) -> None:
+                round_seconds: float, decoded_rows: int) -> None:
+        """A round: ``target_rows`` verified (the last committed token and the drafts), of the
+        ``decoded_rows`` the target decoded (more where the batch was padded, ``fly_cpp.shape``)."""
         costs = self.pacer.costs
-        warm = costs.observe_target(target_rows, target_seconds)
+        warm = costs.observe_target(decoded_rows, target_seconds)
         costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
         costs.observe_host(round_seconds - draft_seconds - target_seconds)
         verified = self.confidences[: target_rows - 1]  # a draft may have been dropped (n_min)

@@ -207,6 +207,21 @@ def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_i
     assert p.model.trials == seen and drafter._unverified is None
 
 
+def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_rows_verified():
+    """With steady batches (``fly_cpp.shape``) the target decodes more rows than the round
+    verifies: the cost of the decode is that of all of them, but only the verified drafts say
+    anything about acceptance (a trimmed token's confidence must not count as a miss)."""
+    p = pacer(CPU_F16)
+    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
+    drafter.kind, drafter.confidences = "draft", [0.95, 0.95, 0.35, 0.35]  # the last two left out of the batch
+    seen, widths = p.model.trials[:], []
+    p.costs.observe_target = lambda rows, seconds: widths.append(rows) or True
+    drafter.observe(2, 3, 0.01, 3, 0.05, 0.07, 7)  # 2 drafts verified in a batch padded to 7 rows: both kept
+    assert widths == [7]
+    assert p.model.trials[3] == seen[3]  # nothing learned at the left-out tokens' confidence
+    assert p.model.trials[9] > seen[9]
+
+
 def test_stops_planning_drafts_while_the_rounds_that_drafted_lose_to_the_target():
     """The acceptance model can promise what the rounds do not deliver (a draft sure and wrong,
     costs that moved): what drafting rounds realized, all told, overrules it until explorations
