@@ -30,9 +30,10 @@ class NgramDrafter:
     def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.spec = spec
         self.bias = bias
+        self.index = ngram.Index(spec.ngram_max)
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
-        return self.bias.cut(ngram.lookup(committed, self.spec.ngram_max, min(self.spec.ngram_tokens, limit)))
+        return self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
 
 
 class ModelDrafter:
@@ -54,6 +55,7 @@ class ModelDrafter:
         self.confidences: list[float | None] = []
         self.first_confidence: float | None = None  # of the first drafted token, before trimming
         self.left_out: tuple[int, float] | None = None  # the first token trimming left out, and its confidence
+        self.index = ngram.Index(spec.ngram_max)
 
     def lag(self, committed: Sequence[int]) -> int:
         """Tokens this draft's cache must catch up on before drafting after ``committed``."""
@@ -74,7 +76,7 @@ class ModelDrafter:
         while len(out) < limit:
             t0 = perf_counter()
             room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
-            found = ngram.lookup(history, spec.ngram_max, room) if spec.ngram and room > 0 else []
+            found = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
             guess = found  # check only as much of the guess as pays
             if pacer is not None and found:
                 guess = found[: pacer.guess_length(len(found), len(catchup))]

@@ -7,7 +7,7 @@ emits 1 + (accepted drafted tokens). ``Pacer`` keeps what that means here and no
 - acceptance: ``Acceptance``, the chance that a drafted token is kept given that every earlier
   one in its round was, learned from the rounds (FLy's loose accepts count as kept), by the
   draft's own confidence in the token (its top probability) and on average; n-gram guesses
-  have their own.
+  have their own, by the length of the n-gram they continue (``Guesses``).
 
 Each round it picks the plan with the most expected tokens per second: a plain target decode
 (no draft call at all), an n-gram guess (no draft decode), or drafting with the draft model.
@@ -84,6 +84,42 @@ class Acceptance:
                 self.trials[b] += 1
 
 
+class Guesses:
+    """How often n-gram guesses are right: overall, and by the length of the n-gram a guess
+    continues (a guess after a 4-token match is right far more often than one after a 1-token
+    match: in repeated code the long matches are the surest, while prose's short matches bring
+    the overall mean low). A length seen only a few times leans on the overall mean."""
+
+    def __init__(self, prior: float) -> None:
+        self.all = Acceptance(prior)
+        self.hits: dict[int, float] = {}
+        self.trials: dict[int, float] = {}
+
+    def mean(self) -> float:
+        return self.all.mean()
+
+    def __call__(self, matched: int) -> float:
+        """P(a guessed token is kept | the earlier ones in its round were), for a guess after
+        ``matched`` tokens matched (0: not known)."""
+        return (self.hits.get(matched, 0.0) + PRIOR * self.all.mean()) / (self.trials.get(matched, 0.0) + PRIOR)
+
+    def surest(self) -> float:
+        """The acceptance of the surest match length seen (what a guess may be worth at best)."""
+        return max([self(n) for n in self.trials], default=self.mean())
+
+    def observe(self, confidences: Sequence[float | None], kept: int, matched: int = 0) -> None:
+        """As ``Acceptance.observe``, for a guess after ``matched`` tokens matched."""
+        self.all.observe(confidences, kept)
+        if matched <= 0:
+            return
+        for i in range(min(kept + 1, len(confidences))):
+            self.hits[matched] = self.hits.get(matched, 0.0) * MEMORY + float(i < kept)
+            self.trials[matched] = self.trials.get(matched, 0.0) * MEMORY + 1
+
+    def as_dict(self) -> dict[int, float]:
+        return {n: round(self(n), 3) for n in sorted(self.trials)}
+
+
 @dataclass
 class Pacer:
     """The controller's state for one engine and mode (it carries over between generations).
@@ -92,12 +128,13 @@ class Pacer:
     load: Callable[[], Costs]
     k_max: int
     model: Acceptance = field(default_factory=lambda: Acceptance(0.6))
-    guesses: Acceptance = field(default_factory=lambda: Acceptance(0.3))
+    guesses: Guesses = field(default_factory=lambda: Guesses(0.3))
     agree: Acceptance = field(default_factory=lambda: Acceptance(0.5))  # the draft model's agreement with guesses
     pace: float = 0.0  # tokens per second the recent rounds kept (0: none yet)
     idle: int = 0  # rounds since speculation was last tried
     patience: int = PATIENCE  # rounds to wait before the next exploration
     explore_next: bool = False  # an exploration's second round comes next (the first one is not warm)
+    matched: int = 0  # the length of the n-gram match the planned guess continues
     rest: int = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
     firsts: list[float] = field(default_factory=lambda: [0.0] * BINS)  # first drafted tokens by confidence bin (decayed)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # drafting rounds: tokens, seconds, rounds (decayed)
@@ -134,10 +171,11 @@ class Pacer:
                 best, best_h = rate, h
         return best, best_h
 
-    def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], int], has_draft: bool) -> tuple[str, int]:
+    def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], tuple[int, int]],
+             has_draft: bool) -> tuple[str, int]:
         """This round's plan: ("target", 0), ("ngram", n), ("draft", max tokens) or ("explore",
         n). ``lag()``: tokens the draft model must catch up on; ``guess()``: the length of the
-        n-gram guess (each asked only when needed)."""
+        n-gram guess and of the match it continues (each asked only when needed)."""
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
@@ -146,12 +184,12 @@ class Pacer:
             return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
         target_rate = self.alone()
         g_rate, g = 0.0, 0
-        guesses_may_pay = self.best(self.guesses.mean(), limit, 0.0, 0.0)[1] > 0
-        # with no draft model, looked up also when guesses cannot pay: what the target then
-        # writes tells whether it was right (PacedDrafter._learn_guess)
-        n = guess() if guesses_may_pay or not has_draft else 0
+        guesses_may_pay = self.best(self.guesses.surest(), limit, 0.0, 0.0)[1] > 0
+        # looked up also when guesses cannot pay: what the round then writes tells whether the
+        # guess was right (PacedDrafter._learn_guess)
+        n, self.matched = guess()
         if guesses_may_pay and n:
-            g_rate, g = self.best(self.guesses.mean(), min(n, limit), 0.0, 0.0)
+            g_rate, g = self.best(self.guesses(self.matched), min(n, limit), 0.0, 0.0)
         d_rate = 0.0
         if has_draft:
             first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
@@ -274,10 +312,11 @@ class Pacer:
         told = agree + 1 if agree == checked < len(found) else checked
         self.agree.observe([None] * told, agree + int(told > checked and found[agree] == own_next))
 
-    def guess_written(self, guess: Sequence[int], wrote: Sequence[int]) -> None:
-        """An n-gram guess no round verified, judged by the tokens the round after it wrote."""
+    def guess_written(self, guess: Sequence[int], wrote: Sequence[int], matched: int = 0) -> None:
+        """An n-gram guess no round verified (after ``matched`` tokens matched), judged by the
+        tokens the round after it wrote."""
         right = common_prefix(list(guess), list(wrote))
-        self.guesses.observe([None] * min(right + 1, len(wrote)), right)
+        self.guesses.observe([None] * min(right + 1, len(wrote)), right, matched)
 
     def more(self, chances: Sequence[float], accept: float) -> bool:
         """After drafting ``len(chances)`` tokens (``chances[i]``: the chance that tokens 0..i
@@ -328,14 +367,15 @@ class Pacer:
             fruitful = 2 * kept >= len(confidences) and emitted > seconds * self.alone()
             self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
         elif kind == "ngram":
-            self.guesses.observe(confidences, kept)
+            self.guesses.observe(confidences, kept, self.matched)
         if seconds > 0:
             rate = emitted / seconds
             self.pace = rate if self.pace == 0 else (1 - PACE) * self.pace + PACE * rate
 
     def as_dict(self) -> dict[str, object]:
         return {"plans": dict(self.plans), "acceptance": round(self.model.mean(), 3),
-                "ngram_acceptance": round(self.guesses.mean(), 3), "draft_agrees_with_ngram": round(self.agree.mean(), 3), "tokens_per_second": round(self.pace, 2),
+                "ngram_acceptance": round(self.guesses.mean(), 3), "ngram_acceptance_by_match": self.guesses.as_dict(),
+                "draft_agrees_with_ngram": round(self.agree.mean(), 3), "tokens_per_second": round(self.pace, 2),
                 "costs": self._costs.as_dict() if self._costs is not None else None}
 
 
@@ -348,29 +388,31 @@ class PacedDrafter:
         self.inner, self.pacer = inner, pacer
         pacer.begin()
         self.model = inner if isinstance(inner, ModelDrafter) else None
-        self.ngram_max, self.ngram_tokens, self.use_ngram = ngram_max, ngram_tokens, use_ngram
+        self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
+        self.index = ngram.Index(ngram_max)
         self.kind = "target"
         self.confidences: list[float | None] = []
         # a round's draft, where it starts and the token trimming left out with its confidence:
         # whether the target then wrote that token is told by the next round's committed tokens
         self._unverified: tuple[int, list[int], int, float] | None = None
-        self._guessed: tuple[int, list[int]] | None = None  # an n-gram guess the round did not verify, and where
+        self._guessed: tuple[int, list[int], int] | None = None  # an n-gram guess the round did not verify, where, its match
 
     def draft(self, committed: Sequence[int], limit: int) -> list[int]:
         self._learn_left_out(committed)
         self._learn_guess(committed)
         guess: list[int] = []
 
-        def lookup() -> int:
-            guess.extend(ngram.lookup(committed, self.ngram_max, min(self.ngram_tokens, limit)))
-            return len(guess)
+        def lookup() -> tuple[int, int]:
+            matched, found = self.index.match(committed, min(self.ngram_tokens, limit))
+            guess.extend(found)
+            return len(found), matched
 
         model = self.model
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
-                                       lookup if self.use_ngram else lambda: 0, model is not None)
-        if self.kind != "ngram" and guess and model is None:
-            self._guessed = (len(committed), guess)
+                                       lookup if self.use_ngram else lambda: (0, 0), model is not None)
+        if self.kind != "ngram" and guess:
+            self._guessed = (len(committed), guess, self.pacer.matched)
         if self.kind == "ngram":
             bias = getattr(self.inner, "bias", None)
             out = bias.cut(guess[:n]) if bias else guess[:n]  # not past a token the logit bias bans
@@ -388,19 +430,20 @@ class PacedDrafter:
         return []
 
     def _learn_guess(self, committed: Sequence[int]) -> None:
-        """With no draft model, an n-gram guess the last round looked up but did not verify is
-        judged by the tokens the round wrote, as the target would have judged it: without this,
-        guesses that a few misses made not worth verifying would never be tried again (n-gram
+        """An n-gram guess the last round looked up but did not verify is judged by the tokens
+        the round wrote, as the target would have judged it: without this, guesses that a few
+        misses made not worth verifying would never be tried again (with no draft model, n-gram
         lookup, the only speculation there, would stay off for the rest of the engine's life).
-        With a draft model the draft checks the guesses itself (``guess_checked``); guesses
-        verified alone there compete with its drafts, and evidence from the draft's rounds made
-        them win rounds the drafts would have won (replay: 1.68x -> 1.64x the target on the F16
-        pair, 1.86x -> 1.76x on the costly one)."""
+        With a draft model too: the draft checks the guesses it drafts from (``guess_checked``),
+        but a guess verified alone, with no draft step, pays where drafting does not (a
+        compute-bound target). Weighed by one mean over all guesses this evidence made lone
+        guesses win rounds the drafts would have won (replay: 1.68x -> 1.64x the target on the
+        F16 pair); by the length of the match they continue (``Guesses``) it does not."""
         if self._guessed is None:
             return
-        start, guess = self._guessed
+        start, guess, matched = self._guessed
         self._guessed = None
-        self.pacer.guess_written(guess, committed[start:start + len(guess)])
+        self.pacer.guess_written(guess, committed[start:start + len(guess)], matched)
 
     def _learn_left_out(self, committed: Sequence[int]) -> None:
         """A token left out of the last round's batch is evidence too: when every drafted token

@@ -3,6 +3,7 @@
 machine's noise: what each policy would have decoded, timed by the pair's measured cost curves.
 
     python scripts/replay_pacer.py RUN/results.json --dataset prompts.jsonl [--draft-scale 1.2]
+    python scripts/replay_pacer.py RUN/results.json --dataset prompts.jsonl --no-draft --policies auto,spd@k6
 
 From the run: every prompt's rendered tokens (re-rendered from ``--dataset`` as the bench did)
 and the target's greedy output (its ``target`` records). One teacher-forced pass of the draft
@@ -17,6 +18,10 @@ prompt against that trace, greedy and exact (loose accepts are not replayed):
 - ``spd@kN`` / ``spd-plain@kN``: N drafted tokens every round, with / without the drafter's n-gram
   checks; ``...pP`` stops a draft under probability P, as llama.cpp's ``--spec-draft-p-min``;
 - ``oracle``: drafts exactly the run the target will keep, when that pays.
+
+``--no-draft`` replays the target with n-gram lookup alone (what ``-m`` without ``-d`` runs; the
+run needs no draft model): ``auto`` plans with no draft model, ``spd@kN`` guesses up to N tokens
+by lookup every round, as ``NgramDrafter`` does.
 
 The clock is the pair's calibrated curves (``fly_cpp.costs``, cached per machine) times the
 ``--*-scale`` factors; the replayed tok/s of each policy the run also measured is printed beside
@@ -54,7 +59,7 @@ class Trace:
     id: str
     prompt: list[int]
     out: list[int]  # the target's greedy output
-    top: list[int]  # the draft's top token after prompt + out[:i], i = 0..len(out)
+    top: list[int]  # the draft's top token after prompt + out[:i], i = 0..len(out) (empty: no draft)
     prob: list[float]  # ... and its probability
 
 
@@ -74,6 +79,9 @@ def traces(engine: Engine, results: dict, dataset: str) -> list[Trace]:
         if len(prompt) != record["n_prompt"]:
             print(f"skipped {p.id}: renders to {len(prompt)} tokens, the run had {record['n_prompt']}", file=sys.stderr)
             continue
+        if ctx is None:
+            found.append(Trace(p.id, prompt, out, [], []))
+            continue
         ctx.truncate(0)
         logits = ctx.decode(prompt + out, logits=len(out) + 1)[:, : engine.n_vocab]
         found.append(Trace(p.id, prompt, out, [int(t) for t in rows.argmax(logits)],
@@ -86,6 +94,7 @@ class Replay:
 
     def __init__(self, trace: Trace, clock: Costs, use_ngram: bool = True) -> None:
         self.t, self.clock, self.use_ngram = trace, clock, use_ngram
+        self.has_draft = bool(trace.top)
         self.cache: list[int] = []  # what the draft's KV holds
         self.seconds = 0.0
         self.first: float | None = None
@@ -98,7 +107,10 @@ class Replay:
         return (t.top[at] if on else OFF), t.prob[at]
 
     def draft(self, committed: list[int], limit: int, pacer: Pacer | None, p_min: float = 0.0) -> tuple[list[int], list[float]]:
-        """As ``ModelDrafter.draft`` does, against the trace."""
+        """As ``ModelDrafter.draft`` does, against the trace (``NgramDrafter.draft`` with no draft model)."""
+        if not self.has_draft:
+            found = ngram.lookup(committed, DEFAULTS.ngram_max, min(DEFAULTS.ngram_tokens, limit)) if self.use_ngram else []
+            return found, [None] * len(found)
         keep = common_prefix(self.cache, committed[:-1])
         catchup, out, sure_all, chances, history = committed[keep:-1], [], [], [], list(committed)
         while len(out) < limit:
@@ -162,17 +174,21 @@ class Replay:
         while pos < n:
             self.clock.at(len(committed))
             limit, start, kind, sure = min(k, n - pos - 1), self.seconds, "target", []
+            unverified = None
             drafted: list[int] = []
             if policy == "oracle":
                 drafted = self.oracle(committed, pos, limit)
             elif policy == "auto" and limit > 0:
                 guess: list[int] = []
 
-                def lookup() -> int:
-                    guess.extend(ngram.lookup(committed, DEFAULTS.ngram_max, min(DEFAULTS.ngram_tokens, limit)))
-                    return len(guess)
+                def lookup() -> tuple[int, int]:
+                    matched, found = ngram.match(committed, DEFAULTS.ngram_max, min(DEFAULTS.ngram_tokens, limit))
+                    guess.extend(found)
+                    return len(found), matched
                 lag = lambda: len(committed) - 1 - common_prefix(self.cache, committed[:-1])  # noqa: E731
-                kind, m = pacer.plan(limit, lag, lookup if self.use_ngram else (lambda: 0), True)
+                kind, m = pacer.plan(limit, lag, lookup if self.use_ngram else (lambda: (0, 0)), self.has_draft)
+                if kind != "ngram" and guess:  # judged by what the round writes, as PacedDrafter does
+                    unverified = (pos, guess, pacer.matched)
                 if kind == "ngram":
                     drafted, sure = guess[:m], [None] * min(m, len(guess))
                 elif kind in ("draft", "explore"):
@@ -186,6 +202,10 @@ class Replay:
                 kept += 1
             emitted = min(kept + 1, n - pos)
             committed += t.out[pos: pos + emitted]
+            if unverified is not None:
+                at, guess, matched = unverified
+                pacer.guess_written(guess, t.out[at: at + min(len(guess), emitted)], matched)
+                unverified = None
             pos, passes = pos + emitted, passes + 1
             if lengths is not None:
                 lengths[len(drafted)] += 1
@@ -226,15 +246,18 @@ def main() -> None:
     ap.add_argument("--batch-scale", type=float, default=1.0, help="target batches x this")
     ap.add_argument("--draft-scale", type=float, default=1.0, help="draft decodes x this")
     ap.add_argument("--host-ms", type=float, default=0.5, help="host time of a round")
+    ap.add_argument("--no-draft", action="store_true", help="the target with n-gram lookup alone")
     args = ap.parse_args()
     chosen = policies(args.policies.split(","))
+    if args.no_draft and any(how["policy"] == "oracle" for _, how in chosen):
+        sys.exit("error: the oracle drafts with the draft model: not with --no-draft")
     try:
         results = json.loads(Path(args.results).read_text(encoding="utf-8"))
         meta = results["meta"]
-        settings = [ModelSettings(path=meta[key], n_ctx=meta["n_ctx"], n_threads=meta["n_threads"])
-                    for key in ("target_path", "draft_path")]
+        keys = ("target_path",) if args.no_draft else ("target_path", "draft_path")
+        settings = [ModelSettings(path=meta[key], n_ctx=meta["n_ctx"], n_threads=meta["n_threads"]) for key in keys]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"error: {args.results} is not a fly-cpp bench results.json with a draft model ({e})")
+        sys.exit(f"error: {args.results} is not a fly-cpp bench results.json{'' if args.no_draft else ' with a draft model'} ({e})")
     if not any(x.get("mode") == "target" for x in results.get("records", [])):
         sys.exit(f"error: {args.results} has no target records to replay (run the bench with the target mode)")
     try:
@@ -269,7 +292,7 @@ def main() -> None:
             speedups[t.id] = (n / s) / alone[t.id]
             tokens, seconds, passes = tokens + n, seconds + s, passes + p
         by_group = [geo([v for i, v in speedups.items() if i.split("/")[0] == g]) for g in groups]
-        real = measured.get("fly" if name == "auto" else name)
+        real = measured.get("fly" if name == "auto" else name) if name == "target" or not args.no_draft else None
         print(f"| {name} | {' | '.join(f'{v:.3f}' for v in by_group)} | {geo(list(speedups.values())):.3f} | "
               f"{tokens / seconds:.2f} | {f'{real[0] / real[1]:.2f}' if real else '-'} | ", end="")
         print(f"{tokens / passes:.2f} | {dict(sorted(lengths.items()))} |")

@@ -10,7 +10,7 @@ from fly_cpp._llama import Context, Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.drafters import ModelDrafter, NgramDrafter
-from fly_cpp.pacing import Pacer
+from fly_cpp.pacing import PacedDrafter, Pacer
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +82,25 @@ def test_a_paced_draft_learns_its_agreement_with_guesses_it_left_unchecked(model
         drafter.draft(committed, 8, pacer)
         assert pacer.agree.all_trials > seen  # evidence, though no guess was checked
         assert pacer.agree.all_hits > 0  # the draft went on as the earlier text did
+
+
+def test_guesses_pay_alone_where_the_draft_model_cannot(model):
+    """On a compute-bound target no draft from the draft model pays, but a guess copied from
+    earlier in the text costs no draft step: the guesses the rounds did not verify tell the
+    pacer how often those that continue a long match are right, and then they are verified."""
+    ms = 1e-3  # a 1.5B Q4_K_M target and a 0.5B draft on a 2-core CPU
+    costs = Costs(Curve((1, 2, 4, 6, 9, 16), (34 * ms, 58 * ms, 93 * ms, 133 * ms, 241 * ms, 271 * ms)),
+                  Curve((1, 2, 4, 8), (20 * ms, 30 * ms, 45 * ms, 80 * ms)))
+    pacer = Pacer(lambda: costs, k_max=16)
+    assert pacer.best(1.0, 16, costs.draft(1), costs.draft(1))[1] == 0  # not even an always-right draft pays
+    with Context(model, n_ctx=256, n_threads=1) as ctx:
+        drafter = PacedDrafter(ModelDrafter(ctx, model.n_vocab, SpecSettings()), pacer, 4, 6, use_ngram=True)
+        pattern = [10, 11, 12, 13, 14, 15, 16]
+        text, kinds = pattern * 2, []
+        for _ in range(300):
+            guessed = drafter.draft(text, 8)
+            kinds.append(drafter.kind)
+            wrote = len(guessed) + 1  # the target goes on repeating, as the guesses say
+            text = text + [pattern[(len(text) + i) % len(pattern)] for i in range(wrote)]
+    assert "draft" not in kinds and "ngram" in kinds
+    assert set(pacer.guesses.trials) == {4}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fly_cpp.ngram import lookup
+import random
+
+from fly_cpp.ngram import Index, lookup, match
 
 
 def test_longest_ngram_wins_and_the_continuation_follows_it():
@@ -23,3 +25,20 @@ def test_no_match_and_tiny_contexts():
 
 def test_prediction_is_cut_at_the_end_of_the_context():
     assert lookup([1, 2, 1], max_n=1, n_pred=6) == [2, 1]
+
+
+def test_match_says_how_long_the_ngram_is_that_the_guess_continues():
+    assert match([5, 1, 2, 3, 9, 1, 2, 7, 1, 2], max_n=4, n_pred=3) == (2, [3, 9, 1])
+    assert match([4, 1, 2, 8, 0, 2], max_n=3, n_pred=2) == (1, [8, 0])
+    assert match([1, 2, 3, 4], max_n=4) == (0, [])
+
+
+def test_the_index_matches_as_a_scan_does_while_the_context_grows_and_is_cut_back():
+    rng = random.Random(0)
+    for _ in range(200):
+        index, tokens = Index(rng.choice([1, 2, 4])), []
+        for _ in range(40):
+            if tokens and rng.random() < 0.3:  # a rejected draft, or a new prompt sharing a prefix
+                tokens = tokens[: rng.randrange(len(tokens))]
+            tokens = tokens + [rng.randrange(6) for _ in range(rng.randrange(1, 5))]
+            assert index.match(tokens, 5) == match(tokens, index.max_n, 5)

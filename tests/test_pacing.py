@@ -11,7 +11,7 @@ import pytest
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.drafters import NgramDrafter
-from fly_cpp.pacing import EXPLORE_MAX, PATIENCE, Acceptance, PacedDrafter, Pacer
+from fly_cpp.pacing import EXPLORE_MAX, PATIENCE, Acceptance, Guesses, PacedDrafter, Pacer
 
 MS = 1e-3
 # 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
@@ -32,7 +32,7 @@ def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float
     rng = random.Random(seed)
     tokens = seconds = 0.0
     for _ in range(rounds):
-        kind, limit = p.plan(16, lambda: 0, lambda: 0, True)
+        kind, limit = p.plan(16, lambda: 0, lambda: (0, 0), True)
         drafted, chances = 0, []
         if kind == "explore":
             drafted = limit
@@ -94,7 +94,7 @@ def test_between_explorations_it_does_not_plan():
     p = pacer(CPU_F16)
     simulate(p, accept=0.05, rounds=300)  # patience has grown: explorations are far apart
     planned = []
-    kinds = [p.plan(16, lambda: planned.append(1) or 0, lambda: 0, True)[0] for _ in range(400)]
+    kinds = [p.plan(16, lambda: planned.append(1) or 0, lambda: (0, 0), True)[0] for _ in range(400)]
     assert kinds.count("explore") >= 1 and len(planned) <= 2 * kinds.count("explore") + 2
 
 
@@ -110,10 +110,10 @@ def test_free_guesses_that_are_right_pay_even_on_a_compute_bound_target():
     p = pacer(CPU_Q4)
     for _ in range(50):
         p.guesses.observe([None] * 6, 6)  # n-gram guesses kept in full lately (repeated code)
-    kind, n = p.plan(16, lambda: 0, lambda: 6, False)
+    kind, n = p.plan(16, lambda: 0, lambda: (6, 4), False)
     assert kind == "ngram" and n >= 4
     fresh = pacer(CPU_Q4)
-    assert fresh.plan(16, lambda: 0, lambda: 6, False) == ("target", 0)  # no evidence: too costly to try
+    assert fresh.plan(16, lambda: 0, lambda: (6, 4), False) == ("target", 0)  # no evidence: too costly to try
 
 
 def test_the_drafts_agreement_with_guesses_is_learned_also_while_guesses_go_unchecked():
@@ -156,6 +156,40 @@ def test_guesses_that_a_few_misses_made_not_worth_verifying_are_tried_again_when
     assert kinds[0] == "target" and "ngram" in kinds
 
 
+def test_guess_acceptance_by_the_length_of_the_match():
+    g = Guesses(0.3)
+    for _ in range(100):
+        g.observe([None], 0, matched=1)  # guesses after a 1-token match: wrong
+        g.observe([None] * 3, 3, matched=4)  # after a 4-token match: kept
+    assert g(4) > 0.9 and g(1) < 0.1 and g.surest() == g(4)
+    assert g(2) == pytest.approx(g.mean())  # a length not seen leans on the overall mean
+    g.observe([None] * 2, 1)  # a guess whose match is not known teaches the mean alone
+    assert sorted(g.as_dict()) == [1, 4]
+
+
+def test_long_matches_are_guessed_where_short_ones_brought_the_mean_low():
+    """With no draft model, prose's 1-token matches make guesses that are nearly always wrong,
+    while code repeated from earlier in the context gives 4-token matches that are nearly
+    always right: the overall mean is too low to verify any guess, the long matches are not."""
+    p = pacer(CPU_F16)
+    for i in range(300):
+        p.guess_written([7, 8], [9], matched=1)
+        if i % 30 == 0:
+            p.guess_written([5, 6], [5], matched=4)
+    assert p.best(p.guesses.mean(), 16, 0.0, 0.0)[1] == 0  # at the mean, no guess pays
+    assert p.plan(16, lambda: 0, lambda: (6, 4), False)[0] == "ngram"
+    assert p.plan(16, lambda: 0, lambda: (6, 1), False) == ("target", 0)
+
+
+def test_an_unverified_guess_teaches_the_acceptance_of_its_match_length():
+    p = pacer(CPU_Q4)  # a compute-bound target: a 1-row decode is cheap, no guess pays yet
+    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    text = [1, 2, 3, 4, 5, 9, 8, 1, 2, 3]  # "1 2 3" seen before (not "8 1 2 3"): a 3-token match, guessing "4 5 9 8 1 2"
+    assert drafter.draft(text, 8) == [] and drafter.kind == "target"
+    drafter.draft(text + [4], 8)  # the target wrote 4, as guessed
+    assert list(p.guesses.trials) == [3] and p.guesses(3) == pytest.approx((1 + 2 * p.guesses.mean()) / 3)
+
+
 def test_acceptance_by_confidence():
     a = Acceptance()
     for _ in range(200):
@@ -178,7 +212,7 @@ def test_probes_a_draft_that_is_right_where_it_is_sure():
     first, step = p.costs.draft(1), p.costs.draft(1)
     assert p.best(p.model.mean(), 16, first, step)[1] == 0
     assert p.probe_pays(16, first, step)
-    assert p.plan(16, lambda: 0, lambda: 0, True) == ("draft", 16)
+    assert p.plan(16, lambda: 0, lambda: (0, 0), True) == ("draft", 16)
     unsure = pacer(CPU_F16)
     for _ in range(100):
         unsure.model.observe([0.15], 0)
@@ -229,15 +263,15 @@ def test_stops_planning_drafts_while_the_rounds_that_drafted_lose_to_the_target(
     p = pacer(CPU_F16)
     for _ in range(50):
         p.model.observe([0.95] * 8, 8)
-    assert p.plan(16, lambda: 0, lambda: 0, True)[0] == "draft"
+    assert p.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
     for _ in range(20):
         p.observe("draft", [0.95] * 4, 4, 5, 1.0)  # 5 tokens/s; the target alone makes ~11.6
     assert p.drafts_lose()
-    kinds = [p.plan(16, lambda: 0, lambda: 0, True)[0] for _ in range(40)]
+    kinds = [p.plan(16, lambda: 0, lambda: (0, 0), True)[0] for _ in range(40)]
     assert "draft" not in kinds and "explore" in kinds
     for _ in range(30):
         p.observe("explore", [0.95] * 8, 8, 9, 0.3)  # 30 tokens/s
-    assert not p.drafts_lose() and p.plan(16, lambda: 0, lambda: 0, True)[0] == "draft"
+    assert not p.drafts_lose() and p.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
 
 
 def test_an_exploration_that_keeps_tokens_but_loses_to_the_target_is_fruitless():
@@ -257,7 +291,7 @@ def test_a_new_text_forgets_that_the_last_one_ended_unpredictable_where_drafting
     assert p.drafts_lose() and p.patience > PATIENCE
     p.begin()
     assert not p.drafts_lose() and p.patience == PATIENCE and p.rest == 0
-    assert p.plan(16, lambda: 0, lambda: 0, True)[0] == "draft"
+    assert p.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
 
 
 def test_a_new_text_starts_where_the_last_ended_where_drafting_never_paid():
@@ -303,7 +337,7 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
     tokens = seconds = 0.0
     batched = False
     for i in range(3000):
-        kind, limit = p.plan(16, lambda: 0, lambda: 0, True)
+        kind, limit = p.plan(16, lambda: 0, lambda: (0, 0), True)
         drafted, chances = 0, []
         while kind in ("draft", "explore") and drafted < limit:
             drafted += 1
