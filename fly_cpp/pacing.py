@@ -159,14 +159,15 @@ class Pacer:
     def best(self, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
         """(tokens per second, h) of the best draft length h <= h_max for a round whose first
         draft step costs ``first`` seconds and later ones ``step``, each token kept with
-        probability ``accept`` given the earlier ones were."""
+        probability ``accept`` given the earlier ones were. A batch after one-row decodes also
+        pays for switching kinds, there and back (``Costs.entering``)."""
         costs = self.costs
-        host, target = costs.host, costs.target
+        host, target, entering = costs.host, costs.target, costs.entering()
         best, best_h, expected, p = self.alone(), 0, 1.0, 1.0
         for h in range(1, h_max + 1):
             p *= accept
             expected += p
-            rate = expected / (host + first + (h - 1) * step + target(h + 1))
+            rate = expected / (host + entering + first + (h - 1) * step + target(h + 1))
             if rate > best:
                 best, best_h = rate, h
         return best, best_h

@@ -130,6 +130,26 @@ def test_only_warm_decodes_teach_and_one_off_costs_move_a_scale_a_little():
     assert not c.observe_target(1, 2 * MS) and not c.draft_warm
 
 
+def test_a_switch_of_kinds_is_priced_apart_and_charged_to_a_batch_after_one_row_decodes():
+    """On a tiny model a one-row decode after a batch costs half again a warm one (llama.cpp
+    sets its graph up anew): learned apart from the scales, and charged to a batch planned
+    after one-row decodes, there and back."""
+    c = Costs(Curve((1, 4), (0.12 * MS, 0.30 * MS)), None)
+    c.observe_target(1, 0.12 * MS)  # after the prompt: not a switch
+    assert c.switch == 0.0 and c.entering() == 0.0
+    for _ in range(40):
+        c.observe_target(1, 0.12 * MS)
+        c.observe_target(4, 0.34 * MS)  # a batch after one-row decodes: 0.04 ms dear
+        c.observe_target(1, 0.18 * MS)  # and back: 0.06 ms dear
+    assert c.switch == pytest.approx(0.05 * MS, rel=0.1)
+    assert c.entering() == pytest.approx(2 * c.switch)  # the last decode had one row
+    c.observe_target(4, 0.34 * MS)
+    assert c.entering() == 0.0  # a batch came last: the next one switches nothing
+    c.observe_target(1, 50 * MS)  # a one-off held to one one-row decode
+    assert c.switch < 0.05 * MS + 0.1 * c.target(1) + 1e-9
+    assert c.target_scale == pytest.approx(1.0) and c.batch_scale is None  # no batch came after a batch
+
+
 def test_slower_note_says_why_and_what_to_try():
     c = Costs(Curve((1, 2, 6), (34 * MS, 58 * MS, 133 * MS)), Curve((1,), (20 * MS,)))
     note = slower_note(14.0, 5.0, 3.0, c, auto=False)

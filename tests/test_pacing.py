@@ -181,6 +181,21 @@ def test_long_matches_are_guessed_where_short_ones_brought_the_mean_low():
     assert p.plan(16, lambda: 0, lambda: (6, 1), False) == ("target", 0)
 
 
+def test_a_guess_that_would_pay_if_switching_kinds_were_free_is_not_verified():
+    """The bundled 260K model: a batch of 4 rows costs 2.5 one-row decodes warm, and switching
+    between one-row decodes and batches costs 0.05 ms each way (0.12 ms a decode): a guess right
+    half the time would pay at warm prices alone, and loses with the switches."""
+    costs = Costs(Curve((1, 2, 4, 8), (0.12 * MS, 0.16 * MS, 0.30 * MS, 0.50 * MS)), None)
+    p = pacer(costs)
+    for _ in range(100):
+        p.guess_written([5, 6], [5, 7], matched=2)  # right half the time
+    costs.observe_target(1, 0.12 * MS)
+    costs.observe_target(1, 0.12 * MS)
+    assert p.plan(16, lambda: 0, lambda: (6, 2), False)[0] == "ngram"
+    costs.switch = 0.05 * MS
+    assert p.plan(16, lambda: 0, lambda: (6, 2), False) == ("target", 0)
+
+
 def test_an_unverified_guess_teaches_the_acceptance_of_its_match_length():
     p = pacer(CPU_Q4)  # a compute-bound target: a 1-row decode is cheap, no guess pays yet
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
