@@ -62,8 +62,7 @@ class Index:
         return 0, []
 
     def _sync(self, tokens: Sequence[int]) -> None:
-        known = len(self.tokens)
-        keep = known if len(tokens) >= known and tokens[:known] == self.tokens else common_prefix(self.tokens, tokens)
+        keep = common_prefix(self.tokens, tokens)
         while len(self.tokens) > keep:
             for key in self.added.pop():
                 del self.after[key]

@@ -390,7 +390,8 @@ class PacedDrafter:
         pacer.begin()
         self.model = inner if isinstance(inner, ModelDrafter) else None
         self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
-        self.index = ngram.Index(ngram_max)
+        index = getattr(inner, "index", None)  # the drafter's own, over the same text: indexed once
+        self.index = index if isinstance(index, ngram.Index) and index.max_n == ngram_max else ngram.Index(ngram_max)
         self.kind = "target"
         self.confidences: list[float | None] = []
         # a round's draft, where it starts and the token trimming left out with its confidence:
