@@ -3,6 +3,7 @@
 #   llama-speculative-simple  exact-match speculative decoding (draft model + target)
 #   llama-completion          target-only decoding (prints llama.cpp's perf counters)
 #   ggml-rpc-server           llama.cpp's RPC backend server (its rpc-server) (`fly-cpp ... --rpc HOST:PORT`)
+#   llama-server              llama.cpp's HTTP server (server comparisons, llama-server's own test suite)
 # from the llama.cpp sources vendored in the llama-cpp-python sdist, so that the peer runs
 # the very same llama.cpp as fly-cpp does.
 #
@@ -33,22 +34,23 @@ for f in "$SRC/examples/speculative-simple/speculative-simple.cpp" "$SRC/tools/c
 done
 
 # GGML_NATIVE stays at its default (on): the binaries are tuned for this CPU, like the
-# llama-cpp-python build fly-cpp runs on. Tests, server and the unified app are not needed.
+# llama-cpp-python build fly-cpp runs on. Tests and the unified app are not needed.
 # shellcheck disable=SC2086
 cmake -S "$SRC" -B "$WORK/build-$VERSION" \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_OPENSSL=OFF \
     -DGGML_RPC=ON \
     ${CMAKE_ARGS:-}
 nice -n 19 cmake --build "$WORK/build-$VERSION" --config Release -j "$JOBS" \
-    --target llama-speculative-simple llama-completion ggml-rpc-server
+    --target llama-speculative-simple llama-completion ggml-rpc-server llama-server
 
 cp "$WORK/build-$VERSION/bin/llama-speculative-simple" "$WORK/build-$VERSION/bin/llama-completion" \
-   "$WORK/build-$VERSION/bin/ggml-rpc-server" "$OUT/"
+   "$WORK/build-$VERSION/bin/ggml-rpc-server" \
+   "$WORK/build-$VERSION/bin/llama-server" "$OUT/"
 echo "$VERSION" > "$OUT/LLAMA_CPP_PYTHON_VERSION"
 echo "built into $OUT:"
 ls -l "$OUT"
