@@ -1,17 +1,28 @@
 """Drafters: who proposes the next tokens. Each owns its own state (and KV cache).
 
-Interface: ``draft(committed, limit) -> list[int]`` returns at most ``limit`` greedy guesses
-that continue ``committed`` (the prompt plus every token emitted so far). Any object with that
-method can draft (``Engine.generate(..., drafter=...)``). A draft may be
-shorter, even empty: it stops after an end-of-generation token, or when the draft model is
-unsure (``p_min``), or when the n-gram drafter finds no match.
+The seam, shaped as llama.cpp's ``common_speculative``: ``begin(prompt)`` once per generation,
+``draft(committed, limit, need) -> Draft`` every round (at most ``limit`` greedy guesses that
+continue ``committed``, the prompt plus every token emitted so far), and ``accept(report)``
+once the target has judged them. ``candidate(committed)`` is the draft model's own token after
+``committed`` (None without one): FLy's rule asks for it where no draft reached (``fly_cpp.loop``).
+
+A draft may be shorter than ``limit``, even empty: it stops after an end-of-generation token,
+when the draft model is unsure (``p_min``), or when the n-gram drafter finds no match. ``need``
+tokens are owed, though: an open deferred window is completed only by the draft model's own
+continuation, so the first ``need`` tokens come from the draft model whatever its confidence
+(fewer only at the end of the text or of ``limit``).
+
+Data flows one way: a drafter never calls up into whoever decides how far to draft; that
+decider (``fly_cpp.pacing``) drives the draft model one ``DraftModel.step`` at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from time import perf_counter
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
 
 from fly_cpp import ngram, rows
 from fly_cpp._llama import Context, common_prefix
@@ -19,109 +30,249 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.sampling import NO_BIAS, LogitBias
 
 
+@dataclass(frozen=True)
+class Draft:
+    """One round's proposal. ``confidences``: the draft model's top probability at each token
+    (None for an n-gram guess no model step checked). ``by_model``: every token is the draft
+    model's own greedy choice where it stands, which is what FLy may keep on a mismatch."""
+
+    tokens: list[int] = field(default_factory=list)
+    confidences: list[float | None] = field(default_factory=list)
+    by_model: bool = False
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut(self, n: int) -> Draft:
+        return Draft(self.tokens[:n], self.confidences[:n], self.by_model)
+
+
+@dataclass(frozen=True)
+class Report:
+    """How a round went, for the drafter that drafted it.
+
+    ``verified``: drafted tokens the target checked (0 when the draft was dropped, ``n_min``);
+    ``kept``: of those, the ones it kept (0 when the round refuted an open window);
+    ``committed``: the whole text after the round; ``decoded_rows``: rows the target decoded
+    (``verified + 1``, more in a padded batch); seconds: drafting, the target's decode, the
+    whole round."""
+
+    draft: Draft
+    verified: int
+    kept: int
+    committed: Sequence[int]
+    draft_seconds: float
+    target_seconds: float
+    round_seconds: float
+    decoded_rows: int
+
+    @property
+    def emitted(self) -> int:
+        """Tokens the round committed: the kept drafts and the target's own token."""
+        return self.kept + 1
+
+
 class Drafter(Protocol):
-    def draft(self, committed: Sequence[int], limit: int) -> list[int]: ...
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft: ...
+
+    def candidate(self, committed: Sequence[int]) -> int | None: ...
+
+    def accept(self, report: Report) -> None: ...
 
 
 class NgramDrafter:
     """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
-    ends before a token the logit bias bans)."""
+    ends before a token the logit bias bans). It has no model of its own to offer candidates."""
 
     def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.spec = spec
         self.bias = bias
         self.index = ngram.Index(spec.ngram_max)
 
-    def draft(self, committed: Sequence[int], limit: int) -> list[int]:
-        return self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        found = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
+        return Draft(found, [None] * len(found))
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return None
+
+    def accept(self, report: Report) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """One draft-model decode: ``best`` (guess + 1,) its greedy token after each prefix of the
+    n-gram guess it checked, ``agree`` how many guess tokens it agreed with, ``sure`` its top
+    probability at rows 0..agree (empty unless asked), ``rows`` decoded."""
+
+    best: np.ndarray
+    agree: int
+    sure: list[float]
+    rows: int
+
+    @property
+    def token(self) -> int:
+        """The draft's own token after the agreed part of the guess."""
+        return int(self.best[self.agree])
+
+
+class DraftModel:
+    """The draft model's context, one decode at a time. Its cache keeps the loop's invariant on
+    its own tokens: after a step it holds everything drafted but the last token. ``path``: the
+    text it last drafted along, each token past the common prefix its own greedy choice, so
+    that its token after any prefix of that path is known without a decode."""
+
+    def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS) -> None:
+        self.ctx = ctx
+        self.n_batch = ctx.n_batch
+        self.n_vocab = n_vocab  # argmax only over ids the target knows
+        self.bias = bias
+        self.path: list[int] = []
+        self._own = 0  # path[_own:] are the model's own choices
+
+    def is_eog(self, token: int) -> bool:
+        return self.ctx.model.is_eog(token)
+
+    def lag(self, committed: Sequence[int]) -> int:
+        """Tokens this cache must catch up on before drafting after ``committed``."""
+        return len(committed) - 1 - common_prefix(self.ctx.tokens, committed[:-1])
+
+    def start(self, committed: Sequence[int]) -> list[int]:
+        """Cut the cache back to what it shares with ``committed`` (unconditionally: also drops
+        anything a disturbed decode left behind); returns the catch-up, the tokens to decode
+        with the first step so that the cache then holds ``committed[:-1]``."""
+        keep = common_prefix(self.ctx.tokens, committed[:-1])
+        self.ctx.truncate(keep)
+        return list(committed[keep:-1])
+
+    def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
+             confident: bool = False) -> Stepped:
+        """Decode the catch-up, ``history[-1]`` and an n-gram ``guess`` in one batch; the cache
+        then keeps ``history`` and the agreed part of the guess. ``confident``: also read the
+        draft's top probability at the rows that matter."""
+        batch = [*catchup, history[-1], *guess]
+        logits = self.ctx.decode(batch, logits=len(guess) + 1)
+        if self.bias:
+            logits = self.bias.apply(logits[:, : self.n_vocab])
+        best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
+        agree = 0
+        while agree < len(guess) and guess[agree] == best[agree]:
+            agree += 1
+        sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if confident else []
+        self.ctx.truncate(len(history) + agree)  # invariant: the cache holds the new history but its last token
+        if not (self._own <= len(history) <= len(self.path) and common_prefix(self.path, history) == len(history)):
+            self._own = len(history)  # a new path, not the continuation of the last one
+        self.path = [*history, *guess[:agree], int(best[agree])]
+        return Stepped(best, agree, sure, len(batch))
+
+    def candidate(self, committed: Sequence[int]) -> int:
+        """The draft model's greedy token after ``committed``: read off the path it last drafted
+        along when ``committed`` follows it, else one decode."""
+        n = len(committed)
+        if self._own <= n < len(self.path) and common_prefix(self.path, committed) == n:
+            return self.path[n]
+        return self.step(self.start(committed), committed, []).token
 
 
 class ModelDrafter:
-    """Greedy drafting with a draft model, optionally multi-level: an n-gram guess is first
-    checked by the draft model in one forward pass (exact match, plus the draft's own next
-    token), so one draft forward pass can yield several draft tokens. The tokens its cache lags
-    behind (the catch-up) go into the same decode as the first draft step.
-
-    With a ``pacer`` (cost-aware speculation, ``fly_cpp.pacing``) the draft stops when one more
-    step is not worth its cost, and trailing tokens not worth verifying are left out; the
-    draft's confidence in each drafted token is kept in ``confidences``. The draft's
+    """Greedy drafting with a draft model, up to the round's limit (a fixed k), optionally
+    multi-level: an n-gram guess is first checked by the draft model in one forward pass (exact
+    match, plus the draft's own next token), so one draft forward pass can yield several draft
+    tokens. The tokens its cache lags behind (the catch-up) go into the same decode as the first
+    draft step. It stops after an end-of-generation token, or where the draft's top probability
+    falls under ``p_min`` (llama.cpp's rule) once ``need`` tokens are drafted. The draft's
     choices see the generation's logit bias, as the target's do."""
 
-    def __init__(self, ctx: Context, n_vocab: int, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
-        self.ctx = ctx
-        self.n_vocab = n_vocab  # argmax only over ids the target knows
+    def __init__(self, draft_model: DraftModel, spec: SpecSettings) -> None:
+        self.draft_model = draft_model
         self.spec = spec
-        self.bias = bias
-        self.confidences: list[float | None] = []
-        self.first_confidence: float | None = None  # of the first drafted token, before trimming
-        self.left_out: tuple[int, float] | None = None  # the first token trimming left out, and its confidence
         self.index = ngram.Index(spec.ngram_max)
 
-    def lag(self, committed: Sequence[int]) -> int:
-        """Tokens this draft's cache must catch up on before drafting after ``committed``."""
-        return len(committed) - 1 - common_prefix(self.ctx.tokens, committed[:-1])
+    @property
+    def bias(self) -> LogitBias:
+        return self.draft_model.bias
 
-    def draft(self, committed: Sequence[int], limit: int, pacer: Any = None, confident: bool = False) -> list[int]:
-        """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each
-        (``confidences``), as a ``pacer`` needs."""
-        spec, ctx, model = self.spec, self.ctx, self.ctx.model
-        keep = common_prefix(ctx.tokens, committed[:-1])
-        ctx.truncate(keep)  # unconditional: also drops anything a disturbed decode left behind
-        catchup = list(committed[keep:-1])  # decoded with the first step: KV then holds committed[:-1]
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def lag(self, committed: Sequence[int]) -> int:
+        return self.draft_model.lag(committed)
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
+        """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each."""
+        if limit <= 0:
+            return Draft()
+        spec, model = self.spec, self.draft_model
+        catchup = model.start(committed)
         out: list[int] = []
-        confidences: list[float] = []
-        chances: list[float] = []  # pacer: the chance that drafted tokens 0..i are all kept
+        confidences: list[float | None] = []
         history = list(committed)
-        want_confidence = confident or pacer is not None or spec.p_min > 0
+        want_confidence = confident or spec.p_min > 0
         while len(out) < limit:
-            t0 = perf_counter()
-            room = min(spec.ngram_tokens, limit - len(out) - 1, ctx.n_batch - 1)  # guess + last token fit one batch
-            found = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
-            guess = found  # check only as much of the guess as pays
-            if pacer is not None and found:
-                guess = found[: pacer.guess_length(len(found), len(catchup))]
-            batch = [*catchup, history[-1], *guess]
-            logits = ctx.decode(batch, logits=len(guess) + 1)
+            room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
+            guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
+            s = model.step(catchup, history, guess, want_confidence)
             catchup = []
-            if self.bias:
-                logits = self.bias.apply(logits[:, : self.n_vocab])
-            best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
-            agree = 0
-            while agree < len(guess) and guess[agree] == best[agree]:
-                agree += 1
-            if pacer is not None and found:
-                pacer.guess_checked(found, len(guess), agree, int(best[agree]))
-            sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if want_confidence else []
-            new = [*guess[:agree]]
-            if spec.p_min <= 0 or sure[agree] >= spec.p_min:
-                new.append(int(best[agree]))
+            new = list(guess[: s.agree])
+            owed = len(out) + len(new) < need
+            if spec.p_min <= 0 or owed or s.sure[s.agree] >= spec.p_min:
+                new.append(s.token)
             out += new
             history += new
-            confidences += sure[: len(new)]
-            ctx.truncate(len(history) - 1)  # invariant: KV holds history[:-1]
-            if pacer is not None:  # a draft step's cost, with its host work
-                pacer.costs.observe_draft(len(batch), perf_counter() - t0)
-            ends = [i for i, t in enumerate(new) if model.is_eog(t)]
-            if ends or len(new) == agree:  # end of text, or the draft lost confidence
-                if ends:
-                    cut = len(out) - len(new) + ends[0] + 1
-                    del out[cut:]
+            confidences += s.sure[: len(new)]
+            if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
                 break
-            if pacer is not None:
-                for q in sure[: len(new)]:
-                    chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-                # the next tokens are likely as predictable as the last one was
-                if not pacer.more(chances, pacer.model(sure[len(new) - 1] if sure else None)):
-                    break
         out = out[:limit]
-        self.left_out = None
-        if pacer is not None:
-            while len(chances) < len(out):  # tokens after the last decision (end of text, limit)
-                q = confidences[len(chances)] if len(chances) < len(confidences) else None
-                chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-            n = pacer.trim(chances[: len(out)])
-            self.left_out = (out[n], confidences[n]) if n < len(out) and n < len(confidences) else None
-            out = out[:n]
-        self.confidences = list(confidences[: len(out)])
-        self.first_confidence = confidences[0] if confidences else None
-        return out
+        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
+
+    def candidate(self, committed: Sequence[int]) -> int:
+        return self.draft_model.candidate(committed)
+
+    def accept(self, report: Report) -> None:
+        pass
+
+
+def cut_at_end(out: list[int], new: Sequence[int], is_eog: Callable[[int], bool]) -> bool:
+    """Cut ``out`` (whose last ``len(new)`` tokens a step just added) after the first
+    end-of-generation token among ``new``; whether there was one."""
+    ends = [i for i, t in enumerate(new) if is_eog(t)]
+    if ends:
+        del out[len(out) - len(new) + ends[0] + 1:]
+    return bool(ends)
+
+
+class _Plain:
+    """Any object with ``draft(committed, limit)`` returning a list of tokens (or a ``Draft``),
+    as a whole drafter: it offers no candidates and learns nothing."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        found = self.inner.draft(committed, limit)  # type: ignore[attr-defined]
+        return found if isinstance(found, Draft) else Draft(list(found), [None] * len(found))
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return None
+
+    def accept(self, report: Report) -> None:
+        pass
+
+
+def as_drafter(drafter: object) -> Drafter:
+    """``drafter`` as the whole seam: a full ``Drafter`` as it is, and the simplest custom one,
+    an object with ``draft(committed, limit) -> list[int]``, wrapped."""
+    if all(callable(getattr(drafter, name, None)) for name in ("begin", "draft", "candidate", "accept")):
+        return drafter  # type: ignore[return-value]
+    if not callable(getattr(drafter, "draft", None)):
+        raise TypeError(f"a drafter needs a draft(committed, limit) method, got {type(drafter).__name__}")
+    return _Plain(drafter)

@@ -18,7 +18,7 @@ from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, calibrate, slower_note
-from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
+from fly_cpp.drafters import DraftModel, Drafter, ModelDrafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
@@ -240,6 +240,8 @@ class Engine:
             drafter = None
         elif drafter is None:
             drafter = self.drafter(spec, bias)
+        else:
+            drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
         steady = Steady() if drafter is not None and self.steady_batches(spec) else None
         steps = loop.run(request, self.target, drafter, out, steady)
@@ -261,8 +263,10 @@ class Engine:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
         paced by the engine's cost-aware controller for this mode."""
+        base: ModelDrafter | NgramDrafter
         if self.draft_ctx is not None:
-            base: Drafter = ModelDrafter(self.draft_ctx, min(self.n_vocab, self.draft_ctx.model.n_vocab), spec, bias)
+            n_vocab = min(self.n_vocab, self.draft_ctx.model.n_vocab)
+            base = ModelDrafter(DraftModel(self.draft_ctx, n_vocab, bias), spec)
         else:
             base = NgramDrafter(spec, bias)
         if not spec.auto:

@@ -24,7 +24,7 @@ from time import perf_counter
 from fly_cpp._llama import Context, common_prefix
 from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
-from fly_cpp.drafters import Drafter
+from fly_cpp.drafters import Draft, Drafter, Report
 from fly_cpp.output import Output
 from fly_cpp.request import Request
 from fly_cpp.scoring import token_probs
@@ -40,8 +40,9 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     pad the verification batches to its width (``fly_cpp.shape``)."""
     spec, stats = request.spec, out.stats
     verify, window = Verifier(request, out.detok.piece), Window(spec)
-    observe = getattr(drafter, "observe", None)  # drafters that learn from how their rounds went
     committed = list(request.prompt)
+    if drafter is not None:
+        drafter.begin(committed)
     begin = perf_counter()
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     target.sync(committed)
@@ -59,7 +60,8 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
             limit = min(spec.max_draft, room, target.n_batch - 1,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
-            drafted = drafter.draft(committed, limit) if drafter is not None and limit > 0 else []
+            draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
+            drafted = draft.tokens
             if len(drafted) < min(spec.n_min, limit) and window.pending is None:
                 drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
             if window.pending is not None and not drafted:  # nothing left to complete the window with
@@ -108,9 +110,9 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                     if out.finish is not None:
                         break
             t3 = perf_counter()
-            if observe is not None:
+            if drafter is not None:
                 kept = verdict.accepted if verdict.refuted_at is None else 0
-                observe(kept, kept + 1, t1 - t0, len(batch), t2 - t1, t3 - t0, width)
+                drafter.accept(Report(draft, len(drafted), kept, committed, t1 - t0, t2 - t1, t3 - t0, width))
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from fly_cpp import ngram
 from fly_cpp._llama import common_prefix
 from fly_cpp.costs import Costs
-from fly_cpp.drafters import Drafter, ModelDrafter
+from fly_cpp.drafters import Draft, ModelDrafter, NgramDrafter, Report, cut_at_end
 
 BINS = 10  # confidence bins of the acceptance model
 PRIOR = 2.0  # pseudo-observations of the prior in each bin (prior mean: the bin's confidence)
@@ -381,27 +382,37 @@ class Pacer:
 
 
 class PacedDrafter:
-    """Drafts what the pacer plans each round, with the engine's drafter (the draft model's,
-    when there is one) or n-gram lookup. The loop tells it how each round went (``observe``)."""
+    """Drafts what the pacer plans each round, with the draft model (when there is one) or
+    n-gram lookup, and tells the pacer how each round went (``accept``). Drafting with the draft
+    model it drives the model one step at a time (``DraftModel.step``), asking the pacer after
+    each step whether one more is worth its cost, and leaves out trailing tokens not worth
+    verifying."""
 
-    def __init__(self, inner: Drafter, pacer: Pacer, ngram_max: int, ngram_tokens: int, use_ngram: bool) -> None:
-        """One per generation; the pacer carries over from one to the next."""
-        self.inner, self.pacer = inner, pacer
+    def __init__(self, inner: ModelDrafter | NgramDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
+                 use_ngram: bool, now: Callable[[], float] = perf_counter) -> None:
+        """One per generation; the pacer carries over from one to the next. ``now``: the clock
+        draft steps are timed by (a replay's simulated one)."""
+        self.inner, self.pacer, self.now = inner, pacer, now
         pacer.begin()
         self.model = inner if isinstance(inner, ModelDrafter) else None
         self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
-        index = getattr(inner, "index", None)  # the drafter's own, over the same text: indexed once
-        self.index = index if isinstance(index, ngram.Index) and index.max_n == ngram_max else ngram.Index(ngram_max)
-        self.kind = "target"
+        index = inner.index  # the drafter's own, over the same text: indexed once
+        self.index = index if index.max_n == ngram_max else ngram.Index(ngram_max)
+        self.kind = "target"  # this round's plan
+        self.last_kind = "target"  # the last round's plan, once it is over
         self.confidences: list[float | None] = []
         # a round's draft, where it starts and the token trimming left out with its confidence:
-        # whether the target then wrote that token is told by the next round's committed tokens
+        # whether the target then wrote that token is told by the round's committed tokens
         self._unverified: tuple[int, list[int], int, float] | None = None
         self._guessed: tuple[int, list[int], int] | None = None  # an n-gram guess the round did not verify, where, its match
 
-    def draft(self, committed: Sequence[int], limit: int) -> list[int]:
-        self._learn_left_out(committed)
-        self._learn_guess(committed)
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return self.inner.candidate(committed)
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         guess: list[int] = []
 
         def lookup() -> tuple[int, int]:
@@ -413,27 +424,69 @@ class PacedDrafter:
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
                                        lookup if self.use_ngram else lambda: (0, 0), model is not None)
+        if need > 0 and model is not None and self.kind not in ("draft", "explore"):
+            self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind != "ngram" and guess:
             self._guessed = (len(committed), guess, self.pacer.matched)
         if self.kind == "ngram":
-            bias = getattr(self.inner, "bias", None)
-            out = bias.cut(guess[:n]) if bias else guess[:n]  # not past a token the logit bias bans
+            out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
             self.confidences = [None] * len(out)
-            return out
-        if self.kind in ("draft", "explore") and self.model is not None:
-            out = self.model.draft(committed, n, self.pacer if self.kind == "draft" else None, confident=True)
-            self.confidences = list(self.model.confidences)
-            self.pacer.probed(self.model.first_confidence)
-            if self.kind == "draft" and self.model.left_out is not None:
-                token, confidence = self.model.left_out
-                self._unverified = (len(committed), out, token, confidence)
-            return out
-        self.confidences = []
-        return []
+            return Draft(out, list(self.confidences))
+        if self.kind in ("draft", "explore") and model is not None:
+            if self.kind == "draft":
+                found = self._paced(model, committed, n, need)
+            else:
+                found = model.draft(committed, n, need, confident=True)
+                self.pacer.probed(found.confidences[0] if found.confidences else None)
+            self.confidences = list(found.confidences)
+            return found
+        return Draft()
+
+    def _paced(self, drafter: ModelDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
+        """The draft model's tokens, step by step while one more is worth its cost (and while
+        ``need`` are owed); then the prefix worth verifying."""
+        pacer, model, spec = self.pacer, drafter.draft_model, drafter.spec
+        catchup = model.start(committed)
+        out: list[int] = []
+        confidences: list[float] = []
+        chances: list[float] = []  # the chance that drafted tokens 0..i are all kept
+        history = list(committed)
+        while len(out) < limit:
+            t0 = self.now()
+            room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
+            found = drafter.index.match(history, room)[1] if spec.ngram and room > 0 else []
+            guess = found[: pacer.guess_length(len(found), len(catchup))] if found else found  # as much as pays
+            s = model.step(catchup, history, guess, confident=True)
+            catchup = []
+            if found:
+                pacer.guess_checked(found, len(guess), s.agree, s.token)
+            new = list(guess[: s.agree])
+            if spec.p_min <= 0 or len(out) + len(new) < need or s.sure[s.agree] >= spec.p_min:
+                new.append(s.token)
+            out += new
+            history += new
+            confidences += s.sure[: len(new)]
+            pacer.costs.observe_draft(s.rows, self.now() - t0)  # a draft step's cost, with its host work
+            if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
+                break
+            for q in s.sure[: len(new)]:
+                chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
+            # the next tokens are likely as predictable as the last one was
+            if len(out) >= need and not pacer.more(chances, pacer.model(s.sure[len(new) - 1] if s.sure else None)):
+                break
+        out = out[:limit]
+        pacer.probed(confidences[0] if confidences else None)
+        while len(chances) < len(out):  # tokens after the last decision (end of text, limit)
+            q = confidences[len(chances)] if len(chances) < len(confidences) else None
+            chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
+        n = max(pacer.trim(chances[: len(out)]), min(need, len(out)))
+        if n < len(out) and n < len(confidences):
+            self._unverified = (len(committed), out[:n], out[n], confidences[n])
+        return Draft(out[:n], list(confidences[:n]), by_model=True)
 
     def _learn_guess(self, committed: Sequence[int]) -> None:
-        """An n-gram guess the last round looked up but did not verify is judged by the tokens
-        the round wrote, as the target would have judged it: without this, guesses that a few
+        """An n-gram guess the round looked up but did not verify is judged by the tokens
+        it wrote, as the target would have judged it: without this, guesses that a few
         misses made not worth verifying would never be tried again (with no draft model, n-gram
         lookup, the only speculation there, would stay off for the rest of the engine's life).
         With a draft model too: the draft checks the guesses it drafts from (``guess_checked``),
@@ -448,7 +501,7 @@ class PacedDrafter:
         self.pacer.guess_written(guess, committed[start:start + len(guess)], matched)
 
     def _learn_left_out(self, committed: Sequence[int]) -> None:
-        """A token left out of the last round's batch is evidence too: when every drafted token
+        """A token left out of the round's batch is evidence too: when every drafted token
         before it was kept, the token the target wrote in its place says whether it would have
         been kept (exactly). Without this, the confidences whose tokens always get trimmed would
         keep their prior forever, right or wrong, and the drafts would stay short."""
@@ -460,13 +513,15 @@ class PacedDrafter:
         if len(committed) > end and list(committed[start:end]) == verified:
             self.pacer.model.observe([confidence], int(committed[end] == token))
 
-    def observe(self, kept: int, emitted: int, draft_seconds: float, target_rows: int, target_seconds: float,
-                round_seconds: float, decoded_rows: int) -> None:
-        """A round: ``target_rows`` verified (the last committed token and the drafts), of the
-        ``decoded_rows`` the target decoded (more where the batch was padded, ``fly_cpp.shape``)."""
+    def accept(self, report: Report) -> None:
+        """A round: its target decode teaches the costs by the rows decoded (more than verified
+        where the batch was padded, ``fly_cpp.shape``), and the drafts verified teach acceptance."""
         costs = self.pacer.costs
-        warm = costs.observe_target(decoded_rows, target_seconds)
+        warm = costs.observe_target(report.decoded_rows, report.target_seconds)
         costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
-        costs.observe_host(round_seconds - draft_seconds - target_seconds)
-        verified = self.confidences[: target_rows - 1]  # a draft may have been dropped (n_min)
-        self.pacer.observe(self.kind, verified, kept, emitted, round_seconds, warm)
+        costs.observe_host(report.round_seconds - report.draft_seconds - report.target_seconds)
+        verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
+        self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm)
+        self._learn_left_out(report.committed)
+        self._learn_guess(report.committed)
+        self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone

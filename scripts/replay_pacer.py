@@ -39,7 +39,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from fly_cpp import ngram, rows
+import numpy as np
+
+from fly_cpp import rows
 from fly_cpp._llama import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
@@ -47,7 +49,9 @@ from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
-from fly_cpp.pacing import Pacer
+from fly_cpp.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, Report, Stepped
+from fly_cpp.pacing import PacedDrafter, Pacer
+from fly_cpp.sampling import NO_BIAS
 
 OFF = -1  # a drafted token off the target's path: never kept
 DEFAULTS = SpecSettings()  # k auto's longest draft and the drafter's n-gram lookup, as the engine runs them
@@ -89,16 +93,28 @@ def traces(engine: Engine, results: dict, dataset: str) -> list[Trace]:
     return found
 
 
-class Replay:
-    """One prompt decoded by one policy; ``seconds`` is the cost model's clock."""
+class Clock:
+    """The replay's time: what the decodes of the pair cost by its calibrated curves
+    (``costs``, at the depth set each round), advanced by the decodes replayed."""
 
-    def __init__(self, trace: Trace, clock: Costs, use_ngram: bool = True) -> None:
-        self.t, self.clock, self.use_ngram = trace, clock, use_ngram
-        self.has_draft = bool(trace.top)
-        self.cache: list[int] = []  # what the draft's KV holds
-        self.seconds = 0.0
-        self.first: float | None = None
-        self.left_out: tuple[int, float] | None = None  # as ``ModelDrafter.left_out``
+    def __init__(self, costs: Costs) -> None:
+        self.costs, self.seconds = costs, 0.0
+
+    def now(self) -> float:
+        return self.seconds
+
+
+class TraceModel:
+    """The draft model along a trace, as ``DraftModel`` (the seam the real drafters drive): its
+    greedy token after any prefix of the target's output is the trace's, off that path its
+    tokens are never kept; each step advances the clock by what its decode costs."""
+
+    n_batch = 1 << 30
+    bias = NO_BIAS
+
+    def __init__(self, trace: Trace, clock: Clock) -> None:
+        self.t, self.clock = trace, clock
+        self.cache: list[int] = trace.prompt[:-1]  # what the draft's KV holds: the prompt, as the bench prefills it
 
     def predict(self, history: list[int], extra: list[int]) -> tuple[int, float]:
         t, pos = self.t, len(history) - len(self.t.prompt)
@@ -106,116 +122,98 @@ class Replay:
         on = history[len(t.prompt):] + extra == t.out[:pos + len(extra)]
         return (t.top[at] if on else OFF), t.prob[at]
 
-    def draft(self, committed: list[int], limit: int, pacer: Pacer | None, p_min: float = 0.0) -> tuple[list[int], list[float]]:
-        """As ``ModelDrafter.draft`` does, against the trace (``NgramDrafter.draft`` with no draft model)."""
-        if not self.has_draft:
-            found = ngram.lookup(committed, DEFAULTS.ngram_max, min(DEFAULTS.ngram_tokens, limit)) if self.use_ngram else []
-            return found, [None] * len(found)
-        keep = common_prefix(self.cache, committed[:-1])
-        catchup, out, sure_all, chances, history = committed[keep:-1], [], [], [], list(committed)
-        while len(out) < limit:
-            room = min(DEFAULTS.ngram_tokens, limit - len(out) - 1)
-            found = ngram.lookup(history, DEFAULTS.ngram_max, room) if self.use_ngram and room > 0 else []
-            guess = found
-            if pacer is not None and found:
-                guess = found[: pacer.guess_length(len(found), len(catchup))]
-            self.seconds += self.clock.draft(len(catchup) + 1 + len(guess))
-            catchup = []
-            preds = [self.predict(history, guess[:j]) for j in range(len(guess) + 1)]
-            agree = 0
-            while agree < len(guess) and guess[agree] == preds[agree][0]:
-                agree += 1
-            if pacer is not None and found:
-                pacer.guess_checked(found, len(guess), agree, preds[agree][0])
-            sure = [q for _, q in preds[: agree + 1]]
-            new = guess[:agree] + ([preds[agree][0]] if p_min <= 0 or sure[agree] >= p_min else [])
-            out, history, sure_all = out + new, history + new, sure_all + sure[: len(new)]
-            self.cache = history[:-1]
-            if len(new) == agree:
-                break
-            if pacer is not None:
-                for q in sure[: len(new)]:
-                    chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-                if not pacer.more(chances, pacer.model(sure[len(new) - 1])):
-                    break
-        out = out[:limit]
-        self.left_out = None
-        if pacer is not None:
-            while len(chances) < len(out):
-                chances.append((chances[-1] if chances else 1.0) * pacer.model(sure_all[len(chances)]))
-            n = pacer.trim(chances[: len(out)])
-            self.left_out = (out[n], sure_all[n]) if n < len(out) else None
-            out = out[:n]
-        self.first = sure_all[0] if sure_all else None
-        return out, sure_all[: len(out)]
+    def is_eog(self, token: int) -> bool:
+        return False  # the trace ends where the output did
 
-    def oracle(self, committed: list[int], pos: int, limit: int) -> list[int]:
-        t, run = self.t, 0
+    def lag(self, committed: list[int]) -> int:
+        return len(committed) - 1 - common_prefix(self.cache, committed[:-1])
+
+    def start(self, committed: list[int]) -> list[int]:
+        keep = common_prefix(self.cache, committed[:-1])
+        self.cache = list(committed[:keep])
+        return list(committed[keep:-1])
+
+    def step(self, catchup: list[int], history: list[int], guess: list[int], confident: bool = False) -> Stepped:
+        rows = len(catchup) + 1 + len(guess)
+        self.clock.seconds += self.clock.costs.draft(rows)
+        preds = [self.predict(list(history), list(guess[:j])) for j in range(len(guess) + 1)]
+        agree = 0
+        while agree < len(guess) and guess[agree] == preds[agree][0]:
+            agree += 1
+        self.cache = [*history, *guess[:agree]]
+        return Stepped(np.array([p for p, _ in preds]), agree, [q for _, q in preds[: agree + 1]], rows)
+
+    def candidate(self, committed: list[int]) -> int:
+        return self.predict(committed, [])[0]
+
+
+class Replay:
+    """One prompt decoded by one drafter through the real seam (``draft`` / ``accept``), the
+    target's judgement exact against the trace; ``clock.seconds`` is the cost model's time."""
+
+    def __init__(self, trace: Trace, clock: Clock) -> None:
+        self.t, self.clock = trace, clock
+
+    def oracle(self, committed: list[int], pos: int, limit: int, model: TraceModel) -> list[int]:
+        t, run, costs = self.t, 0, self.clock.costs
         while run < limit and t.top[pos + run] == t.out[pos + run]:
             run += 1
-        lag = len(committed) - 1 - common_prefix(self.cache, committed[:-1])
-        best, h_best = 1 / self.clock.target(1), 0
+        lag = model.lag(committed)
+        best, h_best = 1 / costs.target(1), 0
         for h in range(1, run + 1):
-            rate = (h + 1) / (self.clock.draft(lag + 1) + (h - 1) * self.clock.draft(1) + self.clock.target(h + 1))
+            rate = (h + 1) / (costs.draft(lag + 1) + (h - 1) * costs.draft(1) + costs.target(h + 1))
             if rate > best:
                 best, h_best = rate, h
         if h_best:
-            self.seconds += self.clock.draft(lag + 1) + (h_best - 1) * self.clock.draft(1)
-            self.cache = committed + t.out[pos: pos + h_best - 1]
+            self.clock.seconds += costs.draft(lag + 1) + (h_best - 1) * costs.draft(1)
+            model.cache = committed + t.out[pos: pos + h_best - 1]
         return t.out[pos: pos + h_best]
 
-    def run(self, policy: str, k: int = K_MAX, p_min: float = 0.0, pacer: Pacer | None = None,
-            lengths: Counter | None = None) -> tuple[int, float, int]:
+    def run(self, drafter: Drafter | None, k: int = K_MAX, lengths: Counter | None = None,
+            oracle: TraceModel | None = None) -> tuple[int, float, int]:
         """(tokens, seconds, target passes)."""
-        t = self.t
+        t, clock, costs = self.t, self.clock, self.clock.costs
         committed, pos, passes, n = list(t.prompt), 0, 0, len(t.out)
-        self.cache, self.seconds = committed[:-1], 0.0
-        batched: bool | None = None  # the last target decode had 2+ rows (None: the prompt's came last)
+        clock.seconds = 0.0
+        if drafter is not None:
+            drafter.begin(committed)
         while pos < n:
-            self.clock.at(len(committed))
-            limit, start, kind, sure = min(k, n - pos - 1), self.seconds, "target", []
-            unverified = None
-            drafted: list[int] = []
-            if policy == "oracle":
-                drafted = self.oracle(committed, pos, limit)
-            elif policy == "auto" and limit > 0:
-                guess: list[int] = []
-
-                def lookup() -> tuple[int, int]:
-                    matched, found = ngram.match(committed, DEFAULTS.ngram_max, min(DEFAULTS.ngram_tokens, limit))
-                    guess.extend(found)
-                    return len(found), matched
-                lag = lambda: len(committed) - 1 - common_prefix(self.cache, committed[:-1])  # noqa: E731
-                kind, m = pacer.plan(limit, lag, lookup if self.use_ngram else (lambda: (0, 0)), self.has_draft)
-                if kind != "ngram" and guess:  # judged by what the round writes, as PacedDrafter does
-                    unverified = (pos, guess, pacer.matched)
-                if kind == "ngram":
-                    drafted, sure = guess[:m], [None] * min(m, len(guess))
-                elif kind in ("draft", "explore"):
-                    drafted, sure = self.draft(committed, m, pacer if kind == "draft" else None)
-                    pacer.probed(self.first)
-            elif policy == "fixed" and limit > 0:
-                drafted, sure = self.draft(committed, limit, None, p_min)
-            self.seconds += self.clock.target(len(drafted) + 1) + self.clock.host
+            costs.at(len(committed))
+            limit, start = min(k, n - pos - 1), clock.seconds
+            draft = Draft()
+            if oracle is not None:
+                draft = Draft(self.oracle(committed, pos, limit, oracle))
+            elif drafter is not None and limit > 0:
+                draft = drafter.draft(committed, limit)
+            drafted = draft.tokens
+            drafting = clock.seconds - start
+            target = costs.target(len(drafted) + 1)
+            clock.seconds += target + costs.host
             kept = 0
             while kept < len(drafted) and drafted[kept] == t.out[pos + kept]:
                 kept += 1
-            emitted = min(kept + 1, n - pos)
-            committed += t.out[pos: pos + emitted]
-            if unverified is not None:
-                at, guess, matched = unverified
-                pacer.guess_written(guess, t.out[at: at + min(len(guess), emitted)], matched)
-                unverified = None
-            pos, passes = pos + emitted, passes + 1
+            committed += t.out[pos: pos + kept + 1]
+            pos, passes = pos + kept + 1, passes + 1
             if lengths is not None:
                 lengths[len(drafted)] += 1
-            warm, batched = batched is (len(drafted) > 0), len(drafted) > 0  # as Costs.observe_target says
-            if pacer is not None:
-                verified = sure[: len(drafted)]
-                pacer.observe(kind, verified, kept, emitted, self.seconds - start, warm)
-                if kind == "draft" and self.left_out is not None and kept == len(drafted) == emitted - 1:  # as PacedDrafter learns
-                    pacer.model.observe([self.left_out[1]], int(t.out[pos - emitted + kept] == self.left_out[0]))
-        return n, self.seconds, passes
+            if drafter is not None:
+                drafter.accept(Report(draft, len(drafted), kept, committed, drafting, target, clock.seconds - start,
+                                      len(drafted) + 1))
+        return n, clock.seconds, passes
+
+
+def drafter_for(how: dict, trace: Trace, clock: Clock, pacer: Pacer | None) -> tuple[Drafter | None, TraceModel | None]:
+    """The real drafter a policy runs (k auto's paced one, a fixed k's), on the trace."""
+    model = TraceModel(trace, clock) if trace.top else None
+    if how["policy"] == "target":
+        return None, None
+    if how["policy"] == "oracle":
+        return None, model
+    spec = SpecSettings(k=how.get("k", K_MAX), ngram=how.get("ngram", True), p_min=how.get("p_min", 0.0))
+    inner = ModelDrafter(model, spec) if model is not None else NgramDrafter(spec)
+    if pacer is None:
+        return inner, None
+    return PacedDrafter(inner, pacer, DEFAULTS.ngram_max, DEFAULTS.ngram_tokens, use_ngram=True, now=clock.now), None
 
 
 def policies(names: list[str]) -> list[tuple[str, dict]]:
@@ -268,27 +266,26 @@ def main() -> None:
         sys.exit(f"error: {e}")
     if not found:
         sys.exit(f"error: none of the run's prompts is in --dataset {args.dataset}")
-    clock = Costs(calibrated.target_curve, calibrated.draft_curve)  # the pacer's, scaled: it learns the scales
-    clock.target_scale, clock.batch_scale, clock.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
-    clock.host = args.host_ms / 1e3
+    costs = Costs(calibrated.target_curve, calibrated.draft_curve)  # the pacer's, scaled: it learns the scales
+    costs.target_scale, costs.batch_scale, costs.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
+    costs.host = args.host_ms / 1e3
+    clock = Clock(costs)
     measured: dict[str, list[float]] = {}
     for x in results["records"]:
         measured.setdefault(x["mode"], [0, 0])
         measured[x["mode"]][0] += x["stats"]["n_tokens"]
         measured[x["mode"]][1] += x["stats"]["seconds"]
     groups = sorted({t.id.split("/")[0] for t in found})
-    alone = {t.id: (lambda r: r[0] / r[1])(Replay(t, clock).run("target")) for t in found}
+    alone = {t.id: (lambda r: r[0] / r[1])(Replay(t, clock).run(None)) for t in found}
     print(f"{len(found)} prompts; speedup: per-prompt geometric mean over the target alone, replayed\n")
     print(f"| policy | {' | '.join(groups)} | all | tok/s replayed | tok/s measured | mean accepted | draft lengths |")
     print("|---|" + "---|" * (len(groups) + 5))
     for name, how in [("target", {"policy": "target"}), *chosen]:
         speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
-        pacer = Pacer(lambda: clock, K_MAX) if how["policy"] == "auto" else None
+        pacer = Pacer(lambda: costs, K_MAX) if how["policy"] == "auto" else None
         for t in found:
-            if pacer is not None:
-                pacer.begin()  # as each generation's PacedDrafter does
-            replay = Replay(t, clock, use_ngram=how.get("ngram", True))
-            n, s, p = replay.run(how["policy"], how.get("k", K_MAX), how.get("p_min", 0.0), pacer, lengths)
+            drafter, oracle = drafter_for(how, t, clock, pacer)  # a paced drafter begins a new text for its pacer
+            n, s, p = Replay(t, clock).run(drafter, how.get("k", K_MAX), lengths, oracle)
             speedups[t.id] = (n / s) / alone[t.id]
             tokens, seconds, passes = tokens + n, seconds + s, passes + p
         by_group = [geo([v for i, v in speedups.items() if i.split("/")[0] == g]) for g in groups]

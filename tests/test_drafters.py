@@ -9,7 +9,7 @@ import pytest
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
-from fly_cpp.drafters import ModelDrafter, NgramDrafter
+from fly_cpp.drafters import DraftModel, ModelDrafter, NgramDrafter, Report
 from fly_cpp.pacing import PacedDrafter, Pacer
 
 
@@ -17,6 +17,10 @@ from fly_cpp.pacing import PacedDrafter, Pacer
 def model(stories_draft):
     with Model(stories_draft) as m:
         yield m
+
+
+def drafter_on(ctx: Context, spec: SpecSettings) -> ModelDrafter:
+    return ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), spec)
 
 
 def greedy(model: Model, committed: list[int], n: int) -> list[int]:
@@ -34,19 +38,19 @@ def greedy(model: Model, committed: list[int], n: int) -> list[int]:
 def test_model_drafter_drafts_its_greedy_continuation(model, ngram):
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time")
     with Context(model, n_ctx=256, n_threads=1, n_ubatch=1) as ctx:
-        drafter = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=8, ngram=ngram))
-        drafted = drafter.draft(committed, 8)
+        drafter = drafter_on(ctx, SpecSettings(k=8, ngram=ngram))
+        drafted = drafter.draft(committed, 8).tokens
         assert len(drafted) <= 8 and drafted == greedy(model, committed, len(drafted))
         assert ctx.tokens == committed + drafted[:-1]  # invariant: the last drafted token is not fed yet
-        more = drafter.draft(committed + drafted[:3], 5)  # a later round reuses the common prefix
+        more = drafter.draft(committed + drafted[:3], 5).tokens  # a later round reuses the common prefix
         assert more == greedy(model, committed + drafted[:3], len(more)) and len(more) <= 5
 
 
 def test_p_min_stops_an_unsure_draft(model):
     committed = model.tokenize("Once upon a time")
     with Context(model, n_ctx=256, n_threads=1) as ctx:
-        sure = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=15, ngram=False, p_min=0.0)).draft(committed, 15)
-        picky = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=15, ngram=False, p_min=0.99)).draft(committed, 15)
+        sure = drafter_on(ctx, SpecSettings(k=15, ngram=False, p_min=0.0)).draft(committed, 15).tokens
+        picky = drafter_on(ctx, SpecSettings(k=15, ngram=False, p_min=0.99)).draft(committed, 15).tokens
         assert len(sure) == 15 and len(picky) < 15 and sure[: len(picky)] == picky
 
 
@@ -54,15 +58,15 @@ def test_p_min_stops_an_unsure_draft(model):
 def test_a_draft_ends_at_end_of_text(period_is_eos, ngram):
     with Model(period_is_eos) as m, Context(m, n_ctx=256, n_threads=1) as ctx:
         committed = m.tokenize("Once upon a time")
-        drafted = ModelDrafter(ctx, m.n_vocab, SpecSettings(k=15, ngram=ngram)).draft(committed, 40)
+        drafted = drafter_on(ctx, SpecSettings(k=15, ngram=ngram)).draft(committed, 40).tokens
         assert m.is_eog(drafted[-1]) and not any(m.is_eog(t) for t in drafted[:-1])  # '.' ends the first sentence
 
 
 def test_ngram_drafter_copies_from_the_context():
     d = NgramDrafter(SpecSettings(ngram_max=3, ngram_tokens=4))
-    assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 10) == [4, 5, 6, 1]
-    assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 2) == [4, 5]
-    assert d.draft([1, 2, 3], 4) == []
+    assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 10).tokens == [4, 5, 6, 1]
+    assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 2).tokens == [4, 5]
+    assert d.draft([1, 2, 3], 4).tokens == []
 
 
 def test_a_paced_draft_learns_its_agreement_with_guesses_it_left_unchecked(model):
@@ -75,11 +79,11 @@ def test_a_paced_draft_learns_its_agreement_with_guesses_it_left_unchecked(model
     assert pacer.guess_length(6, 0) == 0
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time, there was a girl. Once upon a time")
     with Context(model, n_ctx=256, n_threads=1) as ctx:
-        drafter = ModelDrafter(ctx, model.n_vocab, SpecSettings(k=8))
+        drafter = drafter_on(ctx, SpecSettings(k=8))
         drafter.draft(committed, 1)  # the cache holds the text: no catch-up to share a decode with
         assert pacer.guess_length(6, 0) == 0
         seen = pacer.agree.all_trials
-        drafter.draft(committed, 8, pacer)
+        PacedDrafter(drafter, pacer, 4, 6, use_ngram=True)._paced(drafter, committed, 8, 0)
         assert pacer.agree.all_trials > seen  # evidence, though no guess was checked
         assert pacer.agree.all_hits > 0  # the draft went on as the earlier text did
 
@@ -94,13 +98,14 @@ def test_guesses_pay_alone_where_the_draft_model_cannot(model):
     pacer = Pacer(lambda: costs, k_max=16)
     assert pacer.best(1.0, 16, costs.draft(1), costs.draft(1))[1] == 0  # not even an always-right draft pays
     with Context(model, n_ctx=256, n_threads=1) as ctx:
-        drafter = PacedDrafter(ModelDrafter(ctx, model.n_vocab, SpecSettings()), pacer, 4, 6, use_ngram=True)
+        drafter = PacedDrafter(drafter_on(ctx, SpecSettings()), pacer, 4, 6, use_ngram=True)
         pattern = [10, 11, 12, 13, 14, 15, 16]
         text, kinds = pattern * 2, []
         for _ in range(300):
-            guessed = drafter.draft(text, 8)
-            kinds.append(drafter.kind)
-            wrote = len(guessed) + 1  # the target goes on repeating, as the guesses say
+            draft = drafter.draft(text, 8)
+            wrote = len(draft) + 1  # the target goes on repeating, as the guesses say
             text = text + [pattern[(len(text) + i) % len(pattern)] for i in range(wrote)]
+            drafter.accept(Report(draft, len(draft), len(draft), text, 0.0, 0.03, 0.03, wrote))
+            kinds.append(drafter.last_kind)
     assert "draft" not in kinds and "ngram" in kinds
     assert set(pacer.guesses.trials) == {4}

@@ -18,7 +18,7 @@ class Scripted:
 
     def draft(self, committed, limit):
         self.round += 1
-        out = self.inner.draft(committed, limit)
+        out = self.inner.draft(committed, limit).tokens
         for (r, i), token in self.edits.items():
             if r == self.round and i < len(out):
                 out[i] = token(out[i]) if callable(token) else token

@@ -4,13 +4,14 @@ while the draft keeps being wrong."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
 
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
-from fly_cpp.drafters import NgramDrafter
+from fly_cpp.drafters import Draft, NgramDrafter, Report
 from fly_cpp.pacing import EXPLORE_MAX, PATIENCE, Acceptance, Guesses, PacedDrafter, Pacer
 
 MS = 1e-3
@@ -23,7 +24,20 @@ CPU_F16 = Costs(Curve((1, 2, 4, 6, 9, 16), (86 * MS, 143 * MS, 161 * MS, 190 * M
 
 
 def pacer(costs: Costs) -> Pacer:
-    return Pacer(lambda: costs, k_max=16)
+    """A pacer on a copy of ``costs`` (rounds teach a pacer's costs; the tables here stay as written)."""
+    own = copy.copy(costs)
+    return Pacer(lambda: own, k_max=16)
+
+
+def play(drafter: PacedDrafter, text: list[int], wrote: list[int], limit: int = 8) -> Draft:
+    """One round through the seam: the drafter drafts after ``text``, then hears that the
+    target wrote ``wrote`` (drafted tokens are kept as far as they agree with it)."""
+    draft = drafter.draft(text, limit)
+    kept = 0
+    while kept < min(len(draft), len(wrote) - 1) and draft.tokens[kept] == wrote[kept]:
+        kept += 1
+    drafter.accept(Report(draft, len(draft), kept, text + wrote[: kept + 1], 0.0, 0.01, 0.01, len(draft) + 1))
+    return draft
 
 
 def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float, dict[str, int]]:
@@ -150,9 +164,10 @@ def test_guesses_that_a_few_misses_made_not_worth_verifying_are_tried_again_when
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
     text, kinds = [1, 2, 3, 4, 5] * 2, []
     for _ in range(400):
-        drafter.draft(text, 8)
-        kinds.append(drafter.kind)
-        text = text + [text[-5]]  # the target goes on repeating, as the guesses say
+        wrote = [text[len(text) - 5 + i % 5] for i in range(9)]  # the target goes on repeating, as the guesses say
+        draft = play(drafter, text, wrote)
+        kinds.append(drafter.last_kind)
+        text = text + wrote[: len(draft) + 1]
     assert kinds[0] == "target" and "ngram" in kinds
 
 
@@ -189,10 +204,10 @@ def test_a_guess_that_would_pay_if_switching_kinds_were_free_is_not_verified():
     p = pacer(costs)
     for _ in range(100):
         p.guess_written([5, 6], [5, 7], matched=2)  # right half the time
-    costs.observe_target(1, 0.12 * MS)
-    costs.observe_target(1, 0.12 * MS)
+    p.costs.observe_target(1, 0.12 * MS)
+    p.costs.observe_target(1, 0.12 * MS)
     assert p.plan(16, lambda: 0, lambda: (6, 2), False)[0] == "ngram"
-    costs.switch = 0.05 * MS
+    p.costs.switch = 0.05 * MS
     assert p.plan(16, lambda: 0, lambda: (6, 2), False) == ("target", 0)
 
 
@@ -200,8 +215,7 @@ def test_an_unverified_guess_teaches_the_acceptance_of_its_match_length():
     p = pacer(CPU_Q4)  # a compute-bound target: a 1-row decode is cheap, no guess pays yet
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
     text = [1, 2, 3, 4, 5, 9, 8, 1, 2, 3]  # "1 2 3" seen before (not "8 1 2 3"): a 3-token match, guessing "4 5 9 8 1 2"
-    assert drafter.draft(text, 8) == [] and drafter.kind == "target"
-    drafter.draft(text + [4], 8)  # the target wrote 4, as guessed
+    assert play(drafter, text, [4]).tokens == [] and drafter.last_kind == "target"  # the target wrote 4, as guessed
     assert list(p.guesses.trials) == [3] and p.guesses(3) == pytest.approx((1 + 2 * p.guesses.mean()) / 3)
 
 
@@ -238,21 +252,24 @@ def test_probes_a_draft_that_is_right_where_it_is_sure():
 
 def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_it():
     """Trimming leaves unsure tokens unverified, so their confidence would never learn how often
-    such tokens are right; the next round's committed tokens tell, when the ones before it were kept."""
+    such tokens are right; the round's committed tokens tell, when the ones before it were kept."""
     p = pacer(CPU_F16)
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
     prior = p.model(0.35)
-    for _ in range(40):
+
+    def round_after(wrote: list[int]) -> None:  # [7, 8] verified, 9 left out with confidence 0.35
         drafter._unverified = (3, [7, 8], 9, 0.35)
-        drafter.draft([1, 2, 3, 7, 8, 9, 4], 8)  # both drafted tokens kept, then the target wrote the left-out 9
+        kept = 2 if wrote[:2] == [7, 8] else 0
+        drafter.accept(Report(Draft([7, 8]), 2, kept, [1, 2, 3, *wrote[: kept + 1]], 0.0, 0.01, 0.01, 3))
+
+    for _ in range(40):
+        round_after([7, 8, 9])  # both drafted tokens kept, then the target wrote the left-out 9
     assert p.model(0.35) > 0.9 > prior
     for _ in range(40):
-        drafter._unverified = (3, [7, 8], 9, 0.35)
-        drafter.draft([1, 2, 3, 7, 8, 5, 4], 8)  # ... wrote 5 instead
+        round_after([7, 8, 5])  # ... wrote 5 instead
     assert p.model(0.35) < 0.5
     seen = p.model.trials[:]
-    drafter._unverified = (3, [7, 8], 9, 0.35)
-    drafter.draft([1, 2, 3, 7, 6, 9, 4], 8)  # a verified token was not kept: the left-out one says nothing
+    round_after([7, 6])  # a verified token was not kept: the left-out one says nothing
     assert p.model.trials == seen and drafter._unverified is None
 
 
@@ -265,7 +282,7 @@ def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_
     drafter.kind, drafter.confidences = "draft", [0.95, 0.95, 0.35, 0.35]  # the last two left out of the batch
     seen, widths = p.model.trials[:], []
     p.costs.observe_target = lambda rows, seconds: widths.append(rows) or True
-    drafter.observe(2, 3, 0.01, 3, 0.05, 0.07, 7)  # 2 drafts verified in a batch padded to 7 rows: both kept
+    drafter.accept(Report(Draft([5, 6]), 2, 2, [1, 2, 5, 6, 7], 0.01, 0.05, 0.07, 7))  # 2 drafts verified in a batch padded to 7 rows: both kept
     assert widths == [7]
     assert p.model.trials[3] == seen[3]  # nothing learned at the left-out tokens' confidence
     assert p.model.trials[9] > seen[9]
