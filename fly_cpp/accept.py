@@ -28,6 +28,9 @@ The parts of a round, named once and used with these words everywhere in fly-cpp
     answer is loosened (there a different token is a different program more often than not).
   - *numbers*: with ``loose_digits`` off, no mismatch where the drafted or the target's token
     holds a digit is loosened (a different digit is a different quantity, not a paraphrase).
+  - *the draft model's own token* (``own_only``): only a drafted token that is the draft model's
+    greedy choice where it stands may be loosened, never an n-gram guess. With it FLy's
+    decisions depend on the text alone, not on how rounds were planned (``fly_cpp.loop``).
   A safeguard only ever removes loose accepts: every one is an extra AND in the rule.
 
 Window semantics: ``window`` W counts the mismatch itself (the authors' released code).
@@ -64,6 +67,10 @@ class AcceptPolicy:
     supported: loosen only where the target's sampler could produce the drafted token.
     loose_in_code: loosen inside ``` code blocks too (False = never there).
     loose_digits: loosen where the drafted or the target's token holds a digit too.
+    own_only: loosen only the draft model's own tokens (``Facts.own``), and when sampling
+        match drafts against one target draw, not two: FLy's text then depends on the text
+        alone, wherever rounds begin and end (the loop asks the draft model for its token where
+        no draft reached, ``fly_cpp.loop``).
     """
 
     window: int = 6
@@ -73,6 +80,7 @@ class AcceptPolicy:
     supported: bool = False
     loose_in_code: bool = True
     loose_digits: bool = True
+    own_only: bool = False
 
     @staticmethod
     def exact() -> AcceptPolicy:
@@ -87,7 +95,7 @@ class AcceptPolicy:
     def guarded(self) -> bool:
         """Whether any safeguard is on (then ``Facts`` are needed to loosen anything)."""
         return (self.top_n > 0 or self.min_ratio > 0 or self.supported or not self.loose_in_code
-                or not self.loose_digits)
+                or not self.loose_digits or self.own_only)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,7 @@ class Facts:
     supported: the target's sampler gives d_i a non-zero probability (greedy: a finite logit).
     in_code: d_i starts inside a ``` code block of the answer.
     digits: d_i or the target's token t_i there holds a digit.
+    own: d_i is the draft model's own greedy token there (not an n-gram guess).
     """
 
     log_ratio: np.ndarray | None = None
@@ -108,10 +117,12 @@ class Facts:
     supported: np.ndarray | None = None
     in_code: np.ndarray | None = None
     digits: np.ndarray | None = None
+    own: np.ndarray | None = None
 
     def tail(self, start: int) -> Facts:
         cut = lambda a: None if a is None else np.asarray(a)[start:]  # noqa: E731
-        return Facts(cut(self.log_ratio), cut(self.rank), cut(self.supported), cut(self.in_code), cut(self.digits))
+        return Facts(cut(self.log_ratio), cut(self.rank), cut(self.supported), cut(self.in_code), cut(self.digits),
+                     cut(self.own))
 
 
 def admitted(policy: AcceptPolicy, facts: Facts | None, m: int) -> np.ndarray:
@@ -138,6 +149,8 @@ def admitted(policy: AcceptPolicy, facts: Facts | None, m: int) -> np.ndarray:
         ok &= ~code.astype(bool)
     if not policy.loose_digits and (digits := need(f.digits)) is not None:
         ok &= ~digits.astype(bool)
+    if policy.own_only and (own := need(f.own)) is not None:
+        ok &= own.astype(bool)
     return ok
 
 
@@ -172,6 +185,12 @@ class Verdict:
     @property
     def n_exact(self) -> int:
         return self.accepted - len(self.loose) - (self.provisional is not None)
+
+    def stop_at(self, i: int, token: int) -> Verdict:
+        """This verdict of exact matches cut at drafted position ``i`` (< accepted), where the
+        target's own ``token`` comes next."""
+        assert i < self.accepted and not self.loose and self.provisional is None and not self.confirmed
+        return Verdict(i, (), token, False)
 
 
 def exact_matches(drafted: np.ndarray, target: np.ndarray, target_alt: np.ndarray | None = None) -> np.ndarray:

@@ -268,8 +268,9 @@ class SpecSettings:
         flag="cross-round-window"))
     k_max: int = field(default=16, metadata=_help("with k auto: the longest draft a round may make"))
     cross_round_confidence: float = field(default=0.5, metadata=_help(
-        "cross-round: keep a tail mismatch only when the draft's running agreement makes completing its "
-        "window at least this likely; 0 = always"))
+        "cross-round under --fly-rule paper: keep a tail mismatch only when the draft's running agreement makes "
+        "completing its window at least this likely; 0 = always (the guarded rule always finishes a window, so "
+        "that its text does not depend on how the rounds went)"))
     steady_batches: str = field(default="off", metadata=_help(
         "pad the target's verification batches to the widest of the recent rounds, so that their shape stays "
         "steady (a GPU reruns a decode of the shape it ran last faster; not yet measured end to end); "
@@ -322,7 +323,15 @@ class SpecSettings:
             return AcceptPolicy(self.window, self.entropy_threshold)
         return AcceptPolicy(self.window, self.entropy_threshold, top_n=self.loose_top_n,
                             min_ratio=self.loose_min_ratio, supported=True, loose_in_code=self.loose_in_code,
-                            loose_digits=self.loose_digits)
+                            loose_digits=self.loose_digits, own_only=self.cross_round_window)
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether the text depends on the request alone (the prompt, the settings and the seed),
+        not on how far each round drafted, which k auto decides from live timings: always for
+        spd and target, and for fly under the guarded rule with the cross-round window (the
+        defaults); not under the published rule, whose window must fit in one draft."""
+        return self.mode != "fly" or not self.policy().loosens or self.policy().own_only
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,11 @@ class Window:
     """Off (``enabled`` False) it never holds anything, and the loop runs the in-round rule."""
 
     def __init__(self, spec: SpecSettings) -> None:
-        self.enabled = spec.cross_round_window and spec.policy().loosens
-        self.confidence = spec.cross_round_confidence
+        policy = spec.policy()
+        self.enabled = spec.cross_round_window and policy.loosens
+        # under the plan-independent rule every window is finished: whether it opens must not
+        # hang on how the rounds went so far
+        self.confidence = 0.0 if policy.own_only else spec.cross_round_confidence
         self.pending: Pending | None = None
         self.hits = self.misses = 0  # drafted tokens matched / rounds ended by a mismatch
 
@@ -75,6 +78,12 @@ class Window:
         elif self.pending is not None:
             self.pending.left = verdict.window_left
         return confirmed
+
+    def hold(self, pos: int, correction: int, left: int, round: int, probs: TokenProbs | None = None) -> None:
+        """Keep a mismatch found outside a draft provisionally (the draft model's token where
+        the target wrote ``correction``): later rounds' drafts must show ``left`` exact matches."""
+        assert self.pending is None
+        self.pending = Pending(pos, correction, left, round, probs)
 
     def refute(self) -> Pending:
         """Close the open window as refuted; the caller rolls back to what this returns."""

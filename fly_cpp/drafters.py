@@ -13,19 +13,16 @@ continuation, so the first ``need`` tokens come from the draft model whatever it
 (fewer only at the end of the text or of ``limit``).
 
 Data flows one way: a drafter never calls up into whoever decides how far to draft; that
-decider (``fly_cpp.pacing``) drives the draft model one ``DraftModel.step`` at a time.
+decider (``fly_cpp.paced``) drives the draft model one ``DraftModel.step`` at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
-from fly_cpp import ngram, rows
-from fly_cpp._llama import Context, common_prefix
+from fly_cpp import ngram
 from fly_cpp.config import SpecSettings
 from fly_cpp.sampling import NO_BIAS, LogitBias
 
@@ -103,148 +100,6 @@ class NgramDrafter:
 
     def accept(self, report: Report) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Stepped:
-    """One draft-model decode: ``best`` (guess + 1,) its greedy token after each prefix of the
-    n-gram guess it checked, ``agree`` how many guess tokens it agreed with, ``sure`` its top
-    probability at rows 0..agree (empty unless asked), ``rows`` decoded."""
-
-    best: np.ndarray
-    agree: int
-    sure: list[float]
-    rows: int
-
-    @property
-    def token(self) -> int:
-        """The draft's own token after the agreed part of the guess."""
-        return int(self.best[self.agree])
-
-
-class DraftModel:
-    """The draft model's context, one decode at a time. Its cache keeps the loop's invariant on
-    its own tokens: after a step it holds everything drafted but the last token. ``path``: the
-    text it last drafted along, each token past the common prefix its own greedy choice, so
-    that its token after any prefix of that path is known without a decode."""
-
-    def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS) -> None:
-        self.ctx = ctx
-        self.n_batch = ctx.n_batch
-        self.n_vocab = n_vocab  # argmax only over ids the target knows
-        self.bias = bias
-        self.path: list[int] = []
-        self._own = 0  # path[_own:] are the model's own choices
-
-    def is_eog(self, token: int) -> bool:
-        return self.ctx.model.is_eog(token)
-
-    def lag(self, committed: Sequence[int]) -> int:
-        """Tokens this cache must catch up on before drafting after ``committed``."""
-        return len(committed) - 1 - common_prefix(self.ctx.tokens, committed[:-1])
-
-    def start(self, committed: Sequence[int]) -> list[int]:
-        """Cut the cache back to what it shares with ``committed`` (unconditionally: also drops
-        anything a disturbed decode left behind); returns the catch-up, the tokens to decode
-        with the first step so that the cache then holds ``committed[:-1]``."""
-        keep = common_prefix(self.ctx.tokens, committed[:-1])
-        self.ctx.truncate(keep)
-        return list(committed[keep:-1])
-
-    def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
-             confident: bool = False) -> Stepped:
-        """Decode the catch-up, ``history[-1]`` and an n-gram ``guess`` in one batch; the cache
-        then keeps ``history`` and the agreed part of the guess. ``confident``: also read the
-        draft's top probability at the rows that matter."""
-        batch = [*catchup, history[-1], *guess]
-        logits = self.ctx.decode(batch, logits=len(guess) + 1)
-        if self.bias:
-            logits = self.bias.apply(logits[:, : self.n_vocab])
-        best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
-        agree = 0
-        while agree < len(guess) and guess[agree] == best[agree]:
-            agree += 1
-        sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if confident else []
-        self.ctx.truncate(len(history) + agree)  # invariant: the cache holds the new history but its last token
-        if not (self._own <= len(history) <= len(self.path) and common_prefix(self.path, history) == len(history)):
-            self._own = len(history)  # a new path, not the continuation of the last one
-        self.path = [*history, *guess[:agree], int(best[agree])]
-        return Stepped(best, agree, sure, len(batch))
-
-    def candidate(self, committed: Sequence[int]) -> int:
-        """The draft model's greedy token after ``committed``: read off the path it last drafted
-        along when ``committed`` follows it, else one decode."""
-        n = len(committed)
-        if self._own <= n < len(self.path) and common_prefix(self.path, committed) == n:
-            return self.path[n]
-        return self.step(self.start(committed), committed, []).token
-
-
-class ModelDrafter:
-    """Greedy drafting with a draft model, up to the round's limit (a fixed k), optionally
-    multi-level: an n-gram guess is first checked by the draft model in one forward pass (exact
-    match, plus the draft's own next token), so one draft forward pass can yield several draft
-    tokens. The tokens its cache lags behind (the catch-up) go into the same decode as the first
-    draft step. It stops after an end-of-generation token, or where the draft's top probability
-    falls under ``p_min`` (llama.cpp's rule) once ``need`` tokens are drafted. The draft's
-    choices see the generation's logit bias, as the target's do."""
-
-    def __init__(self, draft_model: DraftModel, spec: SpecSettings) -> None:
-        self.draft_model = draft_model
-        self.spec = spec
-        self.index = ngram.Index(spec.ngram_max)
-
-    @property
-    def bias(self) -> LogitBias:
-        return self.draft_model.bias
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
-
-    def lag(self, committed: Sequence[int]) -> int:
-        return self.draft_model.lag(committed)
-
-    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
-        """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each."""
-        if limit <= 0:
-            return Draft()
-        spec, model = self.spec, self.draft_model
-        catchup = model.start(committed)
-        out: list[int] = []
-        confidences: list[float | None] = []
-        history = list(committed)
-        want_confidence = confident or spec.p_min > 0
-        while len(out) < limit:
-            room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
-            guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
-            s = model.step(catchup, history, guess, want_confidence)
-            catchup = []
-            new = list(guess[: s.agree])
-            owed = len(out) + len(new) < need
-            if spec.p_min <= 0 or owed or s.sure[s.agree] >= spec.p_min:
-                new.append(s.token)
-            out += new
-            history += new
-            confidences += s.sure[: len(new)]
-            if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
-                break
-        out = out[:limit]
-        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
-
-    def candidate(self, committed: Sequence[int]) -> int:
-        return self.draft_model.candidate(committed)
-
-    def accept(self, report: Report) -> None:
-        pass
-
-
-def cut_at_end(out: list[int], new: Sequence[int], is_eog: Callable[[int], bool]) -> bool:
-    """Cut ``out`` (whose last ``len(new)`` tokens a step just added) after the first
-    end-of-generation token among ``new``; whether there was one."""
-    ends = [i for i, t in enumerate(new) if is_eog(t)]
-    if ends:
-        del out[len(out) - len(new) + ends[0] + 1:]
-    return bool(ends)
 
 
 class _Plain:

@@ -18,11 +18,13 @@ from fly_cpp import loop, scoring
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, calibrate, slower_note
-from fly_cpp.drafters import DraftModel, Drafter, ModelDrafter, NgramDrafter, as_drafter
+from fly_cpp.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.output import Output
-from fly_cpp.pacing import PacedDrafter, Pacer
+from fly_cpp.paced import PacedDrafter
+from fly_cpp.pacer import Pacer
 from fly_cpp.request import Request
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.shape import Steady

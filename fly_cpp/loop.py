@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from time import perf_counter
 
+import numpy as np
+
 from fly_cpp._llama import Context, common_prefix
 from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
@@ -68,14 +70,14 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 _refute(window, committed, target, out)
                 continue
             t1 = perf_counter()
+            drafting = t1 - t0
             batch = [committed[-1], *drafted]
             width = len(batch) if steady is None else steady.width(len(batch), room + 1)
             # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
             logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
             t2 = perf_counter()
-            verdict, chosen = verify(logits, drafted, committed, cross_round=window.enabled,
+            verdict, chosen = verify(logits, drafted, committed, own=draft.by_model, cross_round=window.enabled,
                                      window_left=window.left, max_left=window.max_left())
-            stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.n_rounds += 1
             stats.n_drafts += bool(drafted)
@@ -85,18 +87,41 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 _refute(window, committed, target, out)
                 stats.accepted_lengths.append(1)
             else:
-                target.truncate(len(committed) + verdict.accepted)
-                base = len(committed)
-                emitted = [*drafted[: verdict.accepted], verdict.next_token]
-                # n_probs: the rows that verified the emitted tokens are the target's view of them
-                probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
-                if window.observe(verdict, len(drafted), base, chosen, stats.n_rounds):
+                if verify.own_only and not draft.by_model and verdict.accepted and drafter is not None:
+                    # guesses the target kept may stand where the draft model would have said
+                    # something else, loosely kept: FLy's rule there needs the draft model's token
+                    cut = verify.first_open(logits, committed, drafted[: verdict.accepted])
+                    if cut is not None:
+                        verdict = verdict.stop_at(cut, drafted[cut])
+                base, n = len(committed), verdict.accepted
+                emitted = [*drafted[:n], verdict.next_token]
+                asked = None  # the draft model's own token where the target wrote next_token, kept loosely
+                confirmed = window.observe(verdict, len(drafted), base, chosen, stats.n_rounds)
+                if confirmed:
                     out.confirm()
                     stats.n_confirmed += 1
                     stats.n_loose += 1
-                if probs is not None and verdict.provisional is not None and window.pending is not None:
-                    at = verdict.provisional  # the target's own token there, should the window fail
-                    window.pending.probs = token_probs(logits[at:], [window.pending.correction], request.n_probs)[0]
+                if (window.pending is None and verify.own_only and drafter is not None
+                        and not (n < len(drafted) and draft.by_model)):
+                    t4 = perf_counter()
+                    asked = _ask(verify, drafter, logits[n], committed + drafted[:n], verdict.next_token, stats)
+                    drafting += perf_counter() - t4
+                    if asked is not None:
+                        emitted[-1] = asked
+                        if spec.window > 1:  # kept pending the draft model's continuation
+                            window.hold(base + n, verdict.next_token, spec.window - 1, stats.n_rounds)
+                            stats.n_provisional += 1
+                        else:
+                            stats.n_loose += 1
+                # n_probs: the rows that verified the emitted tokens are the target's view of them
+                probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
+                pending = window.pending
+                if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
+                    at = pending.pos - base  # the target's own token there, should the window fail
+                    pending.probs = token_probs(logits[at:], [pending.correction], request.n_probs)[0]
+                if pending is not None and pending.pos < base + len(emitted) - 1:
+                    emitted.pop()  # while a window is open the target's own token after the drafts proves nothing
+                target.truncate(base + len(emitted) - 1)  # invariant: the cache holds all but the last committed token
                 _count(stats, verdict)
                 for i, token in enumerate(emitted):
                     held = window.holds(base + i)
@@ -104,15 +129,17 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                         _refute(window, committed, target, out)
                         break
                     committed.append(token)
-                    loose = i in verdict.loose or window.is_pending(base + i)
-                    out.add(token, drafted=i < verdict.accepted, loose=loose, round=stats.n_rounds, hold=held,
+                    own = asked is not None and i == n
+                    loose = i in verdict.loose or window.is_pending(base + i) or own
+                    out.add(token, drafted=i < n or own, loose=loose, round=stats.n_rounds, hold=held,
                             probs=probs[i] if probs is not None else None)
                     if out.finish is not None:
                         break
+            stats.draft_seconds += drafting
             t3 = perf_counter()
             if drafter is not None:
                 kept = verdict.accepted if verdict.refuted_at is None else 0
-                drafter.accept(Report(draft, len(drafted), kept, committed, t1 - t0, t2 - t1, t3 - t0, width))
+                drafter.accept(Report(draft, len(drafted), kept, committed, drafting, t2 - t1, t3 - t0, width))
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()
@@ -128,6 +155,22 @@ def _count(stats: Stats, verdict: Verdict) -> None:
     stats.n_guard_rejected += verdict.guard_rejected
     stats.n_provisional += verdict.provisional is not None
     stats.accepted_lengths.append(verdict.accepted + 1)
+
+
+def _ask(verify: Verifier, drafter: Drafter, row: np.ndarray, history: list[int], chosen: int,
+         stats: Stats) -> int | None:
+    """FLy's rule where no draft of the draft model's reached (the target decoded alone, an
+    n-gram guess stood there, or every drafted token was kept): if the target was unsure there
+    and some other token could be kept, the draft model's own token there is a candidate like any
+    drafted one. Returns it when it passes the gate and the safeguards (its window is judged by
+    the next rounds), else None."""
+    if not verify.may_loosen(row, history, chosen):
+        return None
+    token = drafter.candidate(history)
+    stats.n_asked += 1
+    if token is None or not verify.admits(row, token, history, chosen):
+        return None
+    return token
 
 
 def _refute(window: Window, committed: list[int], target: Context, out: Output) -> None:

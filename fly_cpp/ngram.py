@@ -27,7 +27,7 @@ def lookup(tokens: Sequence[int] | np.ndarray, max_n: int = 4, n_pred: int = 6, 
 
 def match(tokens: Sequence[int] | np.ndarray, max_n: int = 4, n_pred: int = 6, earliest: bool = True) -> tuple[int, list[int]]:
     """``lookup``, with the length of the n-gram the guess continues: (n, guess), (0, []) when
-    nothing matches. A longer match makes a surer guess (``fly_cpp.pacing`` weighs them apart)."""
+    nothing matches. A longer match makes a surer guess (``fly_cpp.evidence`` weighs them apart)."""
     arr = np.asarray(tokens, dtype=np.int64)
     size = arr.shape[0]
     for n in range(min(max_n, size - 1), 0, -1):

@@ -53,7 +53,8 @@ class Stats:
     window, n_provisional mismatches were kept pending, n_confirmed of them were confirmed
     (and counted in n_loose), n_refuted were rolled back, and n_refuted_rounds is the number of
     rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
-    matches made inside them). n_eog is 1 when the text ended on an end-of-generation token:
+    matches made inside them). n_asked counts the times FLy's rule asked the draft model for its
+    token where no draft of its reached (the target was unsure there). n_eog is 1 when the text ended on an end-of-generation token:
     a round committed it, though it is not part of the text (nor of n_tokens)."""
 
     mode: str
@@ -72,6 +73,7 @@ class Stats:
     n_refuted: int = 0
     n_refuted_rounds: int = 0
     n_eog: int = 0
+    n_asked: int = 0
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0

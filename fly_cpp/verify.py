@@ -10,10 +10,13 @@ draws (``fly_cpp.sampling``: a draw depends only on the seed, the position and t
   lossless (every emitted token is exactly the target's sample) and keeps a greedy draft's
   token d with probability p(d), as rejection sampling would; with the same seed, ``spd`` and
   ``target`` write the same tokens.
-- ``fly`` (a policy that loosens): the authors' rule. The target is drawn twice per position
-  (two streams); a drafted token is an exact match when either draw equals it; the correction
-  and the bonus are the first draw. Window and gate then apply unchanged (the gate on raw
-  logits).
+- ``fly`` (a policy that loosens) under the published rule: the authors'. The target is drawn
+  twice per position (two streams); a drafted token is an exact match when either draw equals
+  it; the correction and the bonus are the first draw. Window and gate then apply unchanged
+  (the gate on raw logits).
+- ``fly`` under the guarded rule (``own_only``): one draw, as ``spd``; window, gate and
+  safeguards then decide the mismatches. Whether a second draw matched would hang on whether a
+  draft reached the position, which k auto decides from timings.
 
 A guarded policy's safeguards read ``accept.Facts``, computed like the entropies only at the
 rows where they can change the verdict (candidate mismatches): the drafted token's logit against
@@ -29,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fly_cpp import rows
-from fly_cpp.accept import Facts, Verdict, entropy_needed, judge
+from fly_cpp.accept import Facts, Verdict, admitted, entropy_needed, judge
 from fly_cpp.fences import Fences
 from fly_cpp.request import Request
 from fly_cpp.sampling import Sampler
@@ -46,10 +49,15 @@ class Verifier:
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
 
+    @property
+    def own_only(self) -> bool:
+        """FLy's plan-independent rule: only the draft model's own tokens are loosened."""
+        return self.policy.own_only and self.policy.loosens
+
     def facts(self, logits: np.ndarray, drafted: list[int], committed: list[int], at: np.ndarray,
-              chosen: np.ndarray) -> Facts | None:
+              chosen: np.ndarray, own: bool = False) -> Facts | None:
         """The safeguards' facts at rows ``at`` (None when the policy has none or ``at`` is empty);
-        ``chosen``: the target's token per row."""
+        ``chosen``: the target's token per row; ``own``: the drafted tokens are the draft model's."""
         policy, m = self.policy, len(drafted)
         if not policy.guarded or not at.size:
             return None
@@ -73,13 +81,44 @@ class Verifier:
             if digits is not None:
                 digits[i] = any(c in b"0123456789" for t in (d, int(chosen[i])) for c in self.piece(t))
         in_code = None if self.fences is None else self.fences.inside(committed, drafted)
-        return Facts(log_ratio, rank, supported, in_code, digits)
+        return Facts(log_ratio, rank, supported, in_code, digits, np.full(m, own) if policy.own_only else None)
 
-    def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, cross_round: bool = False,
-                 window_left: int = 0, max_left: int | None = None) -> tuple[Verdict, np.ndarray]:
-        """logits: (m+1, n_vocab) rows of [last committed, d_1..d_m]. Returns the verdict and
-        the target's chosen token per row (argmax or first draw; -1 after the row that ends an
-        exact-match round)."""
+    def may_loosen(self, row: np.ndarray, committed: list[int], chosen: int) -> bool:
+        """At a row no draft of the draft model's reached (``chosen``: the target's token there):
+        could some other token be loosened? The gate must be open, and where the policy asks for
+        a plausibility floor some other token must reach it. May say yes where nothing passes
+        (the draft model's token then decides, ``admits``); never no where one would."""
+        policy = self.policy
+        if not policy.loosens or rows.top_entropy(row[None])[0] < policy.entropy_threshold:
+            return False
+        if policy.min_ratio > 0 and policy.guarded:
+            floor = float(row.max()) + float(np.log(policy.min_ratio))
+            return int(np.count_nonzero(row >= floor)) - int(row[chosen] >= floor) > 0
+        return True
+
+    def first_open(self, logits: np.ndarray, committed: list[int], tokens: list[int]) -> int | None:
+        """The first row i of ``logits`` (the target's rows at exactly matched ``tokens`` that
+        the draft model did not propose) where some other token might be loosened (``may_loosen``),
+        or None: there the draft model's own token must be asked for."""
+        for i, token in enumerate(tokens):
+            if self.may_loosen(logits[i], committed + tokens[:i], token):
+                return i
+        return None
+
+    def admits(self, row: np.ndarray, token: int, committed: list[int], chosen: int) -> bool:
+        """Would the draft model's own ``token`` pass the gate and the safeguards at this row, as a
+        drafted mismatch? (Its window is judged later, by the rounds that complete it.)"""
+        if token == chosen or rows.top_entropy(row[None])[0] < self.policy.entropy_threshold:
+            return False
+        facts = self.facts(row[None], [token], committed, np.array([0]), np.array([chosen]), own=True)
+        return bool(admitted(self.policy, facts, 1)[0])
+
+    def __call__(self, logits: np.ndarray, drafted: list[int], committed: list[int], *, own: bool = False,
+                 cross_round: bool = False, window_left: int = 0,
+                 max_left: int | None = None) -> tuple[Verdict, np.ndarray]:
+        """logits: (m+1, n_vocab) rows of [last committed, d_1..d_m]; ``own``: the drafted
+        tokens are the draft model's own. Returns the verdict and the target's chosen token per
+        row (argmax or first draw; -1 after the row that ends an exact-match round)."""
         m, policy, sampler = len(drafted), self.policy, self.sampler
         draft_ids = np.asarray(drafted, dtype=np.int64)  # (m,)
 
@@ -96,7 +135,7 @@ class Verifier:
                 if i < m and chosen[i] != drafted[i] and not policy.loosens:
                     chosen[i + 1:] = -1  # never compared: the round stops here
                     break
-        if sampler.settings.greedy or not policy.loosens:
+        if sampler.settings.greedy or not policy.loosens or policy.own_only:
             need = np.flatnonzero(entropy_needed(draft_ids, chosen, policy, cross_round=cross_round,
                                                  window_left=window_left))
             entropy = None
@@ -105,9 +144,9 @@ class Verifier:
                 # contiguous row slices are views of llama.cpp's buffer; fancy indexing would copy them
                 for i in need:
                     entropy[i] = rows.top_entropy(logits[i : i + 1])[0]
-            facts = self.facts(logits, drafted, committed, need, chosen)
+            facts = self.facts(logits, drafted, committed, need, chosen, own)
             return judge(draft_ids, chosen, entropy, policy, facts=facts, **options), chosen
         second = np.array([sampler.sample(logits[i], history(i), stream=1) for i in range(m)])
         facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)),
-                           chosen)
+                           chosen, own)
         return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts, **options), chosen

@@ -13,7 +13,7 @@ can be kept; its confidence there is taken from the same position). Policies the
 prompt against that trace, greedy and exact (loose accepts are not replayed):
 
 - ``target``: one plain decode per token;
-- ``auto``: the real ``fly_cpp.pacing.Pacer`` (plan, more, trim, probe, observe), with the
+- ``auto``: the real ``fly_cpp.paced.PacedDrafter`` and ``fly_cpp.pacer.Pacer``, with the
   drafter's n-gram checks and catch-up rows, the pacer carried from prompt to prompt as in a bench;
 - ``spd@kN`` / ``spd-plain@kN``: N drafted tokens every round, with / without the drafter's n-gram
   checks; ``...pP`` stops a draft under probability P, as llama.cpp's ``--spec-draft-p-min``;
@@ -49,8 +49,10 @@ from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
-from fly_cpp.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, Report, Stepped
-from fly_cpp.pacing import PacedDrafter, Pacer
+from fly_cpp.draft_model import ModelDrafter, Stepped
+from fly_cpp.drafters import Draft, Drafter, NgramDrafter, Report
+from fly_cpp.paced import PacedDrafter
+from fly_cpp.pacer import Pacer
 from fly_cpp.sampling import NO_BIAS
 
 OFF = -1  # a drafted token off the target's path: never kept

@@ -83,7 +83,8 @@ def test_paper_rule_is_the_published_window_and_gate_whatever_the_safeguards_say
 
 def test_guarded_rule_carries_the_safeguards_and_the_support_guard():
     spec = SpecSettings(fly_rule="guarded", loose_min_ratio=0.25, loose_top_n=3, loose_in_code=False)
-    assert spec.policy() == AcceptPolicy(6, 0.3, top_n=3, min_ratio=0.25, supported=True, loose_in_code=False)
+    assert spec.policy() == AcceptPolicy(6, 0.3, top_n=3, min_ratio=0.25, supported=True, loose_in_code=False,
+                                         own_only=True)
 
 
 def test_exact_modes_ignore_the_rule():

@@ -46,9 +46,10 @@ def test_refute_hands_back_the_pending_mismatch():
 
 
 def test_max_left_follows_the_drafts_running_agreement():
-    w = window(cross_round_confidence=0.5)
+    assert window(cross_round_confidence=0.5).max_left() is None  # guarded: every window is finished
+    w = window(cross_round_confidence=0.5, fly_rule="paper")
     assert w.max_left() == 1  # no evidence yet: p = 1/2
     for _ in range(20):  # 20 rounds of 8 exact matches
         w.observe(Verdict(8, (), 0, False), 8, 0, None, 1)
     assert w.max_left() >= 10
-    assert window(cross_round_confidence=0.0).max_left() is None  # keep every tail mismatch
+    assert window(cross_round_confidence=0.0, fly_rule="paper").max_left() is None  # keep every tail mismatch

@@ -9,8 +9,10 @@ import pytest
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
-from fly_cpp.drafters import DraftModel, ModelDrafter, NgramDrafter, Report
-from fly_cpp.pacing import PacedDrafter, Pacer
+from fly_cpp.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters import NgramDrafter, Report
+from fly_cpp.paced import PacedDrafter
+from fly_cpp.pacer import Pacer
 
 
 @pytest.fixture(scope="module")

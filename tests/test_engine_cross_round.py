@@ -113,7 +113,8 @@ def test_real_runs_stream_nothing_that_is_taken_back(pair, k):
 def test_confidence_limits_provisional_accepts(pair):
     counts = []
     for confidence in (0.0, 0.5, 0.9):
-        spec = SpecSettings(mode="fly", k=4, cross_round=True, cross_round_confidence=confidence)
+        spec = SpecSettings(mode="fly", k=4, cross_round=True, cross_round_confidence=confidence,
+                            fly_rule="paper")
         counts.append(sum(pair.generate(p, spec=spec, max_tokens=80).run().stats.n_provisional for p in PROMPTS))
     assert counts[0] >= counts[1] >= counts[2] and counts[0] > counts[2]
 

@@ -12,7 +12,9 @@ import pytest
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.drafters import Draft, NgramDrafter, Report
-from fly_cpp.pacing import EXPLORE_MAX, PATIENCE, Acceptance, Guesses, PacedDrafter, Pacer
+from fly_cpp.evidence import Acceptance, Guesses
+from fly_cpp.paced import PacedDrafter
+from fly_cpp.pacer import EXPLORE_MAX, PATIENCE, Pacer
 
 MS = 1e-3
 # 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
@@ -136,20 +138,20 @@ def test_the_drafts_agreement_with_guesses_is_learned_also_while_guesses_go_unch
     next token, which it makes anyway, must still tell whether the guess was right."""
     p = pacer(CPU_F16)
     for _ in range(10):
-        p.guess_checked([5, 6, 7], 3, 0, 9)  # the first guessed token wrong: nothing more said
+        p.evidence.guess_checked([5, 6, 7], 3, 0, 9)  # the first guessed token wrong: nothing more said
     assert p.guess_length(6, 0) == 0  # not worth checking any more
     seen = p.agree.all_trials
-    p.guess_checked([5, 6, 7], 0, 0, 4)  # unchecked, and the draft's own next token differs
+    p.evidence.guess_checked([5, 6, 7], 0, 0, 4)  # unchecked, and the draft's own next token differs
     assert p.agree.all_trials > seen and p.guess_length(6, 0) == 0
     for _ in range(40):
-        p.guess_checked([5, 6, 7], 0, 0, 5)  # unchecked, and the draft went on as the guess did
+        p.evidence.guess_checked([5, 6, 7], 0, 0, 5)  # unchecked, and the draft went on as the guess did
     assert p.guess_length(6, 0) > 0
     fresh = pacer(CPU_F16)
-    fresh.guess_checked([5, 6, 7], 2, 2, 7)  # two checked and right, the third told by the next token
+    fresh.evidence.guess_checked([5, 6, 7], 2, 2, 7)  # two checked and right, the third told by the next token
     three = 1 + 0.99 + 0.99 ** 2  # three tokens told (older evidence decays with each)
     assert fresh.agree.all_trials == pytest.approx(three) and fresh.agree.all_hits == pytest.approx(three)
     fresh = pacer(CPU_F16)
-    fresh.guess_checked([5, 6, 7], 2, 1, 4)  # the second checked token wrong: the third says nothing
+    fresh.evidence.guess_checked([5, 6, 7], 2, 1, 4)  # the second checked token wrong: the third says nothing
     assert fresh.agree.all_trials == pytest.approx(1 + 0.99) and fresh.agree.all_hits == pytest.approx(0.99)
 
 
@@ -188,9 +190,9 @@ def test_long_matches_are_guessed_where_short_ones_brought_the_mean_low():
     always right: the overall mean is too low to verify any guess, the long matches are not."""
     p = pacer(CPU_F16)
     for i in range(300):
-        p.guess_written([7, 8], [9], matched=1)
+        p.evidence.guess_written([7, 8], [9], matched=1)
         if i % 30 == 0:
-            p.guess_written([5, 6], [5], matched=4)
+            p.evidence.guess_written([5, 6], [5], matched=4)
     assert p.best(p.guesses.mean(), 16, 0.0, 0.0)[1] == 0  # at the mean, no guess pays
     assert p.plan(16, lambda: 0, lambda: (6, 4), False)[0] == "ngram"
     assert p.plan(16, lambda: 0, lambda: (6, 1), False) == ("target", 0)
@@ -203,7 +205,7 @@ def test_a_guess_that_would_pay_if_switching_kinds_were_free_is_not_verified():
     costs = Costs(Curve((1, 2, 4, 8), (0.12 * MS, 0.16 * MS, 0.30 * MS, 0.50 * MS)), None)
     p = pacer(costs)
     for _ in range(100):
-        p.guess_written([5, 6], [5, 7], matched=2)  # right half the time
+        p.evidence.guess_written([5, 6], [5, 7], matched=2)  # right half the time
     p.costs.observe_target(1, 0.12 * MS)
     p.costs.observe_target(1, 0.12 * MS)
     assert p.plan(16, lambda: 0, lambda: (6, 2), False)[0] == "ngram"
@@ -330,9 +332,9 @@ def test_a_new_text_starts_where_the_last_ended_where_drafting_never_paid():
     p = pacer(CPU_F16)
     for _ in range(60):
         p.observe("explore", [0.95] * 2, 0, 1, 1.0)  # drafting rounds lost, all along
-    patience, drafted = p.patience, list(p.drafted)
+    patience, drafted = p.patience, list(p.drafted.sums)
     p.begin()
-    assert p.drafts_lose() and p.patience == patience and p.drafted == drafted
+    assert p.drafts_lose() and p.patience == patience and p.drafted.sums == drafted
 
 
 def test_a_few_losing_rounds_at_a_cold_start_are_not_a_long_run():
@@ -398,7 +400,7 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
 def test_a_new_generation_starts_cold_even_where_drafting_never_paid():
     costs = Costs(Curve((1, 4), (2 * MS, 3 * MS)), Curve((1,), (1 * MS,)))
     p = Pacer(lambda: costs, k_max=16)
-    p.drafted_long = [1.0, 100.0, 40.0]  # 40 drafting rounds that lost: the record is kept
+    p.evidence.drafted_long.sums = [1.0, 100.0, 40.0]  # 40 drafting rounds that lost: the record is kept
     assert p.costs.observe_target(4, 3 * MS) is False and p.costs.observe_target(4, 3 * MS)
     p.begin()  # the prompt's decode came between: the next batch is not warm
-    assert p.drafted_long == [1.0, 100.0, 40.0] and p.costs.observe_target(4, 3 * MS) is False
+    assert p.evidence.drafted_long.sums == [1.0, 100.0, 40.0] and p.costs.observe_target(4, 3 * MS) is False

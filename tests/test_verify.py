@@ -76,9 +76,10 @@ def test_sampled_spd_keeps_exactly_the_target_draws():
 
 def guarded(**spec) -> Verifier:
     """A greedy verifier under the guarded rule, with only the safeguards given (no ratio floor
-    unless asked); token 7 spells a code fence."""
+    unless asked, and without the cross-round window, which also keeps loose accepts to the
+    draft model's own tokens: ``own=True`` below); token 7 spells a code fence."""
     settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded",
-                            **{"loose_min_ratio": 0.0, **spec})
+                            **{"loose_min_ratio": 0.0, "cross_round": False, **spec})
     return Verifier(Request((1,), settings, SamplingSettings(), 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
 
 

@@ -1,0 +1,163 @@
+"""k auto's drafter: what the pacer (``fly_cpp.pacer``) plans each round, drafted.
+
+With the draft model it drives the model one ``DraftModel.step`` at a time, asking the pacer
+after each step whether one more is worth its cost, and leaves out trailing tokens not worth
+verifying. It tells the pacer how each round went (``accept``), with what the round wrote: the
+token trimming left out and an n-gram guess it looked up but did not verify are judged by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from time import perf_counter
+
+from fly_cpp import ngram
+from fly_cpp.draft_model import ModelDrafter, cut_at_end
+from fly_cpp.drafters import Draft, NgramDrafter, Report
+from fly_cpp.pacer import Pacer
+
+
+class PacedDrafter:
+    """Drafts what the pacer plans each round, with the draft model (when there is one) or
+    n-gram lookup, and tells the pacer how each round went (``accept``). Drafting with the draft
+    model it drives the model one step at a time (``DraftModel.step``), asking the pacer after
+    each step whether one more is worth its cost, and leaves out trailing tokens not worth
+    verifying."""
+
+    def __init__(self, inner: ModelDrafter | NgramDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
+                 use_ngram: bool, now: Callable[[], float] = perf_counter) -> None:
+        """One per generation; the pacer carries over from one to the next. ``now``: the clock
+        draft steps are timed by (a replay's simulated one)."""
+        self.inner, self.pacer, self.now = inner, pacer, now
+        pacer.begin()
+        self.model = inner if isinstance(inner, ModelDrafter) else None
+        self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
+        index = inner.index  # the drafter's own, over the same text: indexed once
+        self.index = index if index.max_n == ngram_max else ngram.Index(ngram_max)
+        self.kind = "target"  # this round's plan
+        self.last_kind = "target"  # the last round's plan, once it is over
+        self.confidences: list[float | None] = []
+        # a round's draft, where it starts and the token trimming left out with its confidence:
+        # whether the target then wrote that token is told by the round's committed tokens
+        self._unverified: tuple[int, list[int], int, float] | None = None
+        self._guessed: tuple[int, list[int], int] | None = None  # an n-gram guess the round did not verify, where, its match
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return self.inner.candidate(committed)
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        guess: list[int] = []
+
+        def lookup() -> tuple[int, int]:
+            matched, found = self.index.match(committed, min(self.ngram_tokens, limit))
+            guess.extend(found)
+            return len(found), matched
+
+        model = self.model
+        self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
+        self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
+                                       lookup if self.use_ngram else lambda: (0, 0), model is not None)
+        if need > 0 and model is not None and self.kind not in ("draft", "explore"):
+            self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
+        if self.kind != "ngram" and guess:
+            self._guessed = (len(committed), guess, self.pacer.matched)
+        if self.kind == "ngram":
+            out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
+            self.confidences = [None] * len(out)
+            return Draft(out, list(self.confidences))
+        if self.kind in ("draft", "explore") and model is not None:
+            if self.kind == "draft":
+                found = self._paced(model, committed, n, need)
+            else:
+                found = model.draft(committed, n, need, confident=True)
+                self.pacer.probed(found.confidences[0] if found.confidences else None)
+            self.confidences = list(found.confidences)
+            return found
+        return Draft()
+
+    def _paced(self, drafter: ModelDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
+        """The draft model's tokens, step by step while one more is worth its cost (and while
+        ``need`` are owed); then the prefix worth verifying."""
+        pacer, model, spec = self.pacer, drafter.draft_model, drafter.spec
+        catchup = model.start(committed)
+        out: list[int] = []
+        confidences: list[float] = []
+        chances: list[float] = []  # the chance that drafted tokens 0..i are all kept
+        history = list(committed)
+        while len(out) < limit:
+            t0 = self.now()
+            room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
+            found = drafter.index.match(history, room)[1] if spec.ngram and room > 0 else []
+            guess = found[: pacer.guess_length(len(found), len(catchup))] if found else found  # as much as pays
+            s = model.step(catchup, history, guess, confident=True)
+            catchup = []
+            if found:
+                pacer.evidence.guess_checked(found, len(guess), s.agree, s.token)
+            new = list(guess[: s.agree])
+            if spec.p_min <= 0 or len(out) + len(new) < need or s.sure[s.agree] >= spec.p_min:
+                new.append(s.token)
+            out += new
+            history += new
+            confidences += s.sure[: len(new)]
+            pacer.costs.observe_draft(s.rows, self.now() - t0)  # a draft step's cost, with its host work
+            if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
+                break
+            for q in s.sure[: len(new)]:
+                chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
+            # the next tokens are likely as predictable as the last one was
+            if len(out) >= need and not pacer.more(chances, pacer.model(s.sure[len(new) - 1] if s.sure else None)):
+                break
+        out = out[:limit]
+        pacer.probed(confidences[0] if confidences else None)
+        while len(chances) < len(out):  # tokens after the last decision (end of text, limit)
+            q = confidences[len(chances)] if len(chances) < len(confidences) else None
+            chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
+        n = max(pacer.trim(chances[: len(out)]), min(need, len(out)))
+        if n < len(out) and n < len(confidences):
+            self._unverified = (len(committed), out[:n], out[n], confidences[n])
+        return Draft(out[:n], list(confidences[:n]), by_model=True)
+
+    def _learn_guess(self, committed: Sequence[int]) -> None:
+        """An n-gram guess the round looked up but did not verify is judged by the tokens
+        it wrote, as the target would have judged it: without this, guesses that a few
+        misses made not worth verifying would never be tried again (with no draft model, n-gram
+        lookup, the only speculation there, would stay off for the rest of the engine's life).
+        With a draft model too: the draft checks the guesses it drafts from (``guess_checked``),
+        but a guess verified alone, with no draft step, pays where drafting does not (a
+        compute-bound target). Weighed by one mean over all guesses this evidence made lone
+        guesses win rounds the drafts would have won (replay: 1.68x -> 1.64x the target on the
+        F16 pair); by the length of the match they continue (``Guesses``) it does not."""
+        if self._guessed is None:
+            return
+        start, guess, matched = self._guessed
+        self._guessed = None
+        self.pacer.evidence.guess_written(guess, committed[start:start + len(guess)], matched)
+
+    def _learn_left_out(self, committed: Sequence[int]) -> None:
+        """A token left out of the round's batch is evidence too: when every drafted token
+        before it was kept, the token the target wrote in its place says whether it would have
+        been kept (exactly). Without this, the confidences whose tokens always get trimmed would
+        keep their prior forever, right or wrong, and the drafts would stay short."""
+        if self._unverified is None:
+            return
+        start, verified, token, confidence = self._unverified
+        self._unverified = None
+        end = start + len(verified)
+        if len(committed) > end and list(committed[start:end]) == verified:
+            self.pacer.model.observe([confidence], int(committed[end] == token))
+
+    def accept(self, report: Report) -> None:
+        """A round: its target decode teaches the costs by the rows decoded (more than verified
+        where the batch was padded, ``fly_cpp.shape``), and the drafts verified teach acceptance."""
+        costs = self.pacer.costs
+        warm = costs.observe_target(report.decoded_rows, report.target_seconds)
+        costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
+        costs.observe_host(report.round_seconds - report.draft_seconds - report.target_seconds)
+        verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
+        self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm)
+        self._learn_left_out(report.committed)
+        self._learn_guess(report.committed)
+        self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone

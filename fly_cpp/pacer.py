@@ -1,0 +1,228 @@
+"""k auto's planner: each round, the plan with the most expected tokens per second
+(``fly_cpp.worth``, priced by ``fly_cpp.costs``, from what ``fly_cpp.evidence`` has learned):
+
+- ``target``: a plain target decode, no draft call at all;
+- ``ngram``: an n-gram guess verified alone (no draft decode);
+- ``draft``: drafting with the draft model, weighed at the draft's mean acceptance, and as a
+  probe: one step whose token's confidence decides whether to go on (worth it when the draft is
+  often sure and right where it is sure, even if its mean acceptance is too low to pay);
+- ``explore``: when speculation does not pay now, a try now and then (less often after each
+  fruitless one) so that a text turning predictable again is noticed; when even a draft that
+  is always right could not pay, none.
+
+What the drafting rounds realized overrules the models: while they have been slower, all told,
+than the target alone, only explorations draft. Only warm rounds (a target decode of the same
+kind as the round before's) teach that record: on a GPU the first batch after one-row decodes
+pays for a new graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fly_cpp import worth
+from fly_cpp.costs import Costs
+from fly_cpp.decayed import Tally, ema
+from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
+
+PACE = 0.1  # weight of one round in the running pace (tokens per second)
+PATIENCE = 4  # rounds between explorations at first, and again after a fruitful one
+EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
+OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
+REST = 32  # rounds without planning when no speculation at all can pay (costs are checked again after)
+PROBES_SEEN = 8.0  # first drafted tokens seen (decayed) before a probe is weighed by them
+DRAFTED_MEMORY = 0.9  # weight of an old drafting round in the drafting rounds' realized pace
+DRAFTED_SEEN = 8.0  # drafting rounds (decayed) before their realized pace can stop planned drafts
+PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
+
+
+class Pacer:
+    """The controller of one engine and mode (it carries over between generations). ``load``
+    gives the cost model; it is called on first use, inside a generation."""
+
+    def __init__(self, load: Callable[[], Costs], k_max: int, evidence: Evidence | None = None) -> None:
+        self.load, self.k_max = load, k_max
+        self.evidence = evidence if evidence is not None else Evidence()
+        self.pace = 0.0  # tokens per second the recent rounds kept (0: none yet)
+        self.drafted = Tally(3, DRAFTED_MEMORY)  # recent drafting rounds: tokens, seconds, rounds
+        self.idle = 0  # rounds since speculation was last tried
+        self.patience = PATIENCE  # rounds to wait before the next exploration
+        self.explore_next = False  # an exploration's second round comes next (the first one is not warm)
+        self.rest = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
+        self.matched = 0  # the length of the n-gram match the planned guess continues
+        self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0}
+        self._costs: Costs | None = None
+
+    # what has been learned, by name
+    @property
+    def model(self) -> Acceptance:
+        return self.evidence.model
+
+    @property
+    def guesses(self) -> Guesses:
+        return self.evidence.guesses
+
+    @property
+    def agree(self) -> Acceptance:
+        return self.evidence.agree
+
+    @property
+    def costs(self) -> Costs:
+        if self._costs is None:
+            self._costs = self.load()
+        return self._costs
+
+    def alone(self) -> float:
+        return worth.alone(self.costs)
+
+    def floor(self) -> float:
+        """The pace to beat: what the rounds achieve lately, and at least the target's own."""
+        return max(self.pace, self.alone())
+
+    def best(self, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
+        return worth.best(self.costs, accept, h_max, first, step)
+
+    def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], tuple[int, int]],
+             has_draft: bool) -> tuple[str, int]:
+        """This round's plan: ("target", 0), ("ngram", n), ("draft", max tokens) or ("explore",
+        n). ``lag()``: tokens the draft model must catch up on; ``guess()``: the length of the
+        n-gram guess and of the match it continues (each asked only when needed)."""
+        if limit <= 0 or self.rest > 0:
+            self.rest = max(self.rest - 1, 0)
+            return self._chose("target", 0)
+        if self.explore_next and has_draft:  # judged on its second round: see ``observe``
+            self.explore_next = False
+            return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
+        target_rate = self.alone()
+        g_rate, g = 0.0, 0
+        guesses_may_pay = self.best(self.guesses.surest(), limit, 0.0, 0.0)[1] > 0
+        # looked up also when guesses cannot pay: what the round then writes tells whether the
+        # guess was right (``guess_written``)
+        n, self.matched = guess()
+        if guesses_may_pay and n:
+            g_rate, g = self.best(self.guesses(self.matched), min(n, limit), 0.0, 0.0)
+        d_rate = 0.0
+        if has_draft:
+            first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
+            d_rate = self.best(self.model.mean(), limit, first, step)[0]
+        losing = self.drafts_lose()
+        if g_rate > target_rate and (g_rate >= d_rate or losing):
+            return self._chose("ngram", g)
+        if d_rate > target_rate and not losing:
+            return self._chose("draft", limit)
+        if has_draft and self.best(1.0, limit, first, step)[1] > 0:
+            if not losing and self.probe_pays(limit, first, step):
+                return self._chose("draft", limit)
+            # drafting could pay if the draft were right more often: try it now and then, as far
+            # as it would pay if the draft were right as often as it is at best. When no length
+            # would pay even then (the draft caught up: what it lags by is a debt of the idle
+            # rounds, not of the try), a try could never beat the target alone and would show
+            # nothing (one drafted token on a compute-bound target: 2 rows cost 1.6 decodes)
+            if self.best(OPTIMISM, limit, step, step)[1] > 0:
+                self.idle += 1
+                if self.idle >= self.patience:
+                    self.explore_next = True
+                    return self._explore(limit, first, step)
+                if not guesses_may_pay:  # nothing to weigh until the next exploration:
+                    self.rest = self.patience - self.idle - 1  # decode alone till then without planning
+                    self.idle += self.rest
+                return self._chose("target", 0)
+        if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
+            self.rest = REST
+        return self._chose("target", 0)
+
+    def _explore(self, limit: int, first: float, step: float) -> tuple[str, int]:
+        """An exploration: as far as drafting would pay if the draft were right as often as it is at best."""
+        return self._chose("explore", max(self.best(OPTIMISM, limit, first, step)[1], 1))
+
+    def _chose(self, kind: str, n: int) -> tuple[str, int]:
+        self.plans[kind] += 1
+        if kind != "target":
+            self.idle = 0
+        return kind, n
+
+    def begin(self) -> None:
+        """A generation starts: a new text. What the last rounds of the previous one said about
+        that text (drafting lost there, so explorations came further and further apart) says
+        nothing about this one when drafting has paid on this pair over the long run: it is
+        forgotten then (on the costly pair a predictable answer after one that ended
+        unpredictable was decoded 44 rounds alone before drafting again). Where drafting has
+        not paid over a long run, each text starts where the last one ended; a few rounds are
+        not a long run (a cold start on an unpredictable text, or on a busy machine, would
+        otherwise keep the next texts from drafting: on the F16 pair, 0.95-0.99x the target
+        on prompts where fixed k 3 ran 1.3-1.5x)."""
+        if self._costs is not None:
+            self._costs.cold()  # the prompt's decode comes before the first round, whatever the record says
+        if self._beat_alone(self.evidence.drafted_long.sums, PAIR_SEEN) is False:
+            return
+        self.idle = max(self.idle - self.rest, 0)  # a rest counts its rounds as idle in advance
+        self.rest, self.patience = 0, PATIENCE
+        self.drafted.clear()
+
+    def probe_pays(self, limit: int, first: float, step: float) -> bool:
+        """Is one draft step worth its cost for what its token's confidence tells
+        (``worth.probe``), once enough first drafted tokens have been seen to say?"""
+        firsts = self.evidence.firsts
+        if firsts.total() < PROBES_SEEN:
+            return False
+        return worth.probe(self.costs, self.floor(), firsts.counts, [self.model.of_bin(b) for b in range(len(firsts.counts))],
+                           limit, first, step)
+
+    def drafts_lose(self) -> bool:
+        """Have the rounds that drafted with the draft model lately been slower, all told, than
+        the target alone? Plans are made from models (of acceptance, of what follows a sure
+        first token) that can be wrong in ways they cannot see themselves; what the rounds
+        realized cannot. Then only explorations draft, less and less often while they lose too."""
+        return self._beat_alone(self.drafted.sums) is False
+
+    def _beat_alone(self, record: Sequence[float], seen: float = DRAFTED_SEEN) -> bool | None:
+        """Did the drafting rounds of ``record`` (tokens, seconds, rounds; decayed) emit more
+        than the target alone would have in their time? None: fewer than ``seen`` rounds to say."""
+        tokens, seconds, rounds = record
+        return None if rounds < seen else tokens >= seconds * self.alone()
+
+    # inside a round, valued at the pace (``worth.value``)
+    def guess_length(self, available: int, catchup: int) -> int:
+        return worth.guess_length(self.costs, self.agree.mean(), available, catchup)
+
+    def more(self, chances: Sequence[float], accept: float) -> bool:
+        return worth.more(self.costs, self.floor(), chances, accept, self.k_max)
+
+    def trim(self, chances: Sequence[float]) -> int:
+        """How many drafted tokens to verify: the prefix of most value at the pace."""
+        return worth.value(self.costs, self.floor(), chances)[1]
+
+    # learning from the rounds
+    def probed(self, confidence: float | None) -> None:
+        """The draft's confidence in the first token it drafted this round (kept or not)."""
+        if confidence is not None:
+            self.evidence.firsts.add(bin_of(confidence))
+
+    def observe(self, kind: str, confidences: Sequence[float | None], kept: int, emitted: int,
+                seconds: float, warm: bool = True) -> None:
+        """A verified round: how many drafted tokens were kept, how many tokens it emitted, how
+        long it took (drafting and verifying), and whether it was warm (its target decode of
+        the same kind as the round before's, ``Costs.observe_target``). Only warm rounds say
+        whether drafting pays: the first drafting round after plain ones pays for switching
+        (on a GPU a single one lost to the target alone where drafting every round won 1.5x,
+        and the record of such rounds kept drafting off for good). So an exploration drafts
+        two rounds in a row and the second one is judged."""
+        if kind in ("draft", "explore"):
+            self.model.observe(confidences, kept)
+            if warm:
+                self.drafted.add(emitted, seconds, 1.0)
+                self.evidence.drafted_long.add(emitted, seconds, 1.0)
+        if kind == "explore" and warm:  # a try that beat the target alone makes the next one come soon, another one later
+            fruitful = 2 * kept >= len(confidences) and emitted > seconds * self.alone()
+            self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
+        elif kind == "ngram":
+            self.guesses.observe(confidences, kept, self.matched)
+        if seconds > 0:
+            rate = emitted / seconds
+            self.pace = rate if self.pace == 0 else ema(self.pace, rate, PACE)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"plans": dict(self.plans), "acceptance": round(self.model.mean(), 3),
+                "ngram_acceptance": round(self.guesses.mean(), 3), "ngram_acceptance_by_match": self.guesses.as_dict(),
+                "draft_agrees_with_ngram": round(self.agree.mean(), 3), "tokens_per_second": round(self.pace, 2),
+                "costs": self._costs.as_dict() if self._costs is not None else None}

@@ -1,0 +1,101 @@
+"""k auto's one objective: tokens per second, priced by the measured costs (``fly_cpp.costs``).
+
+A round that drafts h tokens, each kept with probability a given that the earlier ones were,
+emits 1 + a + a^2 + ... + a^h tokens in expected value, and costs the draft steps plus one
+target decode of h+1 rows (and host work, and the switch to a batch after one-row decodes).
+
+- Planning a round compares whole plans by their **rate**: expected tokens / expected seconds
+  (``best``), the target alone being the plan to beat.
+- Deciding inside a round (one more draft step? verify how many?) values the rest of the round
+  at the **pace** the rounds keep: expected tokens - pace x seconds (``value``). That is the
+  rate's linearisation at the pace: a step raises the rate exactly when it adds more tokens than
+  the pace would make in its time. The same function values a probe (``probe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fly_cpp.costs import Costs
+
+
+def alone(costs: Costs) -> float:
+    """Tokens per second of a plain target decode (host time included), now."""
+    return 1.0 / (costs.host + costs.target(1))
+
+
+def best(costs: Costs, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
+    """(tokens per second, h) of the best draft length h <= h_max for a round whose first draft
+    step costs ``first`` seconds and later ones ``step``, each token kept with probability
+    ``accept`` given the earlier ones were. A batch after one-row decodes also pays for
+    switching kinds, there and back (``Costs.entering``)."""
+    host, target, entering = costs.host, costs.target, costs.entering()
+    top, top_h, expected, p = alone(costs), 0, 1.0, 1.0
+    for h in range(1, h_max + 1):
+        p *= accept
+        expected += p
+        rate = expected / (host + entering + first + (h - 1) * step + target(h + 1))
+        if rate > top:
+            top, top_h = rate, h
+    return top, top_h
+
+
+def value(costs: Costs, pace: float, chances: Sequence[float]) -> tuple[float, int]:
+    """(value, n) of verifying the best prefix of a draft (``chances[i]``: the chance that its
+    tokens 0..i are all kept); drafting is paid already."""
+    top, top_n, expected = -pace * costs.target(1), 0, 0.0
+    for n, chance in enumerate(chances, start=1):
+        expected += chance
+        v = expected - pace * costs.target(n + 1)
+        if v > top:
+            top, top_n = v, n
+    return top, top_n
+
+
+def more(costs: Costs, pace: float, chances: Sequence[float], accept: float, k_max: int) -> bool:
+    """After drafting ``len(chances)`` tokens: would drafting h more (each kept with ``accept``)
+    be worth more than stopping now and verifying the best prefix?"""
+    drafted, step = len(chances), costs.draft(1)
+    stop = value(costs, pace, chances)[0]
+    expected, p = sum(chances), chances[-1] if chances else 1.0
+    for h in range(1, k_max - drafted + 1):
+        p *= accept
+        expected += p
+        if expected - pace * (h * step + costs.target(drafted + 1 + h)) > stop:
+            return True
+    return False
+
+
+def probe(costs: Costs, pace: float, firsts: Sequence[float], accept_of_bin: Sequence[float], limit: int,
+          first: float, step: float) -> bool:
+    """Is one draft step worth its cost for what its token's confidence tells? After it the round
+    goes on drafting (each token then as likely kept as that one) or decodes plainly, whichever
+    is worth more at the pace; ``firsts``, the confidences of the first drafted tokens lately
+    (counts by bin), weigh the outcomes."""
+    host, target = costs.host, costs.target
+    plain = 1.0 - pace * (host + target(1))
+    worth = 0.0
+    for b, weight in enumerate(firsts):
+        if weight <= 0:
+            continue
+        accept, top, expected, p = accept_of_bin[b], plain, 1.0, 1.0
+        for h in range(1, limit + 1):
+            p *= accept
+            expected += p
+            top = max(top, expected - pace * (host + (h - 1) * step + target(h + 1)))
+        worth += weight * top
+    return worth / sum(firsts) - pace * first > plain
+
+
+def guess_length(costs: Costs, agree: float, available: int, catchup: int) -> int:
+    """How many tokens of an n-gram guess the draft model should check in its next step (each
+    agreed with ``agree``): a step over 1 + g rows costs more than a plain one and pays only if
+    the draft agrees with enough of the guess (its own next token comes either way)."""
+    top, top_g, expected, p = 1.0 / costs.draft(catchup + 1), 0, 1.0, 1.0
+    for g in range(1, available + 1):
+        p *= agree
+        expected += p
+        rate = expected / costs.draft(catchup + 1 + g)
+        if rate > top:
+            top, top_g = rate, g
+    return top_g
