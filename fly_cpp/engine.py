@@ -14,10 +14,10 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from fly_cpp import loop, scoring
+from fly_cpp import loop, recall, scoring
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, calibrate, slower_note
+from fly_cpp.costs import Costs, cache_key, calibrate, slower_note
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
@@ -115,6 +115,7 @@ class Engine:
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self._costs: Costs | None = None
         self._pacers: dict[tuple[object, ...], Pacer] = {}
+        self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         n_ctx = _check_context(self.target_settings, self.draft_settings)  # before any weights load
@@ -275,7 +276,11 @@ class Engine:
             return base
         key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
         if key not in self._pacers:
-            self._pacers[key] = Pacer(self._cost_model, spec.k_max)
+            d = self.draft_ctx
+            record = recall.key(cache_key(self.target_settings, self.target.n_threads, self.draft_settings,
+                                          d.n_threads if d is not None else 0), key)
+            self._pacers[key] = pacer = Pacer(self._cost_model, spec.k_max, recall.load(record))
+            self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
     def costs(self, *, refresh: bool = False) -> Costs:
@@ -304,6 +309,7 @@ class Engine:
             finally:
                 if pacer is not None:
                     stats.pacing = pacer.as_dict()
+                    recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

@@ -1,0 +1,33 @@
+"""k auto's evidence outlives the process: a new engine on the same pair starts from what the
+last one learned (the first rounds of a fresh ``fly-cpp generate`` are not a cold start)."""
+
+from __future__ import annotations
+
+from fly_cpp import Engine, ModelSettings, SpecSettings, recall
+from fly_cpp.evidence import Evidence
+
+
+def _engine(stories, stories_draft) -> Engine:
+    return Engine(ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1))
+
+
+def test_a_new_process_starts_from_what_the_last_one_learned(stories, stories_draft, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    with _engine(stories, stories_draft) as e:
+        e.generate("Once upon a time", max_tokens=40).run()
+        learned = e.drafter(SpecSettings()).pacer.evidence.as_dict()
+    assert learned["model"][0][1] > 0  # trials seen
+    with _engine(stories, stories_draft) as e:  # as a new process would load it
+        assert e.drafter(SpecSettings()).pacer.evidence.as_dict() == learned
+        # other settings learn apart
+        assert e.drafter(SpecSettings(mode="spd")).pacer.evidence.as_dict() == Evidence().as_dict()
+
+
+def test_a_malformed_record_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    (tmp_path / "evidence.json").write_text('{"abc": {"model": [1, 2]}}')
+    assert recall.load("abc") is None and recall.load("other") is None
+    (tmp_path / "evidence.json").write_text("not json")
+    assert recall.load("abc") is None
+    recall.store("abc", Evidence())  # a broken file is replaced
+    assert recall.load("abc") is not None
