@@ -59,7 +59,7 @@ def list_() -> None:
     click.echo(f"\nKit pairs (--pair NAME; built on demand into {kit.cache_root()}):")
     for name, desc in kit.PAIRS.items():
         pair = kit.built(name)
-        click.echo(f"  {name}{' (synthetic)' if name == 'costly' else ''}: {desc}")
+        click.echo(f"  {name}{' (synthetic)' if name in kit.GROWN else ''}: {desc}")
         if pair is not None:
             for role, path in (("target", pair.target), ("draft ", pair.draft)):
                 click.echo(f"      {role} {path}  {_mb(path.stat().st_size)}")
@@ -153,8 +153,8 @@ def derive(target: str, quants: tuple[str, ...], layers: tuple[int, ...], out: s
 def make_pair(name: str, out: str | None, force: bool, source: str, measure: bool, n_threads: int) -> None:
     """Build the kit's local pair NAME (see 'fly-cpp models list') and print its files.
 
-    stories260k, tinystories and costly are made here from tiny trained models (costly is
-    SYNTHETIC: grown to ~284M parameters and perturbed); qwen-coder is fetched (1.6 GB, checked
+    stories260k, tinystories, costly and fast are made here from tiny trained models (costly and
+    fast are SYNTHETIC: grown to ~284M and ~15M parameters and perturbed); qwen-coder is fetched (1.6 GB, checked
     against pinned sha256s) and qwen-coder-f16 derived from it. See models/README.md.
     """
     from fly_cpp.models import kit

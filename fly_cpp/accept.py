@@ -315,6 +315,9 @@ def judge(
     target = np.asarray(target)
     m = drafted.shape[0]
     exact = exact_matches(drafted, target, target_alt)
+    if window_left == 0 and (exact.all() or not policy.loosens):  # every round of spd, most of fly's
+        n = m if exact.all() else int(np.argmin(exact))
+        return Verdict(n, (), int(target[n]), False)
     start, confirmed = 0, False
     if window_left > 0:
         state, n = _pending_progress(exact, window_left)

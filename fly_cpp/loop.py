@@ -164,7 +164,7 @@ def _ask(verify: Verifier, drafter: Drafter, row: np.ndarray, history: list[int]
     and some other token could be kept, the draft model's own token there is a candidate like any
     drafted one. Returns it when it passes the gate and the safeguards (its window is judged by
     the next rounds), else None."""
-    if not verify.may_loosen(row, history, chosen):
+    if not verify.may_loosen(row, chosen):
         return None
     token = drafter.candidate(history)
     stats.n_asked += 1

@@ -83,7 +83,7 @@ class Verifier:
         in_code = None if self.fences is None else self.fences.inside(committed, drafted)
         return Facts(log_ratio, rank, supported, in_code, digits, np.full(m, own) if policy.own_only else None)
 
-    def may_loosen(self, row: np.ndarray, committed: list[int], chosen: int) -> bool:
+    def may_loosen(self, row: np.ndarray, chosen: int) -> bool:
         """At a row no draft of the draft model's reached (``chosen``: the target's token there):
         could some other token be loosened? The gate must be open, and where the policy asks for
         a plausibility floor some other token must reach it. May say yes where nothing passes
@@ -101,7 +101,7 @@ class Verifier:
         the draft model did not propose) where some other token might be loosened (``may_loosen``),
         or None: there the draft model's own token must be asked for."""
         for i, token in enumerate(tokens):
-            if self.may_loosen(logits[i], committed + tokens[:i], token):
+            if self.may_loosen(logits[i], token):
                 return i
         return None
 
@@ -120,6 +120,10 @@ class Verifier:
         tokens are the draft model's own. Returns the verdict and the target's chosen token per
         row (argmax or first draw; -1 after the row that ends an exact-match round)."""
         m, policy, sampler = len(drafted), self.policy, self.sampler
+        if m == 0 and window_left == 0:  # the target alone: its token, nothing to judge
+            token = sampler.greedy(logits, lambda i: committed) if sampler.settings.greedy else \
+                np.array([sampler.sample(logits[0], committed)])
+            return Verdict(0, (), int(token[0]), False), token
         draft_ids = np.asarray(drafted, dtype=np.int64)  # (m,)
 
         def history(i: int) -> list[int]:

