@@ -22,6 +22,7 @@ import numpy as np
 
 from fly_cpp import native, rows
 from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.engine import Engine
 from fly_cpp.sampling import Sampler
 
 VOCABS = (512, 32000, 128256, 151936)
@@ -114,7 +115,7 @@ class EngineShare:
         return {**asdict(self), "host_share": self.host_share}
 
 
-def engine_share(engine, prompt: str, spec: SpecSettings, sampling: SamplingSettings,  # type: ignore[no-untyped-def]
+def engine_share(engine: Engine, prompt: str, spec: SpecSettings, sampling: SamplingSettings,
                  max_tokens: int = 64, runs: int = 3) -> list[EngineShare]:
     """Generate ``runs`` times with the library off, then on (same seed, same tokens), and
     split the rounds' time into draft, target and host."""
