@@ -130,6 +130,7 @@ def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEAT
     if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
         ctx.truncate(ctx.n_ctx - top)
     base = len(ctx.tokens)
+    ctx.checkpoint()  # each timed decode is rolled back whole: a recurrent state comes back from a copy
     sizes = [r for r in rows if r <= top]
     times: list[list[float]] = [[] for _ in sizes]
     for rep in range(MAX_REPEATS + 1):

@@ -67,6 +67,7 @@ class ModelDrafter:
         spec, ctx, model = self.spec, self.ctx, self.ctx.model
         keep = common_prefix(ctx.tokens, committed[:-1])
         ctx.truncate(keep)  # unconditional: also drops anything a disturbed decode left behind
+        ctx.checkpoint(len(committed) - 1)  # the next round comes back here (a recurrent state needs a copy)
         catchup = list(committed[keep:-1])  # decoded with the first step: KV then holds committed[:-1]
         out: list[int] = []
         confidences: list[float] = []

@@ -11,7 +11,9 @@ is decoding d_m, which it drafted but never fed itself.
 Cross-round window (``fly_cpp.crossround``): a provisionally kept mismatch at committed
 position p is followed by held tokens. Refuting it cuts ``committed`` back to p, puts the
 target's own token there and truncates the target cache to p, which is the invariant again;
-the draft cache re-syncs by common prefix on its next draft.
+the draft cache re-syncs by common prefix on its next draft. A rollback that far reaches past
+the round's own decode, so the round that keeps a mismatch asks the target cache for a way
+back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's copy).
 
 Target-only decoding is the same loop with empty drafts (m = 0).
 """
@@ -83,6 +85,8 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 _refute(window, committed, target, out)
                 stats.accepted_lengths.append(1)
             else:
+                if verdict.provisional is not None:  # the window may come back to its mismatch
+                    target.checkpoint(len(committed) + verdict.provisional)
                 target.truncate(len(committed) + verdict.accepted)
                 base = len(committed)
                 emitted = [*drafted[: verdict.accepted], verdict.next_token]

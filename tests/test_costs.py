@@ -192,6 +192,9 @@ class _TimedContext:
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 
+    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
+        pass
+
 
 @pytest.mark.parametrize("busy, cached", [(2, True), (99, False)])
 def test_a_curve_bent_by_a_busy_machine_is_measured_again_and_never_cached(
