@@ -59,7 +59,7 @@ def list_() -> None:
     click.echo(f"\nKit pairs (--pair NAME; built on demand into {kit.cache_root()}):")
     for name, desc in kit.PAIRS.items():
         pair = kit.built(name)
-        click.echo(f"  {name}{' (synthetic)' if name == 'costly' else ''}: {desc}")
+        click.echo(f"  {name}{' (synthetic)' if name in kit.SYNTHETIC else ''}: {desc}")
         if pair is not None:
             for role, path in (("target", pair.target), ("draft ", pair.draft)):
                 click.echo(f"      {role} {path}  {_mb(path.stat().st_size)}")
@@ -155,7 +155,9 @@ def make_pair(name: str, out: str | None, force: bool, source: str, measure: boo
 
     stories260k, tinystories and costly are made here from tiny trained models (costly is
     SYNTHETIC: grown to ~284M parameters and perturbed); qwen-coder is fetched (1.6 GB, checked
-    against pinned sha256s) and qwen-coder-f16 derived from it. See models/README.md.
+    against pinned sha256s) and qwen-coder-f16 derived from it; qwen35-tiny and qwen35-costly are
+    SYNTHETIC hybrids (random-weight qwen35, the layout of Qwen3.5/3.6, on its real tokenizer).
+    See models/README.md.
     """
     from fly_cpp.models import kit
     from fly_cpp.models import measure as meas

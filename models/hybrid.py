@@ -54,33 +54,38 @@ class Shape:
     interval: int = 4  # every interval-th layer is full attention
     n_ctx: int = 4096
     dtype: str = "f32"  # of the weight matrices ("f32", "f16"); norms and vectors stay f32
-    embd_dtype: str = "q8_0"  # of the token embeddings (also the output head): "q8_0", "f16", "f32"
+    embd_dtype: str = "q8_0"  # of the token embeddings (also the output head): "q4_0", "q8_0", "f16", "f32"
     logit_scale: float = 8.0
     tail_gain: float = 0.2  # output gain of the layers past ``draft_layers``
     draft_layers: int = 4
     seed: int = 0
 
 
-def random_qwen35(vocab: PathLike, out: PathLike, shape: Shape = Shape(), *, draft: PathLike | None = None,
+# the kit's pairs (kit.py): a tiny one for tests, and one whose decode costs what memory-bound
+# hybrids' do on a CPU (F16 layers that the 152k-token head does not dwarf), for speed
+TINY = Shape()
+COSTLY = Shape(n_embd=256, n_layer=24, n_ff=2048, n_head=4, n_head_kv=2, head_dim=64, ssm_heads=4, ssm_groups=2,
+               ssm_head=64, dtype="f16", embd_dtype="q4_0", tail_gain=0.1, seed=1)
+
+
+def random_qwen35(vocab: PathLike, out: PathLike, shape: Shape = Shape(), *, layers: int | None = None,
                   name: str = "") -> Path:
     """Write a random-weight ``qwen35`` GGUF with the tokenizer of ``vocab`` (a vocab-only GGUF,
-    e.g. llama.cpp's ggml-vocab-qwen35.gguf), labelled synthetic; with ``draft``, also its first
-    ``shape.draft_layers`` layers there (the same tensors: what ``make.cut_layers`` would cut)."""
+    e.g. llama.cpp's ggml-vocab-qwen35.gguf), labelled synthetic. ``layers``: keep only the
+    first so many of ``shape``'s layers (a draft: the same tensors ``make.cut_layers`` would keep)."""
     s = shape
-    if min(s.n_layer, s.draft_layers if draft is not None else s.n_layer) < s.interval:
-        raise FlyError(f"a qwen35 model needs a full-attention layer: every {s.interval}th layer is one, "
-                       f"so it needs at least {s.interval} layers")
+    n_layer = s.n_layer if layers is None else layers
+    if not s.interval <= n_layer <= s.n_layer:
+        raise FlyError(f"a qwen35 model needs a full-attention layer (every {s.interval}th layer is one): "
+                       f"keep {s.interval} to {s.n_layer} layers, not {n_layer}")
     if s.ssm_heads % s.ssm_groups or s.n_head % s.n_head_kv:
         raise FlyError("value heads must be a multiple of key heads (DeltaNet and attention alike)")
     tokenizer = tokenizer_fields(vocab)
     if "tokenizer.ggml.tokens" not in tokenizer:
         raise FlyError(f"{vocab} has no tokenizer.ggml.tokens: not a vocabulary GGUF")
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])  # type: ignore[arg-type]
-    tensors = _tensors(s, n_vocab)
-    label = name or f"qwen35-random-{s.n_embd}x{s.n_layer}"
-    _write(out, s, s.n_layer, tokenizer, tensors, f"{label} (synthetic)")
-    if draft is not None:
-        _write(draft, s, s.draft_layers, tokenizer, tensors, f"{label} first {s.draft_layers} layers (synthetic)")
+    label = name or f"qwen35-random-{s.n_embd}x{n_layer}"
+    _write(out, s, n_layer, tokenizer, _tensors(s, n_vocab), f"{label} (synthetic)")
     return Path(out)
 
 
@@ -103,9 +108,9 @@ def _tensors(s: Shape, n_vocab: int) -> list[Tensor]:
         out.append((name, data, qtype))
 
     embd = rng.standard_normal((n_vocab, s.n_embd)).astype(np.float32)
-    if s.embd_dtype == "q8_0":
-        add("token_embd.weight", gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q8_0),
-            gguf.GGMLQuantizationType.Q8_0)
+    if s.embd_dtype in ("q4_0", "q8_0"):
+        qtype = gguf.GGMLQuantizationType[s.embd_dtype.upper()]
+        add("token_embd.weight", gguf.quants.quantize(embd, qtype), qtype)
     else:
         add("token_embd.weight", embd.astype({"f16": np.float16, "f32": np.float32}[s.embd_dtype]))
     signs = np.where(np.arange(s.n_embd) % 2 == 0, 1.0, -1.0)[rng.permutation(s.n_embd)]
