@@ -478,7 +478,7 @@ class Context:
         self.tokens: list[int] = []  # tokens[p] is the token at KV position p (the last ``behind`` deferred)
         self.n_rs_seq: int = ll.llama_n_rs_seq(self.ptr) if recurrent else 0
         self.rollback = self._rollback_kind(recurrent)
-        if rollback == rb.SNAPSHOTS and self.rollback != rb.SNAPSHOTS:
+        if recurrent and rollback == rb.SNAPSHOTS and self.rollback != rb.SNAPSHOTS:
             self.close()
             raise FlyError(f"{model.name}: llama.cpp keeps no recurrent-state snapshots for its architecture; "
                            "use rollback 'checkpoints' or 'auto'")

@@ -8,6 +8,7 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import weakref
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from fly_cpp import loop, scoring
+from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, calibrate, slower_note
@@ -301,11 +303,17 @@ class Engine:
                 for ctx in (self.target, self.draft_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
+            recurrent = {role: (ctx, dataclasses.replace(ctx.rollback_costs))
+                         for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
+                         if ctx is not None and ctx.rollback not in (rb.KV,)}
             try:
                 yield from steps
             finally:
                 if pacer is not None:
                     stats.pacing = pacer.as_dict()
+                if recurrent:
+                    stats.rollback = {role: {"way": ctx.rollback, **ctx.rollback_costs.since(before).as_dict()}
+                                      for role, (ctx, before) in recurrent.items()}
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

@@ -29,6 +29,7 @@ import gguf
 import numpy as np
 
 from fly_cpp.errors import FlyError
+from fly_cpp.models import make
 
 PathLike = str | os.PathLike[str]
 SYNTHETIC_KEY = "fly_cpp.synthetic"
@@ -80,7 +81,7 @@ def random_qwen35(vocab: PathLike, out: PathLike, shape: Shape = Shape(), *, lay
                        f"keep {s.interval} to {s.n_layer} layers, not {n_layer}")
     if s.ssm_heads % s.ssm_groups or s.n_head % s.n_head_kv:
         raise FlyError("value heads must be a multiple of key heads (DeltaNet and attention alike)")
-    tokenizer = tokenizer_fields(vocab)
+    tokenizer = make.tokenizer_fields(vocab)
     if "tokenizer.ggml.tokens" not in tokenizer:
         raise FlyError(f"{vocab} has no tokenizer.ggml.tokens: not a vocabulary GGUF")
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])  # type: ignore[arg-type]
@@ -181,65 +182,6 @@ def _write(out: PathLike, s: Shape, n_layer: int, tokenizer: dict[str, tuple[obj
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-           12: "<f8"}
-
-
-def tokenizer_fields(path: PathLike) -> dict[str, tuple[object, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
-    """The ``tokenizer.*`` fields of a GGUF file: key -> (value, type, array item type), read
-    straight from the header (gguf.GGUFReader takes seconds over a 150k-token vocabulary's
-    strings; this takes a fraction of one)."""
-    data = Path(path).read_bytes()
-    pos = 24  # magic, version, tensor count
-    n_kv = int(np.frombuffer(data, "<u8", 1, 16)[0])
-
-    def u64() -> int:
-        nonlocal pos
-        pos += 8
-        return int.from_bytes(data[pos - 8:pos], "little")
-
-    def string() -> str:
-        nonlocal pos
-        n = u64()
-        pos += n
-        raw = data[pos - n:pos]
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw  # type: ignore[return-value]  # written back as the same bytes
-
-    def value(kind: int) -> object:
-        nonlocal pos
-        if kind == 8:
-            return string()
-        dt = np.dtype(_SCALAR[kind])
-        pos += dt.itemsize
-        v = np.frombuffer(data, dt, 1, pos - dt.itemsize)[0]
-        return bool(v) if kind == 7 else v.item()
-
-    out: dict[str, tuple[object, gguf.GGUFValueType, gguf.GGUFValueType | None]] = {}
-    for _ in range(n_kv):
-        key = string()
-        kind = int.from_bytes(data[pos:pos + 4], "little")
-        pos += 4
-        if kind == 9:
-            item = int.from_bytes(data[pos:pos + 4], "little")
-            pos += 4
-            count = u64()
-            if item == 8:
-                val: object = [string() for _ in range(count)]
-            else:
-                dt = np.dtype(_SCALAR[item])
-                val = np.frombuffer(data, dt, count, pos).tolist()
-                pos += dt.itemsize * count
-            sub: gguf.GGUFValueType | None = gguf.GGUFValueType(item)
-        else:
-            val, sub = value(kind), None
-        if key.startswith("tokenizer."):
-            out[key] = (val, gguf.GGUFValueType(kind), sub)
-    return out
 
 
 def _sections(n_rot: int) -> list[int]:
