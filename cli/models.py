@@ -99,11 +99,26 @@ def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ct
             label = " (synthetic)" if m.meta("fly_cpp.synthetic") else ""
             click.echo(f"{'target' if m is t else 'draft '}: {m.name}{label}, {m.n_params / 1e6:.2f}M params, "
                        f"{_mb(m.size_bytes)}")
+            if m.recurrent:
+                _hybrid_line(m, n_threads)
         chosen = prompts or measure.PROMPTS
         result = measure.greedy_agreement(t, d, chosen, n_tokens=n_tokens, n_ctx=n_ctx, n_threads=n_threads)
         for prompt, rate in zip(chosen, result.per_prompt):
             click.echo(f"  {_pct(rate):>6}  {prompt[:60]!r}")
         click.echo(f"greedy agreement: {_pct(result.rate)} ({result.matches}/{result.positions} positions)")
+
+
+def _hybrid_line(model: Any, n_threads: int) -> None:
+    """How a recurrent or hybrid model's cache goes back, by the way fly-cpp picks, and what each way costs."""
+    from fly_cpp.config import cpu_cores
+    from fly_cpp.costs import measure_rollbacks
+
+    ways = measure_rollbacks(model, n_threads or cpu_cores())
+    click.echo(f"    hybrid: rollback by {min(ways, key=lambda w: w.round_ms).way} (the cheaper way, measured here)")
+    for w in ways:
+        how = (f"dropping 3 rows natively {w.drop_ms:.3f} ms" if w.way == "snapshots" else
+               f"a state copy {w.copy_ms:.3f} ms, a restore {w.restore_ms:.3f} ms, then the kept rows decoded again")
+        click.echo(f"      {w.way}: {w.round_ms:.2f} ms a round of 5 rows keeping 2 ({how})")
 
 
 @models.command()

@@ -482,7 +482,7 @@ class Context:
             self.close()
             raise FlyError(f"{model.name}: llama.cpp keeps no recurrent-state snapshots for its architecture; "
                            "use rollback 'checkpoints' or 'auto'")
-        self.rollback_costs = rb.Costs()
+        self.rollbacks = rb.Ledger()
         self._done = 0  # tokens[:_done] are in the cache; the rest are deferred
         self._room = 0  # tokens the last decode can still drop natively (snapshots)
         self._checkpoints = rb.Checkpoints()
@@ -555,7 +555,7 @@ class Context:
                 if pos > self._done:  # catch up to pos alone (the decode a checkpoint costs)
                     t0 = perf_counter()
                     self._decode_range(pos, 0)
-                    self.rollback_costs.redecode_seconds += perf_counter() - t0
+                    self.rollbacks.redecode_seconds += perf_counter() - t0
                 self._copy(pin)
                 intent = None
         self._decode_range(end, want)
@@ -635,8 +635,8 @@ class Context:
         """Drop the cache's tokens from ``n`` on natively (snapshots); they stay in ``tokens``, deferred."""
         if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
             raise FlyError(f"{self.model.name}: llama.cpp refused to drop {self._done - n} tokens it keeps snapshots for")
-        self.rollback_costs.native += 1
-        self.rollback_costs.redecoded += min(self._done, len(self.tokens)) - n
+        self.rollbacks.native += 1
+        self.rollbacks.redecoded += min(self._done, len(self.tokens)) - n
         self._done, self._room = n, 0
         self._checkpoints.drop_after(n)
 
@@ -645,7 +645,7 @@ class Context:
         else to the nearest checkpoint at or before n (or empty), the rest deferred. ``failed``:
         a decode failed, and a recurrent state may be anywhere past n."""
         self._checkpoints.drop_after(n)
-        costs = self.rollback_costs
+        costs = self.rollbacks
         if self.rollback == rb.KV:
             if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
                 raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
@@ -676,8 +676,8 @@ class Context:
         if self._call(ll.llama_state_seq_get_data_ext, self.ptr, data, size, 0, partial) != size:
             return  # no checkpoint: a rollback here starts from an earlier one
         self._checkpoints.add(rb.Checkpoint(self._done, data, pin))
-        self.rollback_costs.copies += 1
-        self.rollback_costs.copy_seconds += perf_counter() - t0
+        self.rollbacks.copies += 1
+        self.rollbacks.copy_seconds += perf_counter() - t0
 
     def _restore(self, checkpoint: rb.Checkpoint) -> bool:
         t0 = perf_counter()
@@ -688,8 +688,8 @@ class Context:
         # the attention layers' cache still holds what came after: drop it
         if not self._call(ll.llama_memory_seq_rm, self._memory, 0, checkpoint.pos, -1):
             return False
-        self.rollback_costs.restores += 1
-        self.rollback_costs.restore_seconds += perf_counter() - t0
+        self.rollbacks.restores += 1
+        self.rollbacks.restore_seconds += perf_counter() - t0
         return True
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from fly_cpp import loop, scoring
 from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, calibrate, slower_note
+from fly_cpp.costs import Costs, calibrate, pick_rollback, slower_note
 from fly_cpp.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
@@ -159,7 +159,8 @@ class Engine:
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
         return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn, rollback=s.rollback)
+                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
+                       rollback=pick_rollback(model, s, threads))
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -303,7 +304,7 @@ class Engine:
                 for ctx in (self.target, self.draft_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
-            recurrent = {role: (ctx, dataclasses.replace(ctx.rollback_costs))
+            recurrent = {role: (ctx, dataclasses.replace(ctx.rollbacks))
                          for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
                          if ctx is not None and ctx.rollback not in (rb.KV,)}
             try:
@@ -312,7 +313,7 @@ class Engine:
                 if pacer is not None:
                     stats.pacing = pacer.as_dict()
                 if recurrent:
-                    stats.rollback = {role: {"way": ctx.rollback, **ctx.rollback_costs.since(before).as_dict()}
+                    stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
                                       for role, (ctx, before) in recurrent.items()}
 
     def prefill(self, prompt: Sequence[int]) -> None:

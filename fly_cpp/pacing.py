@@ -160,14 +160,15 @@ class Pacer:
         """(tokens per second, h) of the best draft length h <= h_max for a round whose first
         draft step costs ``first`` seconds and later ones ``step``, each token kept with
         probability ``accept`` given the earlier ones were. A batch after one-row decodes also
-        pays for switching kinds, there and back (``Costs.entering``)."""
+        pays for switching kinds, there and back (``Costs.entering``), and a recurrent state for
+        going back after a rejection (``Costs.rollback``)."""
         costs = self.costs
         host, target, entering = costs.host, costs.target, costs.entering()
         best, best_h, expected, p = self.alone(), 0, 1.0, 1.0
         for h in range(1, h_max + 1):
             p *= accept
             expected += p
-            rate = expected / (host + entering + first + (h - 1) * step + target(h + 1))
+            rate = expected / (host + entering + first + (h - 1) * step + target(h + 1) + costs.rollback(h, accept))
             if rate > best:
                 best, best_h = rate, h
         return best, best_h

@@ -69,7 +69,7 @@ class Checkpoints:
 
 
 @dataclass
-class Costs:
+class Ledger:
     """What rollbacks cost one context so far: state copies taken and restored (count, seconds),
     native drops, rebuilds from empty, and the tokens decoded again because of a rollback, with
     the seconds of the decodes that did nothing else (a checkpoint's split-off catch-up)."""
@@ -89,8 +89,8 @@ class Costs:
     def restore_mean(self) -> float:
         return self.restore_seconds / self.restores if self.restores else 0.0
 
-    def since(self, before: Costs) -> Costs:
-        return Costs(*(getattr(self, f) - getattr(before, f) for f in self.__dataclass_fields__))
+    def since(self, before: Ledger) -> Ledger:
+        return Ledger(*(getattr(self, f) - getattr(before, f) for f in self.__dataclass_fields__))
 
     def as_dict(self) -> dict[str, float | int]:
         return {"copies": self.copies, "copy_ms": round(self.copy_seconds * 1e3, 3), "restores": self.restores,

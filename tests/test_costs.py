@@ -178,6 +178,7 @@ class _TimedContext:
         self.tokens: list[int] = []
         self.n_batch = self.n_ctx = 512
         self.n_threads = 1
+        self.rollback = "kv"
         self.one_row, self.busy, self.sizes_seen = one_row, busy, set()
 
     def decode(self, tokens, logits="last"):  # type: ignore[no-untyped-def]

@@ -87,7 +87,7 @@ def test_rollbacks_then_decodes_give_the_logits_of_a_fresh_decode(qwen35_pair, w
                 ctx.truncate(len(ctx.tokens) - rng.randint(1, min(12, len(ctx.tokens))))
             else:
                 ctx.checkpoint(max(0, len(ctx.tokens) - rng.randint(0, 5)))
-        costs = ctx.rollback_costs
+        costs = ctx.rollbacks
         assert costs.copies and costs.restores and costs.redecoded
         assert (costs.native > 0) == (way == SNAPSHOTS)
 
@@ -100,9 +100,9 @@ def test_snapshots_never_drop_the_state_before_a_decode(qwen35_pair):
         toks = m.tokenize("one two three four five six seven")
         ctx.decode(toks[:-1], logits="none")
         ctx.decode(toks[-1:])
-        native = ctx.rollback_costs.native
+        native = ctx.rollbacks.native
         ctx.truncate(len(toks) - 1)
-        assert ctx.rollback_costs.native == native and ctx.behind >= 0
+        assert ctx.rollbacks.native == native and ctx.behind >= 0
         again = ctx.decode(toks[-1:])[0]
         assert np.abs(again - _reference(m, toks)).max() < 0.5
 
@@ -156,13 +156,13 @@ def test_a_full_accept_keeps_every_drafted_token(self_pair):
 def test_a_rejection_mid_draft_rolls_back_to_the_target_text(self_pair):
     want = target_tokens(self_pair, PROMPTS[0], n=40)
     spec = SpecSettings(mode="spd", k=6, ngram=False)
-    mark = dataclasses.replace(self_pair.target.rollback_costs)
+    mark = dataclasses.replace(self_pair.target.rollbacks)
     gen = self_pair.generate(PROMPTS[0], spec=spec, max_tokens=40,
                              drafter=Scripted(self_pair.drafter(spec), {(1, 2): other, (3, 4): other, (4, 0): other}))
     got = gen.run()
     assert got.tokens == want
     assert got.stats.n_drafted - got.stats.n_exact >= 2  # the altered tokens were drafted and rejected
-    spent = self_pair.target.rollback_costs.since(mark)
+    spent = self_pair.target.rollbacks.since(mark)
     assert (spent.native if self_pair.target.rollback == SNAPSHOTS else spent.restores) >= 2
 
 
@@ -237,3 +237,44 @@ def test_a_state_that_cannot_go_back_is_refused_in_one_line(qwen35_pair, monkeyp
         assert alone.generate("Hello", spec=SpecSettings(mode="target"), max_tokens=4).run().stats.n_tokens == 4
         with pytest.raises(FlyError, match="can neither roll back"):
             alone.generate("Hello", spec=SpecSettings(mode="spd"), max_tokens=4)
+
+
+# -- what k auto knows about rollbacks ---------------------------------------------------------
+
+def test_k_auto_prices_a_rejection_on_a_recurrent_state():
+    from fly_cpp.costs import Costs, Curve, Rollbacks
+    from fly_cpp.pacing import Pacer
+    from fly_cpp.rollback import Ledger
+
+    ms = 1e-3
+    ledger = Ledger(copies=1, copy_seconds=1 * ms, restores=1, restore_seconds=2 * ms)
+    target, draft = Curve((1, 2, 8), (10 * ms, 11 * ms, 14 * ms)), Curve((1, 8), (1 * ms, 2 * ms))
+    kv = Costs(target, draft)
+    checkpoints = Costs(target, draft, rollbacks=Rollbacks(CHECKPOINTS, 0, ledger, KV, None))
+    snapshots = Costs(target, draft, rollbacks=Rollbacks(SNAPSHOTS, 8, ledger, KV, None))
+    assert kv.rollback(4, 0.5) == 0.0
+    assert checkpoints.rollback(4, 1.0) == pytest.approx(1 * ms)  # all kept: only the copy before the decode
+    assert checkpoints.rollback(4, 0.0) == pytest.approx(1 * ms + 2 * ms + 10 * ms)  # none kept: restore, decode 1 row
+    assert snapshots.rollback(4, 0.3) == 0.0 and snapshots.rollback(10, 0.0) > 0  # past the snapshots: checkpoints
+    # the dearer a rejection, the shorter the best draft
+    h = {name: Pacer(lambda c=c: c, 16).best(0.8, 16, 1 * ms, 1 * ms)[1]
+         for name, c in (("kv", kv), ("checkpoints", checkpoints))}
+    assert 0 < h["checkpoints"] < h["kv"]
+
+
+def test_the_cheaper_way_is_measured_once_per_model(qwen35_pair, tmp_path, monkeypatch):
+    from fly_cpp import costs
+
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    target, _ = qwen35_pair
+    calls = []
+    real = costs.measure_rollbacks
+    monkeypatch.setattr(costs, "measure_rollbacks", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with Model(target) as m:
+        s = ModelSettings(str(target))
+        way = costs.pick_rollback(m, s, 1)
+        assert way in (SNAPSHOTS, CHECKPOINTS) and costs.pick_rollback(m, s, 1) == way and len(calls) == 1
+        assert costs.pick_rollback(m, ModelSettings(str(target), rollback=CHECKPOINTS), 1) == CHECKPOINTS
+        ways = real(m, 1, rounds=2)
+        assert [w.way for w in ways] == [SNAPSHOTS, CHECKPOINTS] and all(w.round_ms > 0 for w in ways)
+        assert [w.way for w in real(m, 1, rounds=2, n_ubatch=1)] == [CHECKPOINTS]
