@@ -278,3 +278,26 @@ def test_the_cheaper_way_is_measured_once_per_model(qwen35_pair, tmp_path, monke
         ways = real(m, 1, rounds=2)
         assert [w.way for w in ways] == [SNAPSHOTS, CHECKPOINTS] and all(w.round_ms > 0 for w in ways)
         assert [w.way for w in real(m, 1, rounds=2, n_ubatch=1)] == [CHECKPOINTS]
+
+
+def test_the_server_answers_on_a_hybrid_pair(qwen35_pair, tmp_path):
+    """``fly-cpp serve`` on the hybrid pair, asked as llama-server and as the OpenAI API: the
+    greedy answer is the target's own, and a second request reuses the prompt cache."""
+    import httpx
+    from serving import Server
+
+    target, draft = qwen35_pair
+    server = Server(tmp_path, "-m", str(target), "-d", str(draft), "-t", "1", "-c", "1024", "--mode", "spd")
+    try:
+        with Engine(ModelSettings(str(target), n_ctx=1024)) as alone:
+            want = alone.detokenize(target_tokens(alone, PROMPTS[0], n=24))
+        for _ in range(2):
+            r = httpx.post(server.url + "/completion", json={"prompt": PROMPTS[0], "n_predict": 24, "temperature": 0},
+                           timeout=120)
+            assert r.status_code == 200 and r.json()["content"] == want
+        assert r.json()["timings"]["cache_n"] > 0 and r.json()["fly"]["rollback"]["target"]["way"] in (SNAPSHOTS, CHECKPOINTS)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0},
+                       timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
+    finally:
+        assert server.stop() == 0
