@@ -111,10 +111,10 @@ def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ct
 def _hybrid_line(model: Any, n_threads: int) -> None:
     """How a recurrent or hybrid model's cache goes back, by the way fly-cpp picks, and what each way costs."""
     from fly_cpp.config import cpu_cores
-    from fly_cpp.costs import measure_rollbacks
+    from fly_cpp.costs import cheaper, measure_rollbacks
 
     ways = measure_rollbacks(model, n_threads or cpu_cores())
-    click.echo(f"    hybrid: rollback by {min(ways, key=lambda w: w.round_ms).way} (the cheaper way, measured here)")
+    click.echo(f"    hybrid: rollback by {cheaper(ways)} (measured here)")
     for w in ways:
         how = (f"dropping 3 rows natively {w.drop_ms:.3f} ms" if w.way == "snapshots" else
                f"a state copy {w.copy_ms:.3f} ms, a restore {w.restore_ms:.3f} ms, then the kept rows decoded again")

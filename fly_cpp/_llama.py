@@ -555,7 +555,7 @@ class Context:
                 if pos > self._done:  # catch up to pos alone (the decode a checkpoint costs)
                     t0 = perf_counter()
                     self._decode_range(pos, 0)
-                    self.rollbacks.redecode_seconds += perf_counter() - t0
+                    self.rollbacks.split_seconds += perf_counter() - t0
                 self._copy(pin)
                 intent = None
         self._decode_range(end, want)

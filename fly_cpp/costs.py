@@ -52,6 +52,7 @@ MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 MEASURE_TRIES = 3
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
+SNAPSHOT_EDGE = 0.9  # snapshots are picked unless checkpoints measure this much cheaper
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
 _file_lock = threading.Lock()
 
@@ -488,30 +489,35 @@ class RollbackWay:
 def measure_rollbacks(model: Model, n_threads: int, rounds: int = 12, n_ubatch: int = 512) -> list[RollbackWay]:
     """Each way ``model``'s cache can go back (snapshots where llama.cpp keeps them for its
     architecture and the micro-batch holds them, then checkpoints), timed over ``rounds`` rounds
-    after an untimed one, on a small context of its own."""
-    out = []
+    after an untimed one, the ways taking turns (drift on a busy machine bends both alike), on
+    small contexts of their own."""
     prompt = [max(model.bos, 0)] + list(range(100, 131))
-    for way in (rb.SNAPSHOTS, rb.CHECKPOINTS):
-        try:
-            ctx = Context(model, n_ctx=256, n_threads=n_threads, n_ubatch=n_ubatch, rollback=way)
-        except FlyError:
-            continue  # no snapshots here
-        with ctx:
-            ctx.decode(prompt, logits="none")
-            whole, drops = [], []
-            for i in range(rounds + 1):
+    ctxs = []
+    try:
+        for way in (rb.SNAPSHOTS, rb.CHECKPOINTS):
+            try:
+                ctxs.append(Context(model, n_ctx=256, n_threads=n_threads, n_ubatch=n_ubatch, rollback=way))
+            except FlyError:
+                continue  # no snapshots here
+            ctxs[-1].decode(prompt, logits="none")
+        whole: list[list[float]] = [[] for _ in ctxs]
+        drops: list[list[float]] = [[] for _ in ctxs]
+        for i in range(rounds + 1):
+            for ctx, w, d in zip(ctxs, whole, drops):
                 t0 = perf_counter()
                 ctx.decode(prompt[i % 5 + 1: i % 5 + 6], logits="all")
                 t1 = perf_counter()
                 ctx.truncate(len(ctx.tokens) - 3)
                 t2 = perf_counter()
                 if i:
-                    whole.append(t2 - t0)
-                    drops.append(t2 - t1)
-            led = ctx.rollbacks
-            out.append(RollbackWay(way, statistics.median(whole) * 1e3, statistics.median(drops) * 1e3,
-                                   led.copy_mean() * 1e3, led.restore_mean() * 1e3))
-    return out
+                    w.append(t2 - t0)
+                    d.append(t2 - t1)
+        return [RollbackWay(ctx.rollback, statistics.median(w) * 1e3, statistics.median(d) * 1e3,
+                            ctx.rollbacks.copy_mean() * 1e3, ctx.rollbacks.restore_mean() * 1e3)
+                for ctx, w, d in zip(ctxs, whole, drops)]
+    finally:
+        for ctx in ctxs:
+            ctx.close()
 
 
 def pick_rollback(model: Model, settings: ModelSettings, threads: int) -> str:
@@ -528,6 +534,13 @@ def pick_rollback(model: Model, settings: ModelSettings, threads: int) -> str:
     ways = measure_rollbacks(model, threads, n_ubatch=settings.n_ubatch)
     if not ways:
         return "auto"
-    best = min(ways, key=lambda w: w.round_ms)
-    _store_entry(key, {"way": best.way, "round_ms": {w.way: round(w.round_ms, 3) for w in ways}})
-    return best.way
+    best = cheaper(ways)
+    _store_entry(key, {"way": best, "round_ms": {w.way: round(w.round_ms, 3) for w in ways}})
+    return best
+
+
+def cheaper(ways: Sequence[RollbackWay]) -> str:
+    """The way to pick from measured ones. Snapshots save more in a generation than the probe
+    shows (a draft's catch-up rides with its first step, where a checkpoint needs a decode of
+    its own before it), so checkpoints must measure clearly cheaper to be picked."""
+    return min(ways, key=lambda w: w.round_ms * (SNAPSHOT_EDGE if w.way == rb.SNAPSHOTS else 1.0)).way

@@ -71,8 +71,9 @@ class Checkpoints:
 @dataclass
 class Ledger:
     """What rollbacks cost one context so far: state copies taken and restored (count, seconds),
-    native drops, rebuilds from empty, and the tokens decoded again because of a rollback, with
-    the seconds of the decodes that did nothing else (a checkpoint's split-off catch-up)."""
+    native drops, rebuilds from empty, the tokens a rollback left to decode again, and the
+    seconds of catch-up decodes split off so that a checkpoint could be taken between them and
+    the decode's own rows (with snapshots those rows ride in one batch instead)."""
 
     copies: int = 0
     copy_seconds: float = 0.0
@@ -81,7 +82,7 @@ class Ledger:
     native: int = 0
     rebuilds: int = 0
     redecoded: int = 0
-    redecode_seconds: float = 0.0
+    split_seconds: float = 0.0
 
     def copy_mean(self) -> float:
         return self.copy_seconds / self.copies if self.copies else 0.0
@@ -96,4 +97,4 @@ class Ledger:
         return {"copies": self.copies, "copy_ms": round(self.copy_seconds * 1e3, 3), "restores": self.restores,
                 "restore_ms": round(self.restore_seconds * 1e3, 3), "native": self.native,
                 "rebuilds": self.rebuilds, "redecoded": self.redecoded,
-                "redecode_ms": round(self.redecode_seconds * 1e3, 3)}
+                "split_ms": round(self.split_seconds * 1e3, 3)}
