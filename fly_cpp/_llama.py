@@ -672,7 +672,9 @@ class Context:
         t0 = perf_counter()
         partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = self._call(ll.llama_state_seq_get_size_ext, self.ptr, 0, partial)
-        data = (ctypes.c_uint8 * size)()
+        data = None if pin or self._checkpoints.at(self._done) else self._checkpoints.spare()
+        if data is None or len(data) != size:
+            data = (ctypes.c_uint8 * size)()
         if self._call(ll.llama_state_seq_get_data_ext, self.ptr, data, size, 0, partial) != size:
             return  # no checkpoint: a rollback here starts from an earlier one
         self._checkpoints.add(rb.Checkpoint(self._done, data, pin))

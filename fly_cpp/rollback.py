@@ -60,6 +60,16 @@ class Checkpoints:
             for old in mine[: max(len(mine) - keep, 0)]:
                 self.items.remove(old)
 
+    def spare(self) -> Any:
+        """The buffer of the checkpoint the next ``add`` of a round's checkpoint would evict
+        (None: none would), to be written again rather than allocated anew."""
+        ring = [c for c in self.items if not c.pinned]
+        if len(ring) < RING:
+            return None
+        oldest = ring[0]
+        self.items.remove(oldest)
+        return oldest.data
+
     def drop_after(self, n: int) -> None:
         """Forget checkpoints past ``n`` tokens: the tokens after n are about to change."""
         self.items = [c for c in self.items if c.pos <= n]

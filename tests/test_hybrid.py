@@ -45,6 +45,24 @@ def target_tokens(engine: Engine, prompt: str, n: int = 48, **sampling) -> list[
 
 # -- the context's rollback -------------------------------------------------------------------
 
+def test_checkpoints_keep_a_ring_of_rounds_and_the_ends_of_prompts():
+    from fly_cpp.rollback import PINNED, RING, Checkpoint, Checkpoints
+
+    cps = Checkpoints()
+    cps.add(Checkpoint(10, "prompt", pinned=True))
+    for pos in range(20, 20 + RING + 2):
+        cps.add(Checkpoint(pos, f"round {pos}"))
+    assert [c.pos for c in cps.items] == [10, *range(22, 22 + RING)]  # the oldest rounds went, the prompt stayed
+    assert cps.best(21).pos == 10 and cps.best(23).pos == 23 and cps.best(9) is None
+    assert cps.spare() == "round 22" and cps.at(22) is None  # the buffer the next round's copy reuses
+    cps.drop_after(22)
+    assert [c.pos for c in cps.items] == [10]
+    for pos in range(PINNED + 1):
+        cps.add(Checkpoint(pos, "p", pinned=True))
+    assert len(cps.items) == PINNED
+
+
+
 def test_the_way_back_is_chosen_per_model(qwen35_pair, qwen35_transformer):
     target, _ = qwen35_pair
     with Model(target) as m, Model(qwen35_transformer) as t:
