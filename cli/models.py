@@ -59,7 +59,7 @@ def list_() -> None:
     click.echo(f"\nKit pairs (--pair NAME; built on demand into {kit.cache_root()}):")
     for name, desc in kit.PAIRS.items():
         pair = kit.built(name)
-        click.echo(f"  {name}{' (synthetic)' if name in kit.GROWN else ''}: {desc}")
+        click.echo(f"  {name}{' (synthetic)' if name in kit.SYNTHETIC else ''}: {desc}")
         if pair is not None:
             for role, path in (("target", pair.target), ("draft ", pair.draft)):
                 click.echo(f"      {role} {path}  {_mb(path.stat().st_size)}")
@@ -99,11 +99,26 @@ def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ct
             label = " (synthetic)" if m.meta("fly_cpp.synthetic") else ""
             click.echo(f"{'target' if m is t else 'draft '}: {m.name}{label}, {m.n_params / 1e6:.2f}M params, "
                        f"{_mb(m.size_bytes)}")
+            if m.recurrent:
+                _hybrid_line(m, n_threads)
         chosen = prompts or measure.PROMPTS
         result = measure.greedy_agreement(t, d, chosen, n_tokens=n_tokens, n_ctx=n_ctx, n_threads=n_threads)
         for prompt, rate in zip(chosen, result.per_prompt):
             click.echo(f"  {_pct(rate):>6}  {prompt[:60]!r}")
         click.echo(f"greedy agreement: {_pct(result.rate)} ({result.matches}/{result.positions} positions)")
+
+
+def _hybrid_line(model: Any, n_threads: int) -> None:
+    """How a recurrent or hybrid model's cache goes back, by the way fly-cpp picks, and what each way costs."""
+    from fly_cpp.config import cpu_cores
+    from fly_cpp.costs import cheaper, measure_rollbacks
+
+    ways = measure_rollbacks(model, n_threads or cpu_cores())
+    click.echo(f"    hybrid: rollback by {cheaper(ways)} (measured here)")
+    for w in ways:
+        how = (f"dropping 3 rows natively {w.drop_ms:.3f} ms" if w.way == "snapshots" else
+               f"a state copy {w.copy_ms:.3f} ms, a restore {w.restore_ms:.3f} ms, then the kept rows decoded again")
+        click.echo(f"      {w.way}: {w.round_ms:.2f} ms a round of 5 rows keeping 2 ({how})")
 
 
 @models.command()
@@ -154,8 +169,10 @@ def make_pair(name: str, out: str | None, force: bool, source: str, measure: boo
     """Build the kit's local pair NAME (see 'fly-cpp models list') and print its files.
 
     stories260k, tinystories, costly and fast are made here from tiny trained models (costly and
-    fast are SYNTHETIC: grown to ~284M and ~15M parameters and perturbed); qwen-coder is fetched (1.6 GB, checked
-    against pinned sha256s) and qwen-coder-f16 derived from it. See models/README.md.
+    fast are SYNTHETIC: grown to ~284M and ~15M parameters and perturbed); qwen-coder is fetched
+    (1.6 GB, checked against pinned sha256s) and qwen-coder-f16 derived from it; qwen35-tiny and
+    qwen35-costly are SYNTHETIC hybrids (random-weight qwen35, the layout of Qwen3.5/3.6, on its
+    real tokenizer). See models/README.md.
     """
     from fly_cpp.models import kit
     from fly_cpp.models import measure as meas

@@ -22,7 +22,7 @@ from fly_cpp.config import ModelSettings
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 
-DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu", "type_k", "type_v")
+DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu", "type_k", "type_v", "rollback")
 
 
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:

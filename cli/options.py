@@ -18,10 +18,10 @@ from typing import Any
 
 import click
 
-from fly_cpp.config import AUTO, CACHE_TYPES, FLASH_ATTN, FLY_RULES, MODES, SPLIT_MODES, STEADY
+from fly_cpp.config import AUTO, CACHE_TYPES, FLASH_ATTN, FLY_RULES, MODES, ROLLBACK, SPLIT_MODES, STEADY
 
 _CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES, "type_k": CACHE_TYPES, "type_v": CACHE_TYPES,
-            "flash_attn": FLASH_ATTN, "fly_rule": FLY_RULES, "steady_batches": STEADY}
+            "flash_attn": FLASH_ATTN, "fly_rule": FLY_RULES, "steady_batches": STEADY, "rollback": ROLLBACK}
 
 
 def aliases(f: dataclasses.Field[Any], prefix: str = "") -> list[str]:

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 
@@ -37,6 +38,7 @@ _cxx_runtime_first()
 import llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fly_cpp import rollback as rb
 from fly_cpp import rpc as _rpc
 from fly_cpp.errors import FlyError
 
@@ -303,9 +305,10 @@ class Model:
         return np.flatnonzero(self._eog).tolist()
 
     @property
-    def rolls_back(self) -> bool:
-        """Whether the KV cache of this model can drop a suffix (recurrent state cannot)."""
-        return not (ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
+    def recurrent(self) -> bool:
+        """Whether this model keeps a recurrent state (a recurrent or hybrid model), which drops
+        a suffix only through snapshots or checkpoints (``fly_cpp.rollback``)."""
+        return bool(ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
 
     @property
     def n_params(self) -> int:
@@ -420,15 +423,23 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class Context:
-    """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch."""
+    """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch.
+
+    ``tokens`` is the truth about the cache: position p holds ``tokens[p]``. On a recurrent or
+    hybrid model (``rollback`` SNAPSHOTS or CHECKPOINTS, ``fly_cpp.rollback``) a rollback may
+    leave the last few of them *deferred* (``behind``): restored from an earlier checkpoint, they
+    are decoded again by the next decode, in the same batch as its own tokens."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
-                 type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False) -> None:
+                 type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False,
+                 rollback: str = "auto") -> None:
         """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
         256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
         ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
         and no flash attention, so that logits match a float64 reference forward pass to ~1e-5
-        (for checking converted models; slower)."""
+        (for checking converted models; slower). ``rollback`` (recurrent and hybrid models):
+        "snapshots", "checkpoints", or "auto" (snapshots where llama.cpp keeps them for the
+        architecture and the micro-batch holds them, else checkpoints)."""
         self.model = model
         # llama.cpp caps the batch at the context; so does the batch allocated here, which
         # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill)
@@ -446,6 +457,13 @@ class Context:
         if precise:
             params.type_k = params.type_v = ll.GGML_TYPE_F32
             params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        recurrent = model.recurrent
+        # llama.cpp keeps a decode's last n_rs_seq + 1 tokens in one micro-batch (it asserts on less)
+        if recurrent and rollback != rb.CHECKPOINTS and params.n_ubatch > rb.SNAPSHOT_DEPTH + 1:
+            params.n_rs_seq = rb.SNAPSHOT_DEPTH
+        elif recurrent and rollback == rb.SNAPSHOTS:
+            raise FlyError(f"{model.name}: rollback by snapshots needs n_ubatch > {rb.SNAPSHOT_DEPTH + 1} "
+                           f"(got {params.n_ubatch}); use rollback 'checkpoints' or 'auto'")
         _log_tail.clear()
         self._call = model.call
         self.ptr = self._call(ll.llama_init_from_model, model.ptr, params)
@@ -457,14 +475,45 @@ class Context:
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: list[int] = []  # tokens[p] is the token at KV position p
+        self.tokens: list[int] = []  # tokens[p] is the token at KV position p (the last ``behind`` deferred)
+        self.n_rs_seq: int = ll.llama_n_rs_seq(self.ptr) if recurrent else 0
+        self.rollback = self._rollback_kind(recurrent)
+        if recurrent and rollback == rb.SNAPSHOTS and self.rollback != rb.SNAPSHOTS:
+            self.close()
+            raise FlyError(f"{model.name}: llama.cpp keeps no recurrent-state snapshots for its architecture; "
+                           "use rollback 'checkpoints' or 'auto'")
+        self.rollbacks = rb.Ledger()
+        self._done = 0  # tokens[:_done] are in the cache; the rest are deferred
+        self._room = 0  # tokens the last decode can still drop natively (snapshots)
+        self._checkpoints = rb.Checkpoints()
+        self._intent: tuple[int, bool] | None = None  # (position, pinned): checkpoint there during the next decode
+
+    def _rollback_kind(self, recurrent: bool) -> str:
+        if not recurrent:
+            return rb.KV
+        if self.n_rs_seq > 0:
+            return rb.SNAPSHOTS
+        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if self._memory and self._call(ll.llama_state_seq_get_size_ext, self.ptr, 0, partial) > 0:
+            return rb.CHECKPOINTS
+        return rb.NONE
+
+    @property
+    def can_rollback(self) -> bool:
+        """Whether a suffix of the cache can be dropped without rebuilding it from empty."""
+        return self.rollback != rb.NONE
+
+    @property
+    def behind(self) -> int:
+        """Tokens of ``tokens`` a rollback left deferred: the next decode decodes them again."""
+        return len(self.tokens) - self._done
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
         """Append ``tokens`` to the KV cache. ``logits``: "none", "last", "all", or a number n
         (the last n rows); the rows asked for must fit one batch (n_batch). Returns a
         (rows, n_vocab) float32 view of llama.cpp's buffer, valid until this context decodes
         again. Tokens are decoded in batches of n_batch, the last batch holding every row with
-        logits, so that one call can both catch up and verify."""
+        logits, so that one call can both catch up and verify (deferred tokens go first)."""
         if not tokens:
             return None
         if len(self.tokens) + len(tokens) > self.n_ctx:
@@ -472,47 +521,185 @@ class Context:
         want = {"none": 0, "last": 1, "all": len(tokens)}[logits] if isinstance(logits, str) else min(logits, len(tokens))
         if want > self.n_batch:
             raise ValueError("logits for every row need the tokens to fit one batch")
-        batch = self._batch
-        last = max(len(tokens) - self.n_batch, 0)  # start of the final batch
-        starts = [*range(0, last, self.n_batch), last]
-        for start, end in zip(starts, [*starts[1:], len(tokens)]):
-            chunk = tokens[start:end]
-            base = len(self.tokens)
-            for i, tok in enumerate(chunk):
-                batch.token[i] = tok
-                batch.pos[i] = base + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = start + i >= len(tokens) - want
-            batch.n_tokens = len(chunk)
-            rc = self._call(ll.llama_decode, self.ptr, batch)
-            if rc != 0:
-                self.truncate(base)  # a failed decode may leave part of the chunk behind
-                what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
-                raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
-            self.tokens.extend(chunk)
+        start = len(self.tokens)
+        if want > 1 and self._intent is None and self._needs_checkpoint(len(tokens)):
+            self._intent = (start, False)  # a decode that checks several rows may be rolled back into
+        self.tokens.extend(tokens)
+        try:
+            self._run(want)
+        except BaseException:
+            self.truncate(start)
+            raise
         if want == 0:
             return None
         return np.ctypeslib.as_array(self._call(ll.llama_get_logits, self.ptr), shape=(want, self.model.n_vocab))
 
+    def _needs_checkpoint(self, n: int) -> bool:
+        """Whether a rollback into a decode of ``n`` new tokens that keeps the first needs a
+        checkpoint before it (snapshots reach back n_rs_seq tokens)."""
+        return self.rollback == rb.CHECKPOINTS or (self.rollback == rb.SNAPSHOTS and n - 1 > self.n_rs_seq)
+
+    def _run(self, want: int) -> None:
+        """Decode the deferred and new tokens (``tokens[_done:]``), the last ``want`` with logits,
+        taking the checkpoint asked for on the way."""
+        end = len(self.tokens)
+        intent, self._intent = self._intent, None
+        if intent is not None:
+            pos, pin = intent
+            if not self._done <= pos <= end - want or self._checkpoints.at(pos) is not None:
+                intent = None  # outside this decode (or splitting it would cut rows with logits), or there already
+            elif pos > self._done and self.rollback == rb.SNAPSHOTS and end - pos <= min(self.n_rs_seq,
+                                                                                      self._final_chunk(end) - 1):
+                pass  # decoded whole; snapshots then reach back to pos
+            else:
+                if pos > self._done:  # catch up to pos alone (the decode a checkpoint costs)
+                    t0 = perf_counter()
+                    self._decode_range(pos, 0)
+                    self.rollbacks.split_seconds += perf_counter() - t0
+                self._copy(pin)
+                intent = None
+        self._decode_range(end, want)
+        if intent is not None:  # back to the checkpoint's position natively; the rest is deferred
+            pos, pin = intent
+            self._drop(pos)
+            self._copy(pin)
+
+    def _final_chunk(self, end: int) -> int:
+        return min(end - self._done, self.n_batch)
+
+    def _decode_range(self, end: int, want: int) -> None:
+        """Decode ``tokens[_done:end]`` at their positions, the last ``want`` rows with logits."""
+        base = self._done
+        tokens = self.tokens
+        last = max(end - self.n_batch, base)  # start of the final batch
+        starts = [*range(base, last, self.n_batch), last]
+        batch = self._batch
+        for lo, hi in zip(starts, [*starts[1:], end]):
+            for i in range(hi - lo):
+                batch.token[i] = tokens[lo + i]
+                batch.pos[i] = lo + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = lo + i >= end - want
+            batch.n_tokens = hi - lo
+            rc = self._call(ll.llama_decode, self.ptr, batch)
+            if rc != 0:
+                self._physical(lo, failed=True)  # a failed decode may leave part of the chunk behind
+                what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
+                raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
+            self._done = hi
+            self._room = min(self.n_rs_seq, hi - lo - 1)
+
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common
-        prefix: it holds every committed token but the last (``tokens == committed[:-1]``)."""
+        prefix: it holds every committed token but the last (``tokens == committed[:-1]``).
+        A recurrent state is checkpointed there, for the next request's common prefix."""
         keep = common_prefix(self.tokens, committed[:-1])
         self.truncate(keep)  # unconditional: also drops anything a disturbed decode left behind
         self.decode(committed[keep:-1], logits="none")
+        if self.behind:
+            self._decode_range(len(self.tokens), 0)
+        self.checkpoint(pin=True)
 
     def truncate(self, n: int) -> None:
-        """Roll the KV cache back to its first ``n`` positions."""
+        """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
+        ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
+        n = max(n, 0)
+        if n < len(self.tokens):
+            del self.tokens[n:]
+        if self._intent is not None and self._intent[0] > n:
+            self._intent = None
+        if n < self._done:
+            self._physical(n)
+
+    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
+        """Make a later rollback to ``pos`` tokens (default: all of ``tokens``) cheap: nothing on
+        a KV cache; on a recurrent state a copy of it there, taken now, or during the next
+        decode when ``pos`` lies ahead (up to the tokens that decode appends), or by going back
+        to ``pos`` with snapshots (what follows is then deferred). ``pin``: keep it past the
+        rounds' checkpoints (the end of a prompt)."""
+        if self.rollback not in (rb.SNAPSHOTS, rb.CHECKPOINTS):
+            return
+        pos = len(self.tokens) if pos is None else pos
+        if (existing := self._checkpoints.at(pos)) is not None:
+            existing.pinned = existing.pinned or pin
+        elif pos == self._done:
+            self._copy(pin)
+        elif pos > self._done:
+            self._intent = (pos, pin)
+        elif self.rollback == rb.SNAPSHOTS and self._done - pos <= self._room and pos <= len(self.tokens):
+            self._drop(pos)
+            self._copy(pin)
+
+    def _drop(self, n: int) -> None:
+        """Drop the cache's tokens from ``n`` on natively (snapshots); they stay in ``tokens``, deferred."""
         if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
-            raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
-        del self.tokens[n:]
+            raise FlyError(f"{self.model.name}: llama.cpp refused to drop {self._done - n} tokens it keeps snapshots for")
+        self.rollbacks.native += 1
+        self.rollbacks.redecoded += min(self._done, len(self.tokens)) - n
+        self._done, self._room = n, 0
+        self._checkpoints.drop_after(n)
+
+    def _physical(self, n: int, failed: bool = False) -> None:
+        """Bring the cache itself back to at most ``n`` tokens: exactly where the cache allows,
+        else to the nearest checkpoint at or before n (or empty), the rest deferred. ``failed``:
+        a decode failed, and a recurrent state may be anywhere past n."""
+        self._checkpoints.drop_after(n)
+        costs = self.rollbacks
+        if self.rollback == rb.KV:
+            if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
+                raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
+            self._done = n
+            return
+        if self.rollback == rb.SNAPSHOTS and not failed and self._done - n <= self._room:
+            if self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
+                costs.native += 1
+                self._done, self._room = n, 0
+                return
+        self._room = 0
+        best = self._checkpoints.best(n)
+        if best is not None and self._restore(best):
+            self._done = best.pos
+        else:
+            self._checkpoints.clear()
+            self._call(ll.llama_memory_seq_rm, self._memory, 0, 0, -1)  # dropping everything always works
+            costs.rebuilds += n > 0
+            self._done = 0
+        costs.redecoded += min(n, len(self.tokens)) - self._done
+
+    def _copy(self, pin: bool = False) -> None:
+        """Checkpoint the recurrent state as it is now (the cache holds ``tokens[:_done]``)."""
+        t0 = perf_counter()
+        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = self._call(ll.llama_state_seq_get_size_ext, self.ptr, 0, partial)
+        data = None if pin or self._checkpoints.at(self._done) else self._checkpoints.spare()
+        if data is None or len(data) != size:
+            data = (ctypes.c_uint8 * size)()
+        if self._call(ll.llama_state_seq_get_data_ext, self.ptr, data, size, 0, partial) != size:
+            return  # no checkpoint: a rollback here starts from an earlier one
+        self._checkpoints.add(rb.Checkpoint(self._done, data, pin))
+        self.rollbacks.copies += 1
+        self.rollbacks.copy_seconds += perf_counter() - t0
+
+    def _restore(self, checkpoint: rb.Checkpoint) -> bool:
+        t0 = perf_counter()
+        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        data = checkpoint.data
+        if self._call(ll.llama_state_seq_set_data_ext, self.ptr, data, len(data), 0, partial) != len(data):
+            return False
+        # the attention layers' cache still holds what came after: drop it
+        if not self._call(ll.llama_memory_seq_rm, self._memory, 0, checkpoint.pos, -1):
+            return False
+        self.rollbacks.restores += 1
+        self.rollbacks.restore_seconds += perf_counter() - t0
+        return True
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
             ll.llama_batch_free(self._batch)
             self._call.release(ll.llama_free, self.ptr)
             self.ptr = None
+            self._checkpoints = rb.Checkpoints()
 
     def __enter__(self) -> Context:
         return self

@@ -14,6 +14,7 @@ from typing import Any
 
 from fly_cpp.accept import AcceptPolicy
 from fly_cpp.errors import FlyError
+from fly_cpp.rollback import CHOICES as ROLLBACK
 
 MODES = ("fly", "spd", "target")
 AUTO = "auto"  # k: the cost-aware controller picks each round's draft length
@@ -138,6 +139,11 @@ class ModelSettings:
                                                       python="use_mlock"))
     repack: bool | None = field(default=None, metadata=_help(
         "let llama.cpp repack quantized weights for the CPU; unset = on, except on AMX CPUs where it crashes"))
+    rollback: str = field(default="auto", metadata=_help(
+        "recurrent and hybrid models (Qwen3.5/3.6, LFM2, Mamba, ...): how the cache drops rejected drafts: "
+        "snapshots (llama.cpp keeps the last tokens' states, on the architectures that support it), "
+        "checkpoints (copies of the recurrent state, restored and the kept tokens decoded again), "
+        "or auto (snapshots where they work)"))
 
     def __post_init__(self) -> None:
         _integer("n_ctx", self.n_ctx, 0, MAX_CTX)
@@ -170,6 +176,7 @@ class ModelSettings:
         if isinstance(self.flash_attn, bool):  # llama-cpp-python's flash_attn=True
             object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
         _require(self.flash_attn in FLASH_ATTN, f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
+        _require(self.rollback in ROLLBACK, f"rollback must be one of {', '.join(ROLLBACK)}, got {self.rollback!r}")
 
     @property
     def threads(self) -> int:

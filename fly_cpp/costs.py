@@ -35,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 
-from fly_cpp._llama import Context, backend_version
+from fly_cpp import rollback as rb
+from fly_cpp._llama import Context, Model, backend_version
 from fly_cpp.config import ModelSettings
+from fly_cpp.errors import FlyError
 
 TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
 DRAFT_ROWS = (1, 2, 4, 8, 16, 32)
@@ -50,6 +52,7 @@ MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 MEASURE_TRIES = 3
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
+SNAPSHOT_EDGE = 0.9  # snapshots are picked unless checkpoints measure this much cheaper
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
 _file_lock = threading.Lock()
 
@@ -130,6 +133,7 @@ def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEAT
     if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
         ctx.truncate(ctx.n_ctx - top)
     base = len(ctx.tokens)
+    ctx.checkpoint()  # each timed decode is rolled back whole: a recurrent state comes back from a copy
     sizes = [r for r in rows if r <= top]
     times: list[list[float]] = [[] for _ in sizes]
     for rep in range(MAX_REPEATS + 1):
@@ -226,9 +230,11 @@ class Costs:
     (``at``), times running scales (the target's: one for a plain one-row decode, one for
     batches, which follows the first until a batch is seen)."""
 
-    def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False) -> None:
+    def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
+                 rollbacks: Rollbacks | None = None) -> None:
         self.target_curve, self.draft_curve = target, draft
         self.cached = cached  # the curves came from the cache, not from a measurement now
+        self.rollbacks = rollbacks  # recurrent/hybrid caches: what going back costs (None: KV caches, free)
         self.target_scale = self.draft_scale = 1.0
         self.batch_scale: float | None = None  # target batches (2+ rows); None: none seen yet
         self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
@@ -253,6 +259,11 @@ class Costs:
     def draft(self, rows: int) -> float:
         """Seconds of one draft decode of ``rows`` rows, now (0 without a draft model)."""
         return self.draft_curve(rows, self.depth) * self.draft_scale if self.draft_curve is not None else 0.0
+
+    def rollback(self, h: int, accept: float) -> float:
+        """Seconds a round that drafts ``h`` tokens, each kept with probability ``accept`` given
+        the earlier ones were, is expected to spend taking its caches back (0 on KV caches)."""
+        return self.rollbacks.round(self, h, accept) if self.rollbacks is not None else 0.0
 
     def observe_target(self, rows: int, seconds: float) -> bool:
         """Learn from a target decode if it is warm: of the same kind (one row, or a batch) as
@@ -304,7 +315,7 @@ class Costs:
                 "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
                 "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
-                "cached": self.cached}
+                "cached": self.cached, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
 
 
 def _per_1k(curve: Curve) -> dict[str, float]:
@@ -326,16 +337,17 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
     cached."""
     key = cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
     entry = _load_cache().get(key) if not refresh else None
+    rollbacks = Rollbacks.of(target, draft)
     if entry is not None:
         t = _curve(entry.get("target"))
         d = _curve(entry.get("draft")) if draft is not None else None
         if t is not None and (draft is None or d is not None):
-            return Costs(t, d, cached=True)
+            return Costs(t, d, cached=True, rollbacks=rollbacks)
     t, t_ok = _measure_plausibly(target, TARGET_ROWS, token)
     d, d_ok = _measure_plausibly(draft, DRAFT_ROWS, token) if draft is not None else (None, True)
     if t_ok and d_ok:
         _store(key, t, d)  # a curve the machine's load bent is used now but measured again next time
-    return Costs(t, d)
+    return Costs(t, d, rollbacks=rollbacks)
 
 
 def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
@@ -350,10 +362,14 @@ def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[C
 
 
 def _store(key: str, target: Curve, draft: Curve | None) -> None:
+    _store_entry(key, {"target": _entry(target), "draft": _entry(draft)})
+
+
+def _store_entry(key: str, entry: dict[str, object]) -> None:
     with _file_lock:
         data = _load_cache()
         data.pop(key, None)
-        data[key] = {"target": _entry(target), "draft": _entry(draft)}
+        data[key] = entry
         while len(data) > MAX_ENTRIES:  # the oldest entries go first
             data.pop(next(iter(data)))
         path = cache_path()
@@ -396,3 +412,135 @@ def format_curve(costs: Costs, depth: int = 0) -> str:
         d = f"{draft(r, depth) * 1e3:9.2f} {draft(r, depth) / single:9.2f}" if draft else ""
         lines.append(f"{r:>5} {t * 1e3:10.2f} {t / single:8.2f} {d}")
     return "\n".join(lines)
+
+
+# -- rollbacks of recurrent and hybrid caches (fly_cpp.rollback) -----------------------------------
+
+@dataclass
+class Rollbacks:
+    """What taking a round's caches back costs on a pair with a recurrent or hybrid model. A KV
+    cache drops rejected rows for free; a recurrent state does not:
+
+    - with checkpoints the target copies its state before every verification, and a round that
+      keeps a of its h drafted tokens restores the copy and decodes the a + 1 kept rows again,
+      in a pass of their own (llama.cpp's replay); snapshots cover rollbacks of up to
+      ``n_rs_seq`` tokens for free, and only longer ones go the checkpoint's way;
+    - a draft model copies its state once a round, and after a partial accept restores it and
+      decodes the kept rows again: with checkpoints in a pass of their own, with snapshots in
+      its first draft step's batch.
+
+    Copies and restores are priced at what the contexts measured (``Ledger``: the calibration's
+    rollbacks first, then every round's), re-decoded rows by the decode curves."""
+
+    target_way: str
+    target_depth: int
+    target: rb.Ledger
+    draft_way: str
+    draft: rb.Ledger | None
+
+    @staticmethod
+    def of(target: Context, draft: Context | None) -> Rollbacks | None:
+        ways = [c.rollback for c in (target, draft) if c is not None]
+        if all(w == rb.KV for w in ways):
+            return None
+        return Rollbacks(target.rollback, target.n_rs_seq, target.rollbacks,
+                         draft.rollback if draft is not None else rb.KV, draft.rollbacks if draft is not None else None)
+
+    def round(self, costs: Costs, h: int, accept: float) -> float:
+        if h <= 0:
+            return 0.0
+        t, d = self.target, self.draft
+        free = self.target_depth if self.target_way == rb.SNAPSHOTS else 0  # rows snapshots drop for free
+        seconds = t.copy_mean() if self.target_way != rb.KV and h > free else 0.0
+        seconds += d.copy_mean() if d is not None and self.draft_way != rb.KV else 0.0
+        p_kept = 1.0  # P(the first a drafted tokens are kept)
+        for a in range(h):  # the round keeps exactly a < h of them
+            p = p_kept * (1.0 - accept)
+            if self.target_way != rb.KV and h - a > free:
+                seconds += p * (t.restore_mean() + costs.target(a + 1))
+            if d is not None and self.draft_way == rb.CHECKPOINTS:
+                seconds += p * (d.restore_mean() + costs.draft(a + 1))
+            elif d is not None and self.draft_way == rb.SNAPSHOTS:
+                seconds += p * (d.restore_mean() + max(costs.draft(a + 2) - costs.draft(1), 0.0))
+            p_kept *= accept
+        return seconds
+
+    def as_dict(self) -> dict[str, object]:
+        return {"target": {"way": self.target_way, "copy_ms": round(self.target.copy_mean() * 1e3, 3),
+                           "restore_ms": round(self.target.restore_mean() * 1e3, 3)},
+                "draft": {"way": self.draft_way, "copy_ms": round(self.draft.copy_mean() * 1e3, 3),
+                          "restore_ms": round(self.draft.restore_mean() * 1e3, 3)} if self.draft is not None else None}
+
+
+@dataclass(frozen=True)
+class RollbackWay:
+    """What taking a recurrent or hybrid model's cache back costs one way, in milliseconds, over
+    rounds like speculation's: decode 5 rows with logits, keep 2. A round takes the decode
+    (snapshots also write the last rows' states; checkpoints copy the state before it, and after
+    a restore decode the kept rows again first) and the drop (native, or restoring the copy)."""
+
+    way: str
+    round_ms: float
+    drop_ms: float
+    copy_ms: float
+    restore_ms: float
+
+
+def measure_rollbacks(model: Model, n_threads: int, rounds: int = 12, n_ubatch: int = 512) -> list[RollbackWay]:
+    """Each way ``model``'s cache can go back (snapshots where llama.cpp keeps them for its
+    architecture and the micro-batch holds them, then checkpoints), timed over ``rounds`` rounds
+    after an untimed one, the ways taking turns (drift on a busy machine bends both alike), on
+    small contexts of their own."""
+    prompt = [max(model.bos, 0)] + list(range(100, 131))
+    ctxs = []
+    try:
+        for way in (rb.SNAPSHOTS, rb.CHECKPOINTS):
+            try:
+                ctxs.append(Context(model, n_ctx=256, n_threads=n_threads, n_ubatch=n_ubatch, rollback=way))
+            except FlyError:
+                continue  # no snapshots here
+            ctxs[-1].decode(prompt, logits="none")
+        whole: list[list[float]] = [[] for _ in ctxs]
+        drops: list[list[float]] = [[] for _ in ctxs]
+        for i in range(rounds + 1):
+            for ctx, w, d in zip(ctxs, whole, drops):
+                t0 = perf_counter()
+                ctx.decode(prompt[i % 5 + 1: i % 5 + 6], logits="all")
+                t1 = perf_counter()
+                ctx.truncate(len(ctx.tokens) - 3)
+                t2 = perf_counter()
+                if i:
+                    w.append(t2 - t0)
+                    d.append(t2 - t1)
+        return [RollbackWay(ctx.rollback, statistics.median(w) * 1e3, statistics.median(d) * 1e3,
+                            ctx.rollbacks.copy_mean() * 1e3, ctx.rollbacks.restore_mean() * 1e3)
+                for ctx, w, d in zip(ctxs, whole, drops)]
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+
+
+def pick_rollback(model: Model, settings: ModelSettings, threads: int) -> str:
+    """The way a context of ``model`` goes back: as set, else (auto, on a recurrent or hybrid
+    model) the cheaper of snapshots and checkpoints as measured here (``measure_rollbacks``),
+    once per model, settings and machine (cached with the cost curves)."""
+    if settings.rollback != "auto" or not model.recurrent:
+        return settings.rollback
+    key = "rollback-" + hashlib.sha256(json.dumps({"model": _identity(settings, threads), "on": _machine()},
+                                                  sort_keys=True, default=str).encode()).hexdigest()[:32]
+    way = _load_cache().get(key, {}).get("way")
+    if way in (rb.SNAPSHOTS, rb.CHECKPOINTS):
+        return str(way)
+    ways = measure_rollbacks(model, threads, n_ubatch=settings.n_ubatch)
+    if not ways:
+        return "auto"
+    best = cheaper(ways)
+    _store_entry(key, {"way": best, "round_ms": {w.way: round(w.round_ms, 3) for w in ways}})
+    return best
+
+
+def cheaper(ways: Sequence[RollbackWay]) -> str:
+    """The way to pick from measured ones. Snapshots save more in a generation than the probe
+    shows (a draft's catch-up rides with its first step, where a checkpoint needs a decode of
+    its own before it), so checkpoints must measure clearly cheaper to be picked."""
+    return min(ways, key=lambda w: w.round_ms * (SNAPSHOT_EDGE if w.way == rb.SNAPSHOTS else 1.0)).way

@@ -60,6 +60,7 @@ class DraftModel:
         with the first step so that the cache then holds ``committed[:-1]``."""
         keep = common_prefix(self.ctx.tokens, committed[:-1])
         self.ctx.truncate(keep)
+        self.ctx.checkpoint(len(committed) - 1)  # the next round comes back here (a recurrent state needs a copy)
         return list(committed[keep:-1])
 
     def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],

@@ -8,6 +8,7 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import weakref
@@ -15,9 +16,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from fly_cpp import loop, recall, scoring
+from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, cache_key, calibrate, slower_note
+from fly_cpp.costs import Costs, cache_key, calibrate, pick_rollback, slower_note
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
@@ -80,6 +82,13 @@ def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
     return n_ctx
 
 
+def _check_rollback(ctx: Context) -> None:
+    """Refuse speculation on a model whose cache can neither drop drafted tokens nor be checkpointed."""
+    if not ctx.can_rollback:
+        raise FlyError(f"{ctx.model.name} is a recurrent model whose state llama.cpp can neither roll back nor "
+                       "checkpoint: it cannot take part in speculative decoding (use --mode target)")
+
+
 def _settings(model: ModelSettings | str) -> ModelSettings:
     return model if isinstance(model, ModelSettings) else ModelSettings(path=str(model))
 
@@ -125,16 +134,15 @@ class Engine:
             if d is not None:
                 self.draft_model = self._load(d)
                 check_compatible(self.target_model, self.draft_model)
-                for model in (self.target_model, self.draft_model):
-                    if not model.rolls_back:
-                        raise FlyError(f"{model.name} is a recurrent/hybrid model: its cache cannot roll back "
-                                       "drafted tokens, so it cannot take part in speculative decoding")
             self.target = self._context(self.target_model, t, n_ctx, t.threads)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
                 self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
+            for ctx in (self.target, self.draft_ctx):
+                if ctx is not None and self.draft_ctx is not None:
+                    _check_rollback(ctx)
         except BaseException:
             self._close()
             raise
@@ -154,7 +162,8 @@ class Engine:
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
         return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
+                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
+                       rollback=pick_rollback(model, s, threads))
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -229,6 +238,8 @@ class Engine:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
         if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
+        if spec.mode != "target":
+            _check_rollback(self.target)
         for model in (self.target_model, self.draft_model):
             if model is not None:
                 model.check()  # a lost rpc-server: refuse before any token (HTTP 503 in the server)
@@ -304,12 +315,18 @@ class Engine:
                 for ctx in (self.target, self.draft_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
+            recurrent = {role: (ctx, dataclasses.replace(ctx.rollbacks))
+                         for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
+                         if ctx is not None and ctx.rollback not in (rb.KV,)}
             try:
                 yield from steps
             finally:
                 if pacer is not None:
                     stats.pacing = pacer.as_dict()
                     recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
+                if recurrent:
+                    stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
+                                      for role, (ctx, before) in recurrent.items()}
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

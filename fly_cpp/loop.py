@@ -11,7 +11,9 @@ is decoding d_m, which it drafted but never fed itself.
 Cross-round window (``fly_cpp.crossround``): a provisionally kept mismatch at committed
 position p is followed by held tokens. Refuting it cuts ``committed`` back to p, puts the
 target's own token there and truncates the target cache to p, which is the invariant again;
-the draft cache re-syncs by common prefix on its next draft.
+the draft cache re-syncs by common prefix on its next draft. A rollback that far reaches past
+the round's own decode, so the round that keeps a mismatch asks the target cache for a way
+back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's copy).
 
 Target-only decoding is the same loop with empty drafts (m = 0).
 """
@@ -119,6 +121,8 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
                     at = pending.pos - base  # the target's own token there, should the window fail
                     pending.probs = token_probs(logits[at:], [pending.correction], request.n_probs)[0]
+                if pending is not None and base <= pending.pos:  # opened this round: it may come back to its mismatch
+                    target.checkpoint(pending.pos)
                 if pending is not None and pending.pos < base + len(emitted) - 1:
                     emitted.pop()  # while a window is open the target's own token after the drafts proves nothing
                 target.truncate(base + len(emitted) - 1)  # invariant: the cache holds all but the last committed token

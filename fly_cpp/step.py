@@ -81,6 +81,7 @@ class Stats:
     accepted_lengths: list[int] = field(default_factory=list, repr=False)
     draft_lengths: dict[int, int] = field(default_factory=dict)  # tokens drafted -> rounds
     pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
+    rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
 
     @property
     def mean_accepted(self) -> float:

@@ -28,13 +28,14 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float) -> 
     """(tokens per second, h) of the best draft length h <= h_max for a round whose first draft
     step costs ``first`` seconds and later ones ``step``, each token kept with probability
     ``accept`` given the earlier ones were. A batch after one-row decodes also pays for
-    switching kinds, there and back (``Costs.entering``)."""
+    switching kinds, there and back (``Costs.entering``), and a recurrent state for going back
+    after a rejection (``Costs.rollback``)."""
     host, target, entering = costs.host, costs.target, costs.entering()
     top, top_h, expected, p = alone(costs), 0, 1.0, 1.0
     for h in range(1, h_max + 1):
         p *= accept
         expected += p
-        rate = expected / (host + entering + first + (h - 1) * step + target(h + 1))
+        rate = expected / (host + entering + first + (h - 1) * step + target(h + 1) + costs.rollback(h, accept))
         if rate > top:
             top, top_h = rate, h
     return top, top_h

@@ -16,6 +16,13 @@
 - ``qwen-coder-f16``: the same target dequantized to F16 with llama.cpp's quantizer (memory-bound
   like a big model on a CPU, so speculation can pay), and the same draft. Builds ``qwen-coder``
   first, in the default cache, and derives from it.
+- ``qwen35-tiny`` (SYNTHETIC): a random-weight ``qwen35`` hybrid (Qwen3.5's Gated DeltaNet and
+  full-attention layers, 3 to 1) on the real Qwen3.5 tokenizer: 8 layers x 32 (11 MB), and its
+  first 4 layers as the draft (the same embeddings); ~80% greedy agreement. For correctness and
+  rollback tests, in seconds (hybrid.py).
+- ``qwen35-costly`` (SYNTHETIC): the same layout at 24 layers x 256, F16 layers (116 MB), and its
+  first 4 layers as the draft (43 MB: the 152k-token head is most of it); ~75% greedy agreement.
+  Memory-bound on a CPU as real hybrids are, for speed work.
 
 Pairs are built on demand into ``cache_root()/NAME`` (``$FLY_CPP_CACHE`` or
 ``~/.cache/fly-cpp/pairs``), deterministically from their recipe; a pair is rebuilt when its
@@ -32,11 +39,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fly_cpp.errors import FlyError
-from fly_cpp.models import bundled, convert, make, pypi_parts, widen
+from fly_cpp.models import bundled, convert, hybrid, make, pypi_parts, vocabs, widen
 
 PathLike = str | os.PathLike[str]
 SOURCE_REPO = "raincandy-u/TinyStories-656K"  # the hub copy of the tinystories-656k checkpoint
-SYNTHETIC_KEY = "fly_cpp.synthetic"
+SYNTHETIC_KEY = hybrid.SYNTHETIC_KEY
 
 COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.045, seed=1)
 COSTLY_DRAFT = widen.Growth(n_embd=512, n_ff=1536, n_layer=4, noise=0.0, seed=2)
@@ -126,6 +133,16 @@ def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth, source: str
                                                  allow_requantize=True),
             draft.name: lambda p: _link(make_pair("qwen-coder", source=source).draft, p),
         }, {QWEN_DRAFT: files[QWEN_DRAFT].size}, n_ctx=4096)
+    if name in HYBRIDS:
+        shape = HYBRIDS[name]
+        target, draft = root / f"{name}-target-synthetic.gguf", root / f"{name}-draft-synthetic.gguf"
+
+        def qwen35(layers: int | None) -> Callable[[Path], object]:
+            return lambda p: hybrid.random_qwen35(vocabs.vocab("qwen35", cache_root() / "vocab"), p, shape,
+                                                  layers=layers, name=name)
+        return _Plan({"pair": name, "version": 1, "vocab": vocabs.SHA256["qwen35"], "shape": asdict(shape)},
+                     target, draft, {target.name: qwen35(None), draft.name: qwen35(shape.draft_layers)}, {},
+                     n_ctx=4096)
     target, draft = root / f"{name}-target-synthetic.gguf", root / f"{name}-draft-synthetic.gguf"
     recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
               "dtype": "f16"}
@@ -206,7 +223,7 @@ def make_pair(name: str, out: PathLike | None = None, *, force: bool = False, so
 
 
 def _pair(name: str, plan: _Plan) -> LocalPair:
-    return LocalPair(name, plan.target, plan.draft, name in GROWN, plan.n_ctx, PAIRS[name])
+    return LocalPair(name, plan.target, plan.draft, name in SYNTHETIC, plan.n_ctx, PAIRS[name])
 
 
 def built(name: str) -> LocalPair | None:
@@ -244,5 +261,11 @@ PAIRS = {
                   "from PyPI wheel parts",
     "qwen-coder-f16": "Qwen2.5-Coder-1.5B-Instruct as F16 (3.6 GB, dequantized from qwen-coder's Q4_K_M by "
                       "llama.cpp's quantizer) + the same 0.5B draft: memory-bound, where speculation can pay on a CPU",
+    "qwen35-tiny": "SYNTHETIC hybrid: random-weight qwen35 (Gated DeltaNet + attention, as Qwen3.5/3.6) on the real "
+                   "Qwen3.5 tokenizer, 8x32 (11 MB) + its first 4 layers; ~80% greedy agreement; for tests",
+    "qwen35-costly": "SYNTHETIC hybrid: random-weight qwen35 on the Qwen3.5 tokenizer, 24x256 F16 (116 MB) + its "
+                     "first 4 layers (43 MB); ~75% greedy agreement; memory-bound on a CPU, for speed work",
 }
+HYBRIDS = {"qwen35-tiny": hybrid.TINY, "qwen35-costly": hybrid.COSTLY}
+SYNTHETIC = frozenset({*GROWN, *HYBRIDS})
 

@@ -119,3 +119,4 @@ def decode_ms(model: PathLike | _llama.Model, *, n_tokens: int = 24, n_ctx: int 
     finally:
         if m is not model:
             m.close()
+

@@ -5,7 +5,9 @@ Everything here runs in any clone. Models are made in seconds from what the repo
   derived from it;
 - a random-weight llama on the real Llama-3 vocabulary (128256 tokens) with two derived drafts
   (first-layers copy and Q8_0 copy); the vocabularies are llama.cpp's test files, kept
-  xz-compressed in tests/data (see its README for their licence) and unpacked per session.
+  xz-compressed in tests/data (see its README for their licence) and unpacked per session;
+- the synthetic hybrid pair qwen35-tiny (Gated DeltaNet + attention, random weights, on the real
+  Qwen3.5 tokenizer), and a random llama on the same vocabulary to pair with it.
 
 Optional assets, skipped with the reason when absent:
 - the shared assets next to the project (``$FLY_CPP_SHARED``, else ``../shared``): the
@@ -87,6 +89,26 @@ def llama3_drafts(models_dir: Path, llama3_target: Path) -> dict[str, Path]:
         "cut2": make_once(models_dir / "llama3-cut2.gguf", lambda out: make.cut_layers(llama3_target, out, 2)),
         "q8_0": make_once(models_dir / "llama3-q8_0.gguf", lambda out: make.quantize(llama3_target, out, "Q8_0")),
     }
+
+
+@pytest.fixture(scope="session")
+def qwen35_pair(models_dir: Path, vocabs: Path) -> tuple[Path, Path]:
+    """The kit's qwen35-tiny (SYNTHETIC): a random-weight qwen35 hybrid (Gated DeltaNet + full
+    attention) on the real Qwen3.5 tokenizer, and its first 4 layers as the draft."""
+    from fly_cpp.models import hybrid
+
+    vocab = vocabs / "ggml-vocab-qwen35.gguf"
+    target = make_once(models_dir / "qwen35-tiny.gguf", lambda out: hybrid.random_qwen35(vocab, out, hybrid.TINY))
+    draft = make_once(models_dir / "qwen35-tiny-draft.gguf", lambda out: hybrid.random_qwen35(
+        vocab, out, hybrid.TINY, layers=hybrid.TINY.draft_layers))
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def qwen35_transformer(models_dir: Path, vocabs: Path) -> Path:
+    """A random-weight llama (a transformer) on the Qwen3.5 vocabulary: it pairs with the hybrids."""
+    return make_once(models_dir / "qwen35-vocab-llama.gguf", lambda out: make.random_llama(
+        vocabs / "ggml-vocab-qwen35.gguf", out, n_embd=32, n_layer=2, n_head=2, n_ctx=4096, seed=5, dtype="f16"))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fly_cpp._llama import Context, Model
-from fly_cpp.bench import checkers, datasets, fidelity, paired, summary
+from fly_cpp.bench import checkers, datasets, fidelity, paired, report, summary
 from fly_cpp.bench.modes import parse_modes
 from fly_cpp.config import SpecSettings
 from fly_cpp.errors import FlyError
@@ -165,6 +165,28 @@ def test_paired_summary_won_lost_cut_and_nll_on_common_prompts() -> None:
     assert rows["fly"]["sign_p"] == pytest.approx(1.0) and "won" not in rows["target"]
     assert rows["fly"]["cut"] == pytest.approx(1 / 3) and rows["target"]["cut"] == 0.0
     assert rows["fly"]["nll_ratio"] == pytest.approx(2.0 / (4 / 3))  # "d" is not the fly's: left out
+
+
+def test_rollbacks_of_recurrent_caches_are_summed_per_round_and_reported() -> None:
+    def rec(prompt: str, rollback: dict | None) -> dict:
+        stats = {"n_tokens": 10, "seconds": 0.5, "n_rounds": 4, "n_drafted": 8, "draft_seconds": 0.1,
+                 "target_seconds": 0.3, "host_seconds": 0.1, "tokens_per_second": 20.0, "rollback": rollback}
+        return {"prompt_id": prompt, "mode": "spd", "category": "c", "stats": stats}
+
+    def way(name: str, **spent: float) -> dict:
+        return {"way": name, "copies": 0, "copy_ms": 0.0, "restores": 0, "restore_ms": 0.0, "native": 0,
+                "rebuilds": 0, "redecoded": 0, "split_ms": 0.0, **spent}
+
+    hybrid = {"target": way("snapshots", native=3), "draft": way("checkpoints", copies=4, copy_ms=1.0, restores=2,
+                                                                   restore_ms=2.0, split_ms=5.0)}
+    row = summary.summarize([rec("a", hybrid), rec("b", hybrid)], ["spd"])[0]
+    assert row["rollback_ways"] == {"target": "snapshots", "draft": "checkpoints"} and row["rollbacks"] == 10
+    assert row["rollback_ms_per_round"] == pytest.approx(16.0 / 8) and row["rollback_ms_each"] == pytest.approx(1.6)
+    assert row["rollback_share"] == pytest.approx(0.016)
+    text = report.terminal({"meta": {"dataset": "d", "target": "t", "draft": "d", "n_prompts": 2, "max_tokens": 8,
+                                     "k": [3], "templated": False, "temperature": 0.0}, "summary": [row]})
+    assert "spd: target by snapshots, draft by checkpoints; 10 rollbacks, 1.600 ms each" in text
+    assert "rollback_ways" not in summary.summarize([rec("a", None)], ["spd"])[0]
 
 
 def test_auto_and_peer_sweeps() -> None:

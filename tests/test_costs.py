@@ -178,6 +178,7 @@ class _TimedContext:
         self.tokens: list[int] = []
         self.n_batch = self.n_ctx = 512
         self.n_threads = 1
+        self.rollback = "kv"
         self.one_row, self.busy, self.sizes_seen = one_row, busy, set()
 
     def decode(self, tokens, logits="last"):  # type: ignore[no-untyped-def]
@@ -191,6 +192,9 @@ class _TimedContext:
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
+
+    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
+        pass
 
 
 @pytest.mark.parametrize("busy, cached", [(2, True), (99, False)])

@@ -30,6 +30,8 @@ COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("target ms/rd", "target_ms_per_round", "{:.2f}"),
     ("host ms/rd", "host_ms_per_round", "{:.3f}"),
     ("host %", "host_share", "{:.1%}"),
+    ("rollback ms/rd", "rollback_ms_per_round", "{:.3f}"),
+    ("rollback %", "rollback_share", "{:.1%}"),
     ("agree", "agreement", "{:.3f}"),
     ("identical", "identical", "{:.0%}"),
     ("1st div. (med)", "first_divergence_median", "{:g}"),
@@ -46,7 +48,9 @@ WIDTH = 100  # the terminal's text fits this many columns
 TERMINAL = ("mode", "tok/s", "speedup (geo)", "mean acc.", "exact", "loose", "agree", "NLL / target", "accuracy")
 LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup the "
           "measured acceptance would give with no host time. mean acc.: tokens per target forward pass. host: "
-          "loop time outside the draft and target forward passes. agree: share of positions where the output "
+          "loop time outside the draft and target forward passes. rollback: on recurrent and hybrid models, the time "
+          "spent taking caches back (state copies, restores, catch-up decodes of their own), per round and as a share "
+          "of the decoding time. agree: share of positions where the output "
           "equals the target's; identical: share of prompts with the target's exact output; NLL: the target's "
           "mean negative log-likelihood of the output (nats/token). cut: outputs that ended on the token budget. "
           "won / lost: problems this mode passed and the target failed / the other way round; sign p: the "
@@ -108,6 +112,15 @@ def notes(result: dict[str, Any]) -> list[str]:
     for r in (r for r in result["summary"] if r.get("k") == "auto"):
         hist = ", ".join(f"{k}: {v}" for k, v in (r.get("draft_length_histogram") or {}).items())
         lines += ["", f"{r['mode']} (k auto) drafted per round (length: rounds): {hist}"]
+    hybrid = [r for r in result["summary"] if r.get("rollback_ways")]
+    if hybrid:
+        lines += ["", "Rollbacks of the recurrent caches (state copies, restores, catch-up decodes of their own):", ""]
+        for r in hybrid:
+            ways = ", ".join(f"{role} by {way}" for role, way in r["rollback_ways"].items())
+            lines.append(f"- {r['mode']}: {ways}; {r['rollbacks']} rollbacks, "
+                         f"{_cell(r.get('rollback_ms_each'), '{:.3f}')} ms each, "
+                         f"{_cell(r.get('rollback_ms_per_round'), '{:.3f}')} ms a round "
+                         f"({_cell(r.get('rollback_share'), '{:.1%}')} of the decoding time)")
     if result.get("comparisons"):
         lines += ["", "fly-cpp vs llama.cpp (tokens/s ratio per prompt, geometric mean):", ""]
         for c in result["comparisons"]:

@@ -114,6 +114,7 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
         mean_draft_length=total("n_drafted") / rounds if rounds else None,
     )
     out["efficiency"] = _ratio(out["speedup_geomean"], out["ideal_speedup_geomean"])
+    out.update(_rollbacks(stats, rounds, seconds))
     ends = [r["finish_reason"] for r in recs if r.get("finish_reason")]
     out["cut"] = sum(e == "length" for e in ends) / len(ends) if ends else None
     passed = {r["prompt_id"]: bool(r["check"]["passed"]) for r in recs if "check" in r}
@@ -122,6 +123,29 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
         won, lost, n = paired.won_lost(passed, ref_passed)
         out.update(won=won, lost=lost, n_paired=n, sign_p=paired.sign_test(won, lost))
     return out
+
+
+def _rollbacks(stats: list[dict[str, Any]], rounds: int, seconds: float) -> dict[str, Any]:
+    """Recurrent and hybrid models (``Stats.rollback``): how each cache went back and what that
+    cost, all told (state copies, restores, and catch-up decodes of their own), per round, per
+    rollback and as a share of the decoding time. With snapshots a drop costs microseconds, and
+    the rows a restore defers ride in the next decode's batch (timed there, not here)."""
+    spent = [s["rollback"] for s in stats if s.get("rollback")]
+    if not spent:
+        return {}
+    ms = events = 0.0
+    ways = {}
+    for role in ("target", "draft"):
+        parts = [x[role] for x in spent if x.get(role)]
+        if not parts:
+            continue
+        ways[role] = parts[0]["way"]
+        ms += sum(p["copy_ms"] + p["restore_ms"] + p["split_ms"] for p in parts)
+        events += sum(p["restores"] + p["native"] + p["rebuilds"] for p in parts)
+    return {"rollback_ways": ways, "rollbacks": int(events),
+            "rollback_ms_per_round": ms / rounds if rounds else None,
+            "rollback_ms_each": ms / events if events else None,
+            "rollback_share": ms / 1000.0 / seconds if seconds > 0 else None}
 
 
 def summarize(records: list[dict[str, Any]], modes: Sequence[str]) -> list[dict[str, Any]]:
