@@ -143,7 +143,7 @@ class ModelSettings:
         "recurrent and hybrid models (Qwen3.5/3.6, LFM2, Mamba, ...): how the cache drops rejected drafts: "
         "snapshots (llama.cpp keeps the last tokens' states, on the architectures that support it), "
         "checkpoints (copies of the recurrent state, restored and the kept tokens decoded again), "
-        "or auto (snapshots where they work)"))
+        "or auto (the cheaper of the two, measured once per model on this machine)"))
 
     def __post_init__(self) -> None:
         _integer("n_ctx", self.n_ctx, 0, MAX_CTX)

@@ -52,7 +52,7 @@ MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 MEASURE_TRIES = 3
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
-SNAPSHOT_EDGE = 0.9  # snapshots are picked unless checkpoints measure this much cheaper
+SNAPSHOT_EDGE = 0.75  # snapshots are picked unless checkpoints measure cheaper than this share of them
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
 _file_lock = threading.Lock()
 

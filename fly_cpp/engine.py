@@ -140,8 +140,8 @@ class Engine:
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
                 self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
-            for ctx in (self.target, self.draft_ctx):
-                if ctx is not None and self.draft_ctx is not None:
+            if self.draft_ctx is not None:  # speculation is the point of a draft model
+                for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
         except BaseException:
             self._close()
@@ -317,7 +317,7 @@ class Engine:
                         ctx.truncate(0)
             recurrent = {role: (ctx, dataclasses.replace(ctx.rollbacks))
                          for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
-                         if ctx is not None and ctx.rollback not in (rb.KV,)}
+                         if ctx is not None and ctx.rollback != rb.KV}
             try:
                 yield from steps
             finally:
