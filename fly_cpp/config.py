@@ -252,7 +252,7 @@ class SpecSettings:
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
     loose_min_ratio: float = field(default=0.5, metadata=_help(
         "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "
-        "as likely as its own top token, p(d)/p(top); 0 = any (README: the measurements behind 0.5)"))
+        "as likely as its own top token, p(d)/p(top); 0 = any (docs/fly-rule.md: the measurements behind 0.5)"))
     loose_top_n: int = field(default=0, metadata=_help(
         "fly, guarded: loosen a mismatch only where the drafted token is among the target's n most likely; 0 = any"))
     loose_in_code: bool = field(default=True, metadata=_help(

@@ -144,7 +144,7 @@ class Scripted:
 
     def draft(self, committed, limit):
         self.round += 1
-        out = self.inner.draft(committed, limit)
+        out = list(self.inner.draft(committed, limit).tokens)
         for (r, i), token in self.edits.items():
             if r == self.round and i < len(out):
                 out[i] = token(out[i])
