@@ -139,7 +139,7 @@ class _GenerationTag(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser: Any) -> Any:
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
         next(parser.stream)
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 

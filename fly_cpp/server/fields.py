@@ -140,6 +140,9 @@ class _Generation(_Body):
     timings_per_token: bool = Field(False, description="streaming: put timings in every chunk")
 
 
+GenerationBody = _Generation  # what every generation endpoint's body is
+
+
 class _Completion(_Generation):
     """llama-server's ``POST /completion``."""
 

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
-from fly_cpp.server.fields import logit_bias
+from fly_cpp.server.fields import GenerationBody, logit_bias
 
 T = TypeVar("T")
 RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
@@ -34,7 +34,7 @@ class Prepared:
     truncated: bool  # the prompt lost a middle part to fit (n_keep)
 
 
-def generation(fly: Fly, body: Any, *, prompt: str | list[int] | None = None,
+def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int | None,
                n_probs: int = 0) -> Prepared:
     """The Generation a generation body asks for (``prompt`` or chat ``messages``)."""
