@@ -19,6 +19,7 @@ from fly_cpp.rollback import CHOICES as ROLLBACK
 MODES = ("fly", "spd", "target")
 AUTO = "auto"  # k: the cost-aware controller picks each round's draft length
 FLY_RULES = ("guarded", "paper")
+LOOSEN = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's KV cache types
 FLASH_ATTN = ("auto", "on", "off")
@@ -250,6 +251,10 @@ class SpecSettings:
     fly_rule: str = field(default="guarded", metadata=_help(
         "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
+    loosen: str = field(default="auto", metadata=_help(
+        "fly: 'auto' = loose acceptance, except under k auto with a draft model half the target's size or more "
+        "(asking it for its tokens would cost more than they save: fly then matches exactly); 'on' = always; "
+        "'off' = never (fly's text is then spd's)"))
     loose_min_ratio: float = field(default=0.5, metadata=_help(
         "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "
         "as likely as its own top token, p(d)/p(top); 0 = any (docs/fly-rule.md: the measurements behind 0.5)"))
@@ -291,6 +296,7 @@ class SpecSettings:
         _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
         _require(self.fly_rule in FLY_RULES, f"fly_rule must be one of {', '.join(FLY_RULES)}, got {self.fly_rule!r}")
+        _require(self.loosen in LOOSEN, f"loosen must be one of {', '.join(LOOSEN)}, got {self.loosen!r}")
         _number("loose_min_ratio", self.loose_min_ratio, 0, 1)
         _integer("loose_top_n", self.loose_top_n, 0)
         _integer("ngram_max", self.ngram_max, 1)
@@ -324,7 +330,7 @@ class SpecSettings:
     def policy(self) -> AcceptPolicy:
         """The accept rule's knobs for this mode: FLy's window and gate (with the safeguards
         unless the rule is the paper's), or exact matching."""
-        if self.mode != "fly":
+        if self.mode != "fly" or self.loosen == "off":
             return AcceptPolicy.exact()
         if self.fly_rule == "paper":
             return AcceptPolicy(self.window, self.entropy_threshold)

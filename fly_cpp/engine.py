@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from fly_cpp import loop, recall, scoring
+from fly_cpp import loop, recall, scoring, worth
 from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
@@ -247,6 +247,8 @@ class Engine:
             raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
         self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
+        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self._loosening_pays():
+            spec = dataclasses.replace(spec, loosen="off")
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)
@@ -263,6 +265,13 @@ class Engine:
         gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
         self._open.add(gen)
         return gen
+
+    def _loosening_pays(self) -> bool:
+        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): n-gram lookup
+        alone never asks for a model's token, so nothing to weigh there."""
+        if self.draft_ctx is None:
+            return True
+        return worth.loosening_pays(self.draft_ctx.model.n_params, self.target_model.n_params)
 
     def steady_batches(self, spec: SpecSettings) -> bool:
         """Whether ``spec``'s verification batches are padded to a steady width

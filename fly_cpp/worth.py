@@ -18,6 +18,20 @@ from collections.abc import Sequence
 
 from fly_cpp.costs import Costs
 
+ASK_SHARE = 0.5  # FLy loosens under k auto where the draft model has less than this share of the target's parameters
+
+
+def loosening_pays(draft_params: int, target_params: int) -> bool:
+    """Whether FLy's loose acceptance can pay under k auto. To keep the text independent of
+    where rounds end, FLy asks the draft model for its token wherever the target was unsure and
+    no draft reached (``fly_cpp.loop``), and each ask is a draft step beside a plain decode.
+    Where the draft model is half the target's size or more (a draft as large as its target, a
+    quantized copy of it), a draft step costs about as much as a decode, k auto rarely drafts,
+    and the asks cost more than the loose tokens save: fly then keeps exact matches only (its
+    text is spd's). Decided from the models alone, never from timings, so the same request
+    gives the same text on any machine."""
+    return draft_params < ASK_SHARE * target_params
+
 
 def alone(costs: Costs) -> float:
     """Tokens per second of a plain target decode (host time included), now."""

@@ -57,7 +57,8 @@ def test_fly_text_does_not_depend_on_the_plans(pair, temperature):
     loose = 0
     for prompt in PROMPTS:
         texts = {}
-        for name, spec, plans in [("auto", SpecSettings(), None), ("k2", SpecSettings(k=2), None),
+        # loosen "on": this draft is the target's own size, where k auto alone would match exactly
+        for name, spec, plans in [("auto", SpecSettings(loosen="on"), None), ("k2", SpecSettings(k=2), None),
                                   ("k12", SpecSettings(k=12), None), ("other1", SpecSettings(k=10), 1),
                                   ("other2", SpecSettings(k=10), 2)]:
             drafter = OtherPlans(pair.drafter(spec), plans) if plans is not None else None
@@ -82,7 +83,7 @@ def _generate(stories, stories_draft, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("sampling", [(), ("--temperature", "0.9", "--seed", "7")])
+@pytest.mark.parametrize("sampling", [(), ("--temperature", "0.9", "--seed", "7"), ("--loosen", "on")])
 def test_the_same_request_in_another_process_on_a_busy_machine(stories, stories_draft, sampling, tmp_path,
                                                                monkeypatch):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))  # each process calibrates, busy or not
@@ -95,3 +96,19 @@ def test_the_same_request_in_another_process_on_a_busy_machine(stories, stories_
         hog.kill()
         hog.wait()
     assert busy["text"] == idle["text"] and busy["tokens"] == idle["tokens"]
+
+
+def test_k_auto_matches_exactly_where_asking_the_draft_costs_a_decode(pair):
+    """The bundled draft is the target's own size: k auto's fly would pay a draft step for every
+    unsure position it asks about, so it matches exactly (the text of spd) and asks nothing."""
+    assert pair.draft_ctx.model.n_params >= 0.5 * pair.target_model.n_params
+    fly = pair.generate(PROMPTS[0], spec=SpecSettings(), max_tokens=60).run()
+    spd = pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd"), max_tokens=60).run()
+    assert fly.request.spec.loosen == "off" and fly.stats.n_asked == 0 and fly.stats.n_loose == 0
+    assert fly.tokens == spd.tokens
+    assert pair.generate(PROMPTS[0], spec=SpecSettings(k=4), max_tokens=8).request.spec.loosen == "auto"
+
+
+def test_loosening_pays_with_a_draft_under_half_the_target():
+    from fly_cpp.worth import loosening_pays
+    assert loosening_pays(500_000_000, 1_500_000_000) and not loosening_pays(800, 1_000)
