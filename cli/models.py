@@ -111,7 +111,7 @@ def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ct
 def _hybrid_line(model: Any, n_threads: int) -> None:
     """How a recurrent or hybrid model's cache goes back, by the way fly-cpp picks, and what each way costs."""
     from fly_cpp.config import cpu_cores
-    from fly_cpp.costs import cheaper, measure_rollbacks
+    from fly_cpp.rollback_costs import cheaper, measure_rollbacks
 
     ways = measure_rollbacks(model, n_threads or cpu_cores())
     click.echo(f"    hybrid: rollback by {cheaper(ways)} (measured here)")

@@ -442,8 +442,9 @@ class Context:
         architecture and the micro-batch holds them, else checkpoints)."""
         self.model = model
         # llama.cpp caps the batch at the context; so does the batch allocated here, which
-        # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill)
-        n_batch = max(1, min(n_batch, n_ctx or n_batch))
+        # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill, or
+        # seconds of allocating); n_ctx 0 is the model's own context length
+        n_batch = max(1, min(n_batch, n_ctx or model.n_ctx_train or n_batch))
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch

@@ -1,60 +1,35 @@
-"""What a forward pass costs on this machine: measured, cached, and kept current.
+"""What a forward pass costs on this machine, as k auto prices it.
 
 A round of speculative decoding pays for drafting (one draft decode per step, plus the rows it
 catches up on) and for one target decode of the drafted rows plus one. Whether that beats a
 plain target decode depends on the machine, the models, their quantization, the threads and
-the offload, so nothing here is assumed: ``measure`` times llama_decode on a context for a few
-batch sizes (``Curve``: seconds by rows, linear in between), twice, the second time with
-``SPAN`` more tokens in the cache: a decode also reads the cache it attends over, and on a
-CPU that grows with the context (the synthetic costly target: 17 rows take 92 ms at 8 tokens
-of context and 207 ms at 250), so a curve measured on an empty cache priced the batches of a
-real generation at half what they cost. ``Curve`` is linear in the depth too. ``calibrate`` does it for a pair
-and caches the result in ``<cache>/costs.json`` under a key made of everything that changes
-it (the model files, the settings they are loaded with, the machine and the llama.cpp build),
-and ``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a
-GPU, a throttled CPU are handled alike). A curve whose batches cost far more per row than single
-decodes (``Curve.plausible``) was bent by other work while it was measured: it is measured again,
-and never cached. A plain one-row target decode and a batch are scaled
-apart: a calibration can misjudge one and not the other (a one-row decode measured 26% fast made
-every batch look 35% dear, and drafting stopped where it paid), and each is seen often enough to
-correct itself: plain decodes between drafts, batches in every drafting round.
+the offload, so nothing is assumed: ``fly_cpp.calibrate`` times llama_decode for a few batch
+sizes (``Curve``: seconds by rows, linear in between) on an empty cache and ``SPAN`` tokens
+deeper, since a decode also reads the cache it attends over (the synthetic costly target: 17
+rows take 92 ms at 8 tokens of context and 207 ms at 250); ``Curve`` is linear in the depth too.
+``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a GPU, a
+throttled CPU are handled alike). A plain one-row target decode and a batch are scaled apart: a
+calibration can misjudge one and not the other (a one-row decode measured 26% fast made every
+batch look 35% dear, and drafting stopped where it paid), and each is seen often enough to
+correct itself: plain decodes between drafts, batches in every drafting round. A curve whose
+batches cost far more per row than single decodes (``Curve.plausible``) was bent by other work
+while it was measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
-import os
-import platform
-import statistics
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from time import perf_counter
 
-from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Model, backend_version
-from fly_cpp.config import ModelSettings
-from fly_cpp.errors import FlyError
+from fly_cpp.rollback_costs import Rollbacks
 
-TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
-DRAFT_ROWS = (1, 2, 4, 8, 16, 32)
-REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the median kept
-MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
-MAX_REPEATS = 15
 TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
 SMOOTHING = 0.1  # weight of one round in the running scale
-MAX_ENTRIES = 64
 MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least this share of it
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
-MEASURE_TRIES = 3
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
-SNAPSHOT_EDGE = 0.75  # snapshots are picked unless checkpoints measure cheaper than this share of them
-SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
-_file_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -120,111 +95,6 @@ def _interpolate(rows: Sequence[int], values: Sequence[float], n: int) -> float:
     raise AssertionError("unreachable")
 
 
-def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
-    """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
-    after each (the cache is left as it was, but for room made at its end for the largest
-    batch when the context is nearly full). The sizes take turns, pass after pass (the first
-    one untimed: caches, allocations), and each keeps its median: a burst of other work on the
-    machine then bends one pass of every size, which the median drops, rather than every
-    timing of one size (a one-row decode timed 48% dear that way made batches look nearly
-    free). A decode of more rows never costs less than one of fewer (the curve is made
-    non-decreasing: timing noise must not make batches look free)."""
-    top = min(max(rows), ctx.n_batch, ctx.n_ctx)
-    if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
-        ctx.truncate(ctx.n_ctx - top)
-    base = len(ctx.tokens)
-    ctx.checkpoint()  # each timed decode is rolled back whole: a recurrent state comes back from a copy
-    sizes = [r for r in rows if r <= top]
-    times: list[list[float]] = [[] for _ in sizes]
-    for rep in range(MAX_REPEATS + 1):
-        for r, timed in zip(sizes, times):
-            t0 = perf_counter()
-            ctx.decode([token] * r, logits="all")
-            if rep:
-                timed.append(perf_counter() - t0)
-            ctx.truncate(base)
-        if rep >= repeats and all(sum(timed) >= MIN_SECONDS for timed in times):
-            break
-    seconds: list[float] = []
-    for timed in times:
-        seconds.append(max(statistics.median(timed), seconds[-1] if seconds else 0.0))
-    return Curve(tuple(sizes), tuple(seconds), depth=base)
-
-
-def measure_deep(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
-    """``measure`` at the cache's end and again ``SPAN`` tokens deeper (filler tokens, removed
-    after): one curve, linear in the depth, that prices a decode wherever the cache ends. The
-    cache is left as it was, but for room made at its end when the context is nearly full."""
-    top = min(max(rows), ctx.n_batch, ctx.n_ctx)
-    span = min(SPAN, (ctx.n_ctx - top) // 2)
-    if len(ctx.tokens) > ctx.n_ctx - top - span:
-        ctx.truncate(max(ctx.n_ctx - top - span, 0))
-    base = len(ctx.tokens)
-    near = measure(ctx, rows, token, repeats)
-    if span <= 0:
-        return near
-    ctx.decode([token] * span, logits="none")
-    far = measure(ctx, rows, token, repeats)
-    ctx.truncate(base)
-    return dataclasses.replace(near, per_token=tuple(max(f - n, 0.0) / span for n, f in zip(near.seconds, far.seconds)))
-
-
-def _identity(settings: ModelSettings, threads: int) -> dict[str, object]:
-    stat = os.stat(settings.path)
-    loaded = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("path", "n_ctx", "n_threads")}
-    return {"path": os.path.abspath(settings.path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "threads": threads, **loaded}
-
-
-def _machine() -> dict[str, object]:
-    model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"machine": platform.machine(), "cpu": model or platform.processor(), "cores": os.cpu_count(),
-            "llama.cpp": backend_version()}
-
-
-def cache_path() -> Path:
-    """``$FLY_CPP_COSTS``, else ``costs.json`` in fly-cpp's cache directory."""
-    if os.environ.get("FLY_CPP_COSTS"):
-        return Path(os.environ["FLY_CPP_COSTS"]).expanduser()
-    root = os.environ.get("FLY_CPP_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "fly-cpp")
-    return Path(root).expanduser() / "costs.json"
-
-
-def cache_key(target: ModelSettings, target_threads: int, draft: ModelSettings | None, draft_threads: int) -> str:
-    parts = {"target": _identity(target, target_threads),
-             "draft": _identity(draft, draft_threads) if draft is not None else None, "on": _machine()}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def _load_cache() -> dict[str, dict[str, object]]:
-    try:
-        data = json.loads(cache_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _curve(entry: object) -> Curve | None:
-    """A cached curve; None for one that is malformed or was measured at one depth only."""
-    try:
-        rows, secs, slopes = entry["rows"], entry["seconds"], entry["per_token"]  # type: ignore[index]
-        curve = Curve(tuple(int(r) for r in rows), tuple(float(s) for s in secs), int(entry["depth"]),  # type: ignore[index]
-                      tuple(float(s) for s in slopes))
-        return curve if curve.rows and len(curve.rows) == len(curve.seconds) == len(curve.per_token) else None
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _entry(curve: Curve | None) -> dict[str, object] | None:
-    return None if curve is None else {"rows": curve.rows, "seconds": curve.seconds, "depth": curve.depth,
-                                       "per_token": curve.per_token}
-
-
 class Costs:
     """The cost model of one pair: calibrated curves, at the depth the caches have now
     (``at``), times running scales (the target's: one for a plain one-row decode, one for
@@ -263,7 +133,7 @@ class Costs:
     def rollback(self, h: int, accept: float) -> float:
         """Seconds a round that drafts ``h`` tokens, each kept with probability ``accept`` given
         the earlier ones were, is expected to spend taking its caches back (0 on KV caches)."""
-        return self.rollbacks.round(self, h, accept) if self.rollbacks is not None else 0.0
+        return self.rollbacks.round(self.target, self.draft, h, accept) if self.rollbacks is not None else 0.0
 
     def observe_target(self, rows: int, seconds: float) -> bool:
         """Learn from a target decode if it is warm: of the same kind (one row, or a batch) as
@@ -330,58 +200,6 @@ def _blend(scale: float, ratio: float) -> float:
     return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.5 * scale, 0.2), 2.0 * scale, 5.0)
 
 
-def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,
-              draft_settings: ModelSettings | None, token: int, *, refresh: bool = False) -> Costs:
-    """The pair's cost model: from the cache when this pair, loaded this way on this machine,
-    was measured before (unless ``refresh``), else measured now (a few seconds at most) and
-    cached."""
-    key = cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
-    entry = _load_cache().get(key) if not refresh else None
-    rollbacks = Rollbacks.of(target, draft)
-    if entry is not None:
-        t = _curve(entry.get("target"))
-        d = _curve(entry.get("draft")) if draft is not None else None
-        if t is not None and (draft is None or d is not None):
-            return Costs(t, d, cached=True, rollbacks=rollbacks)
-    t, t_ok = _measure_plausibly(target, TARGET_ROWS, token)
-    d, d_ok = _measure_plausibly(draft, DRAFT_ROWS, token) if draft is not None else (None, True)
-    if t_ok and d_ok:
-        _store(key, t, d)  # a curve the machine's load bent is used now but measured again next time
-    return Costs(t, d, rollbacks=rollbacks)
-
-
-def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
-    """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
-    machine made some sizes far dearer than they are); the last one bounded if it never is.
-    The flag: a plausible curve was measured."""
-    for _ in range(MEASURE_TRIES):
-        curve = measure_deep(ctx, rows, token)
-        if curve.plausible:
-            return curve, True
-    return curve.bounded(), False
-
-
-def _store(key: str, target: Curve, draft: Curve | None) -> None:
-    _store_entry(key, {"target": _entry(target), "draft": _entry(draft)})
-
-
-def _store_entry(key: str, entry: dict[str, object]) -> None:
-    with _file_lock:
-        data = _load_cache()
-        data.pop(key, None)
-        data[key] = entry
-        while len(data) > MAX_ENTRIES:  # the oldest entries go first
-            data.pop(next(iter(data)))
-        path = cache_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only home: measure again next time
-
-
 def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,
                 auto: bool) -> str | None:
     """One line when a generation ran slower than the target alone would here (measured costs),
@@ -412,135 +230,3 @@ def format_curve(costs: Costs, depth: int = 0) -> str:
         d = f"{draft(r, depth) * 1e3:9.2f} {draft(r, depth) / single:9.2f}" if draft else ""
         lines.append(f"{r:>5} {t * 1e3:10.2f} {t / single:8.2f} {d}")
     return "\n".join(lines)
-
-
-# -- rollbacks of recurrent and hybrid caches (fly_cpp.rollback) -----------------------------------
-
-@dataclass
-class Rollbacks:
-    """What taking a round's caches back costs on a pair with a recurrent or hybrid model. A KV
-    cache drops rejected rows for free; a recurrent state does not:
-
-    - with checkpoints the target copies its state before every verification, and a round that
-      keeps a of its h drafted tokens restores the copy and decodes the a + 1 kept rows again,
-      in a pass of their own (llama.cpp's replay); snapshots cover rollbacks of up to
-      ``n_rs_seq`` tokens for free, and only longer ones go the checkpoint's way;
-    - a draft model copies its state once a round, and after a partial accept restores it and
-      decodes the kept rows again: with checkpoints in a pass of their own, with snapshots in
-      its first draft step's batch.
-
-    Copies and restores are priced at what the contexts measured (``Ledger``: the calibration's
-    rollbacks first, then every round's), re-decoded rows by the decode curves."""
-
-    target_way: str
-    target_depth: int
-    target: rb.Ledger
-    draft_way: str
-    draft: rb.Ledger | None
-
-    @staticmethod
-    def of(target: Context, draft: Context | None) -> Rollbacks | None:
-        ways = [c.rollback for c in (target, draft) if c is not None]
-        if all(w == rb.KV for w in ways):
-            return None
-        return Rollbacks(target.rollback, target.n_rs_seq, target.rollbacks,
-                         draft.rollback if draft is not None else rb.KV, draft.rollbacks if draft is not None else None)
-
-    def round(self, costs: Costs, h: int, accept: float) -> float:
-        if h <= 0:
-            return 0.0
-        t, d = self.target, self.draft
-        free = self.target_depth if self.target_way == rb.SNAPSHOTS else 0  # rows snapshots drop for free
-        seconds = t.copy_mean() if self.target_way != rb.KV and h > free else 0.0
-        seconds += d.copy_mean() if d is not None and self.draft_way != rb.KV else 0.0
-        p_kept = 1.0  # P(the first a drafted tokens are kept)
-        for a in range(h):  # the round keeps exactly a < h of them
-            p = p_kept * (1.0 - accept)
-            if self.target_way != rb.KV and h - a > free:
-                seconds += p * (t.restore_mean() + costs.target(a + 1))
-            if d is not None and self.draft_way == rb.CHECKPOINTS:
-                seconds += p * (d.restore_mean() + costs.draft(a + 1))
-            elif d is not None and self.draft_way == rb.SNAPSHOTS:
-                seconds += p * (d.restore_mean() + max(costs.draft(a + 2) - costs.draft(1), 0.0))
-            p_kept *= accept
-        return seconds
-
-    def as_dict(self) -> dict[str, object]:
-        return {"target": {"way": self.target_way, "copy_ms": round(self.target.copy_mean() * 1e3, 3),
-                           "restore_ms": round(self.target.restore_mean() * 1e3, 3)},
-                "draft": {"way": self.draft_way, "copy_ms": round(self.draft.copy_mean() * 1e3, 3),
-                          "restore_ms": round(self.draft.restore_mean() * 1e3, 3)} if self.draft is not None else None}
-
-
-@dataclass(frozen=True)
-class RollbackWay:
-    """What taking a recurrent or hybrid model's cache back costs one way, in milliseconds, over
-    rounds like speculation's: decode 5 rows with logits, keep 2. A round takes the decode
-    (snapshots also write the last rows' states; checkpoints copy the state before it, and after
-    a restore decode the kept rows again first) and the drop (native, or restoring the copy)."""
-
-    way: str
-    round_ms: float
-    drop_ms: float
-    copy_ms: float
-    restore_ms: float
-
-
-def measure_rollbacks(model: Model, n_threads: int, rounds: int = 12, n_ubatch: int = 512) -> list[RollbackWay]:
-    """Each way ``model``'s cache can go back (snapshots where llama.cpp keeps them for its
-    architecture and the micro-batch holds them, then checkpoints), timed over ``rounds`` rounds
-    after an untimed one, the ways taking turns (drift on a busy machine bends both alike), on
-    small contexts of their own."""
-    prompt = [max(model.bos, 0)] + list(range(100, 131))
-    ctxs = []
-    try:
-        for way in (rb.SNAPSHOTS, rb.CHECKPOINTS):
-            try:
-                ctxs.append(Context(model, n_ctx=256, n_threads=n_threads, n_ubatch=n_ubatch, rollback=way))
-            except FlyError:
-                continue  # no snapshots here
-            ctxs[-1].decode(prompt, logits="none")
-        whole: list[list[float]] = [[] for _ in ctxs]
-        drops: list[list[float]] = [[] for _ in ctxs]
-        for i in range(rounds + 1):
-            for ctx, w, d in zip(ctxs, whole, drops):
-                t0 = perf_counter()
-                ctx.decode(prompt[i % 5 + 1: i % 5 + 6], logits="all")
-                t1 = perf_counter()
-                ctx.truncate(len(ctx.tokens) - 3)
-                t2 = perf_counter()
-                if i:
-                    w.append(t2 - t0)
-                    d.append(t2 - t1)
-        return [RollbackWay(ctx.rollback, statistics.median(w) * 1e3, statistics.median(d) * 1e3,
-                            ctx.rollbacks.copy_mean() * 1e3, ctx.rollbacks.restore_mean() * 1e3)
-                for ctx, w, d in zip(ctxs, whole, drops)]
-    finally:
-        for ctx in ctxs:
-            ctx.close()
-
-
-def pick_rollback(model: Model, settings: ModelSettings, threads: int) -> str:
-    """The way a context of ``model`` goes back: as set, else (auto, on a recurrent or hybrid
-    model) the cheaper of snapshots and checkpoints as measured here (``measure_rollbacks``),
-    once per model, settings and machine (cached with the cost curves)."""
-    if settings.rollback != "auto" or not model.recurrent:
-        return settings.rollback
-    key = "rollback-" + hashlib.sha256(json.dumps({"model": _identity(settings, threads), "on": _machine()},
-                                                  sort_keys=True, default=str).encode()).hexdigest()[:32]
-    way = _load_cache().get(key, {}).get("way")
-    if way in (rb.SNAPSHOTS, rb.CHECKPOINTS):
-        return str(way)
-    ways = measure_rollbacks(model, threads, n_ubatch=settings.n_ubatch)
-    if not ways:
-        return "auto"
-    best = cheaper(ways)
-    _store_entry(key, {"way": best, "round_ms": {w.way: round(w.round_ms, 3) for w in ways}})
-    return best
-
-
-def cheaper(ways: Sequence[RollbackWay]) -> str:
-    """The way to pick from measured ones. Snapshots save more in a generation than the probe
-    shows (a draft's catch-up rides with its first step, where a checkpoint needs a decode of
-    its own before it), so checkpoints must measure clearly cheaper to be picked."""
-    return min(ways, key=lambda w: w.round_ms * (SNAPSHOT_EDGE if w.way == rb.SNAPSHOTS else 1.0)).way

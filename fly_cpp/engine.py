@@ -19,7 +19,10 @@ from fly_cpp import loop, recall, scoring, worth
 from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, cache_key, calibrate, pick_rollback, slower_note
+from fly_cpp.calibrate import cached, calibrate
+from fly_cpp.costcache import cache_key
+from fly_cpp.costs import Costs, slower_note
+from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
@@ -354,11 +357,15 @@ class Engine:
     def slower_note(self, gen: Generation) -> str | None:
         """One line when ``gen`` (finished) ran slower than the target alone would have here,
         with the measured reason and what to try; None otherwise (or when it was too short to
-        tell). Measures the pair's costs if no generation did yet (cached on disk)."""
+        tell). Never measures: a note must not cost more than the answer, so it reads the costs
+        k auto used, else the cached ones, else says nothing."""
         s = gen.stats
         if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
             return None
-        model = self.costs()
+        with self._lock:
+            model = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings)
+        if model is None:
+            return None
         return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)
 
     # -- lifetime --------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 - ``Guesses``: the same for n-gram guesses, by the length of the n-gram a guess continues.
 - ``Evidence``: a pair's record as a whole: the rates above, the confidence the first drafted
   tokens had lately, and whether drafting rounds have paid over a long run. It outlives a
-  process (``as_dict`` / ``load``: kept next to the calibrated costs, ``fly_cpp.costs``).
+  process (``as_dict`` / ``load``: kept next to the calibrated costs, ``fly_cpp.costcache``).
 
 Every rate is a ``decayed.Rate``: recent text counts more (``MEMORY`` per new observation).
 """

@@ -2,7 +2,7 @@
 first request after a server starts) plans its first rounds from what the last process on this
 pair, loaded this way on this machine, had learned (``fly_cpp.evidence``), not from the priors.
 
-Kept in ``evidence.json`` beside the cost cache (``fly_cpp.costs.cache_path``;
+Kept in ``evidence.json`` beside the cost cache (``fly_cpp.costcache.cache_path``;
 ``$FLY_CPP_EVIDENCE`` puts it elsewhere),
 under the cost cache's key of the pair (model files, load settings, threads, machine,
 llama.cpp build) and the decoding settings that change what is learned. The record decays as
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from fly_cpp import jsoncache
-from fly_cpp.costs import cache_path
+from fly_cpp.costcache import cache_path
 from fly_cpp.evidence import Evidence
 
 

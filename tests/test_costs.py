@@ -8,8 +8,9 @@ import json
 import pytest
 
 from fly_cpp import Engine, ModelSettings
-from fly_cpp.costs import (Costs, Curve, cache_key, cache_path, calibrate, format_curve, measure, measure_deep,
-                            slower_note)
+from fly_cpp.calibrate import calibrate, measure, measure_deep
+from fly_cpp.costcache import cache_key, cache_path
+from fly_cpp.costs import Costs, Curve, format_curve, slower_note
 from fly_cpp._llama import Context, Model
 
 MS = 1e-3
@@ -159,6 +160,19 @@ def test_slower_note_says_why_and_what_to_try():
     assert "exploring" in (slower_note(14.0, 5.0, 3.0, c, auto=True) or "")
 
 
+def test_the_slower_note_never_measures(stories, stories_draft, tmp_path, monkeypatch):
+    """A note must not cost more than the answer: with a fixed k nothing calibrated, and with
+    nothing cached the note stays silent instead of measuring (minutes on a large pair)."""
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    from fly_cpp import SpecSettings
+    with Engine(ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1)) as e:
+        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd", k=4), max_tokens=40).run()
+        assert gen.stats.n_drafted > 0
+        assert e.slower_note(gen) is None and not (tmp_path / "costs.json").exists()
+        e.costs()  # measured and cached: now the note may speak, from the cache
+        assert (tmp_path / "costs.json").exists()
+
+
 def test_measure_makes_room_in_a_full_context(stories):
     with Model(stories) as m, Context(m, n_ctx=64, n_threads=1) as ctx:
         ctx.decode([m.bos] * 62, logits="none")
@@ -201,7 +215,7 @@ class _TimedContext:
 def test_a_curve_bent_by_a_busy_machine_is_measured_again_and_never_cached(
         stories, tmp_path, monkeypatch, busy, cached):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
-    monkeypatch.setattr("fly_cpp.costs.perf_counter", lambda: _Clock.now)
+    monkeypatch.setattr("fly_cpp.calibrate.perf_counter", lambda: _Clock.now)
     t = ModelSettings(str(stories), n_ctx=256, n_threads=1)
     costs = calibrate(_TimedContext(10 * MS, busy), t, None, None, token=0)  # type: ignore[arg-type]
     assert costs.target_curve.plausible

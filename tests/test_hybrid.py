@@ -260,7 +260,8 @@ def test_a_state_that_cannot_go_back_is_refused_in_one_line(qwen35_pair, monkeyp
 # -- what k auto knows about rollbacks ---------------------------------------------------------
 
 def test_k_auto_prices_a_rejection_on_a_recurrent_state():
-    from fly_cpp.costs import Costs, Curve, Rollbacks
+    from fly_cpp.costs import Costs, Curve
+    from fly_cpp.rollback_costs import Rollbacks
     from fly_cpp.pacer import Pacer
     from fly_cpp.rollback import Ledger
 
@@ -281,7 +282,7 @@ def test_k_auto_prices_a_rejection_on_a_recurrent_state():
 
 
 def test_the_cheaper_way_is_measured_once_per_model(qwen35_pair, tmp_path, monkeypatch):
-    from fly_cpp import costs
+    from fly_cpp import rollback_costs as costs
 
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
     target, _ = qwen35_pair

@@ -1,0 +1,137 @@
+"""Calibrating a pair: timing llama_decode for a few batch sizes on both models, twice (the
+second time ``SPAN`` tokens deeper), the sizes taking turns so that a burst of other work cannot
+bend one size alone; cached (``fly_cpp.costcache``) so that it happens once per pair and
+machine. A curve the machine's load bent (``Curve.plausible``) is measured again, and never
+cached."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from time import perf_counter
+
+from fly_cpp import costcache
+from fly_cpp._llama import Context
+from fly_cpp.config import ModelSettings
+from fly_cpp.costs import Costs, Curve
+from fly_cpp.rollback_costs import Rollbacks
+
+TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
+DRAFT_ROWS = (1, 2, 4, 8, 16, 32)
+REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the median kept
+MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
+MAX_REPEATS = 15
+MEASURE_TRIES = 3
+SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
+
+
+def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+    """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
+    after each (the cache is left as it was, but for room made at its end for the largest
+    batch when the context is nearly full). The sizes take turns, pass after pass (the first
+    one untimed: caches, allocations), and each keeps its median: a burst of other work on the
+    machine then bends one pass of every size, which the median drops, rather than every
+    timing of one size (a one-row decode timed 48% dear that way made batches look nearly
+    free). A decode of more rows never costs less than one of fewer (the curve is made
+    non-decreasing: timing noise must not make batches look free)."""
+    top = min(max(rows), ctx.n_batch, ctx.n_ctx)
+    if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
+        ctx.truncate(ctx.n_ctx - top)
+    base = len(ctx.tokens)
+    ctx.checkpoint()  # each timed decode is rolled back whole: a recurrent state comes back from a copy
+    sizes = [r for r in rows if r <= top]
+    times: list[list[float]] = [[] for _ in sizes]
+    for rep in range(MAX_REPEATS + 1):
+        for r, timed in zip(sizes, times):
+            t0 = perf_counter()
+            ctx.decode([token] * r, logits="all")
+            if rep:
+                timed.append(perf_counter() - t0)
+            ctx.truncate(base)
+        if rep >= repeats and all(sum(timed) >= MIN_SECONDS for timed in times):
+            break
+    seconds: list[float] = []
+    for timed in times:
+        seconds.append(max(statistics.median(timed), seconds[-1] if seconds else 0.0))
+    return Curve(tuple(sizes), tuple(seconds), depth=base)
+
+
+def measure_deep(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+    """``measure`` at the cache's end and again ``SPAN`` tokens deeper (filler tokens, removed
+    after): one curve, linear in the depth, that prices a decode wherever the cache ends. The
+    cache is left as it was, but for room made at its end when the context is nearly full."""
+    top = min(max(rows), ctx.n_batch, ctx.n_ctx)
+    span = min(SPAN, (ctx.n_ctx - top) // 2)
+    if len(ctx.tokens) > ctx.n_ctx - top - span:
+        ctx.truncate(max(ctx.n_ctx - top - span, 0))
+    base = len(ctx.tokens)
+    near = measure(ctx, rows, token, repeats)
+    if span <= 0:
+        return near
+    ctx.decode([token] * span, logits="none")
+    far = measure(ctx, rows, token, repeats)
+    ctx.truncate(base)
+    return dataclasses.replace(near, per_token=tuple(max(f - n, 0.0) / span for n, f in zip(near.seconds, far.seconds)))
+
+
+def _curve(entry: object) -> Curve | None:
+    """A cached curve; None for one that is malformed or was measured at one depth only."""
+    try:
+        rows, secs, slopes = entry["rows"], entry["seconds"], entry["per_token"]  # type: ignore[index]
+        curve = Curve(tuple(int(r) for r in rows), tuple(float(s) for s in secs), int(entry["depth"]),  # type: ignore[index]
+                      tuple(float(s) for s in slopes))
+        return curve if curve.rows and len(curve.rows) == len(curve.seconds) == len(curve.per_token) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _entry(curve: Curve | None) -> dict[str, object] | None:
+    return None if curve is None else {"rows": curve.rows, "seconds": curve.seconds, "depth": curve.depth,
+                                       "per_token": curve.per_token}
+
+
+def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,
+              draft_settings: ModelSettings | None, token: int, *, refresh: bool = False) -> Costs:
+    """The pair's cost model: from the cache when this pair, loaded this way on this machine,
+    was measured before (unless ``refresh``), else measured now (a few seconds at most) and
+    cached."""
+    if not refresh and (known := cached(target, target_settings, draft, draft_settings)) is not None:
+        return known
+    key = costcache.cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
+    rollbacks = Rollbacks.of(target, draft)
+    t, t_ok = _measure_plausibly(target, TARGET_ROWS, token)
+    d, d_ok = _measure_plausibly(draft, DRAFT_ROWS, token) if draft is not None else (None, True)
+    if t_ok and d_ok:
+        _store(key, t, d)  # a curve the machine's load bent is used now but measured again next time
+    return Costs(t, d, rollbacks=rollbacks)
+
+
+def cached(target: Context, target_settings: ModelSettings, draft: Context | None,
+           draft_settings: ModelSettings | None) -> Costs | None:
+    """The pair's cost model from the cache, or None when it was never measured (nothing is
+    measured here)."""
+    key = costcache.cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
+    entry = costcache.load().get(key)
+    if entry is None:
+        return None
+    t = _curve(entry.get("target"))
+    d = _curve(entry.get("draft")) if draft is not None else None
+    if t is None or (draft is not None and d is None):
+        return None
+    return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft))
+
+
+def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
+    """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
+    machine made some sizes far dearer than they are); the last one bounded if it never is.
+    The flag: a plausible curve was measured."""
+    for _ in range(MEASURE_TRIES):
+        curve = measure_deep(ctx, rows, token)
+        if curve.plausible:
+            return curve, True
+    return curve.bounded(), False
+
+
+def _store(key: str, target: Curve, draft: Curve | None) -> None:
+    costcache.store(key, {"target": _entry(target), "draft": _entry(draft)})

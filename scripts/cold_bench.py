@@ -1,0 +1,87 @@
+"""Cold runs, as a user meets both tools: every prompt in a fresh process for fly-cpp too.
+
+    python scripts/cold_bench.py --pair qwen-coder-f16 --dataset humaneval --limit 4 -n 64 -t 2 \\
+        --llama-cpp-bin ~/llama-bin --peer-k 3,5,8 [--fly-arg=--k --fly-arg=5] -o cold.json
+
+Per prompt, in an order that rotates from prompt to prompt: `fly-cpp generate` with its
+defaults and with `--mode target` (each a new process, no tuning flags), `llama-completion`
+and `llama-speculative-simple` at each `--peer-k` (p-min 0, llama.cpp's default; `--peer-p-min`
+to change), all on the same raw prompt text. Decode tokens/s of each (prompt processing and
+loading left out on both sides, as `fly-cpp bench` does); medians and ratios to fly-cpp's
+target-only, and fly-cpp's defaults over llama.cpp's best configuration. The cost and evidence
+caches are whatever `$FLY_CPP_COSTS` / `$FLY_CPP_EVIDENCE` name (a user's are warm after their
+first runs; point them at an empty directory for a first-ever run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from fly_cpp.bench.datasets import load, select
+from fly_cpp.bench.peer import Peer
+from fly_cpp.models.sources import resolve
+
+
+def fly(target: str, draft: str, prompt: str, n: int, threads: int, extra: list[str]) -> float:
+    argv = [sys.executable, "-m", "fly_cpp.cli.main", "generate", "-m", target, "-d", draft, "-t", str(threads),
+            "-n", str(n), "--temperature", "0", "--json", "-p", prompt, *extra]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        sys.exit(f"cold_bench: fly-cpp failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return float(json.loads(done.stdout)["stats"]["tokens_per_second"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair")
+    ap.add_argument("-m", "--model")
+    ap.add_argument("-d", "--draft")
+    ap.add_argument("--dataset", default="humaneval")
+    ap.add_argument("--limit", type=int, default=4)
+    ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--llama-cpp-bin", required=True)
+    ap.add_argument("--peer-k", default="3,5,8")
+    ap.add_argument("--peer-p-min", type=float, default=0.0)
+    ap.add_argument("--fly-arg", action="append", default=[], help="an extra argument for the fly-cpp defaults run")
+    ap.add_argument("-o", "--out", default="cold.json")
+    a = ap.parse_args()
+    pair = resolve(a.model, a.draft, pair=a.pair)
+    target, draft = pair.target, pair.draft
+    if draft is None:
+        sys.exit("cold_bench: a draft model is needed (--pair or -d)")
+    peer = Peer(a.llama_cpp_bin, target, draft, n_ctx=4096, n_threads=a.threads)
+    ks = [int(k) for k in a.peer_k.split(",") if k]
+    configs = ["fly-cpp defaults", "fly-cpp target", "llama-completion", *(f"llama.cpp spd k {k}" for k in ks)]
+    speeds: dict[str, list[float]] = {c: [] for c in configs}
+    prompts = select(load(a.dataset).prompts, a.limit)
+    for i, p in enumerate(prompts):
+        order = configs[i % len(configs):] + configs[:i % len(configs)]
+        for c in order:
+            if c == "fly-cpp defaults":
+                speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg))
+            elif c == "fly-cpp target":
+                speeds[c].append(fly(target, draft, p.text, a.n, a.threads, ["--mode", "target"]))
+            elif c == "llama-completion":
+                speeds[c].append(peer.run("target", p.text, a.n).tokens_per_second)
+            else:
+                speeds[c].append(peer.run("speculative", p.text, a.n, int(c.rsplit(" ", 1)[1]), a.peer_p_min)
+                                 .tokens_per_second)
+        print(f"prompt {i + 1}/{len(prompts)} {p.id}: " + ", ".join(f"{c} {speeds[c][-1]:.2f}" for c in configs),
+              file=sys.stderr)
+    med = {c: statistics.median(v) for c, v in speeds.items()}
+    best = max((c for c in configs if c.startswith("llama")), key=lambda c: med[c])
+    print("| config | tok/s (median) | vs fly-cpp target |\n|---|---|---|")
+    for c in configs:
+        print(f"| {c} | {med[c]:.2f} | {med[c] / med['fly-cpp target']:.2f}x |")
+    print(f"\nfly-cpp defaults / llama.cpp's best ({best}): {med['fly-cpp defaults'] / med[best]:.3f}x")
+    Path(a.out).write_text(json.dumps({"args": vars(a), "speeds": speeds, "median": med, "best_peer": best}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
