@@ -7,7 +7,9 @@ cached."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
+import time
 from collections.abc import Sequence
 from time import perf_counter
 
@@ -102,9 +104,10 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
     rollbacks = Rollbacks.of(target, draft)
     t, t_ok = _measure_plausibly(target, TARGET_ROWS, token)
     d, d_ok = _measure_plausibly(draft, DRAFT_ROWS, token) if draft is not None else (None, True)
+    when = _when()
     if t_ok and d_ok:
-        _store(key, t, d)  # a curve the machine's load bent is used now but measured again next time
-    return Costs(t, d, rollbacks=rollbacks)
+        _store(key, t, d, when)  # a curve the machine's load bent is used now but measured again next time
+    return Costs(t, d, rollbacks=rollbacks, measured=when)
 
 
 def cached(target: Context, target_settings: ModelSettings, draft: Context | None,
@@ -119,7 +122,8 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
     d = _curve(entry.get("draft")) if draft is not None else None
     if t is None or (draft is not None and d is None):
         return None
-    return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft))
+    when = entry.get("measured")
+    return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft), measured=when if isinstance(when, str) else "")
 
 
 def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
@@ -133,5 +137,12 @@ def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[C
     return curve.bounded(), False
 
 
-def _store(key: str, target: Curve, draft: Curve | None) -> None:
-    costcache.store(key, {"target": _entry(target), "draft": _entry(draft)})
+def _store(key: str, target: Curve, draft: Curve | None, when: str) -> None:
+    costcache.store(key, {"target": _entry(target), "draft": _entry(draft), "measured": when})
+
+
+def _when() -> str:
+    """When a calibration ran and how busy the machine was (the load average over a minute:
+    other work bends a calibration, and a user reading the curve should know)."""
+    load = f", load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores" if hasattr(os, "getloadavg") else ""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + load

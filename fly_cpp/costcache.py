@@ -66,11 +66,23 @@ def store(key: str, entry: dict[str, object]) -> None:
         data[key] = entry
         while len(data) > MAX_ENTRIES:  # the oldest entries go first
             data.pop(next(iter(data)))
-        path = cache_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only home: measure again next time
+        _write(data)
+
+
+def drop(key: str) -> None:
+    """Forget ``key``'s entry (its next use measures again)."""
+    with _file_lock:
+        data = load()
+        if data.pop(key, None) is not None:
+            _write(data)
+
+
+def _write(data: dict[str, dict[str, object]]) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measure again next time

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,8 @@ TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
 SMOOTHING = 0.1  # weight of one round in the running scale
 MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least this share of it
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
+CHECK = 3  # warm live decodes of each kind (one row, a batch) a cached calibration is checked against
+CHECK_TOLERANCE = 1.5  # beyond this factor either way it is off: rescaled at once, and measured again next time
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
 
 
@@ -101,9 +104,10 @@ class Costs:
     batches, which follows the first until a batch is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
-                 rollbacks: Rollbacks | None = None) -> None:
+                 rollbacks: Rollbacks | None = None, measured: str = "") -> None:
         self.target_curve, self.draft_curve = target, draft
         self.cached = cached  # the curves came from the cache, not from a measurement now
+        self.measured = measured  # when and under what load the curves were measured ("" unknown)
         self.rollbacks = rollbacks  # recurrent/hybrid caches: what going back costs (None: KV caches, free)
         self.target_scale = self.draft_scale = 1.0
         self.batch_scale: float | None = None  # target batches (2+ rows); None: none seen yet
@@ -112,6 +116,8 @@ class Costs:
         self.depth = 0  # tokens in the caches this round (both models hold about as many)
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
         self.draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
+        self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
+        self.disagrees = False  # the live decodes contradicted the cached curve: it is to be measured again
 
     def cold(self) -> None:
         """A decode outside the rounds (a prompt) came last: the next round's decodes are not warm."""
@@ -154,10 +160,32 @@ class Costs:
         if not warm:
             return False
         ratio = seconds / self.target_curve(rows, self.depth)
+        if self._check(rows > 1, ratio):
+            return True
         if rows <= 1:
             self.target_scale = _blend(self.target_scale, ratio)
         else:
             self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
+        return True
+
+    def _check(self, batch: bool, ratio: float) -> bool:
+        """A cached curve against the first warm live decodes of each kind: where their median
+        is off by more than CHECK_TOLERANCE either way (a calibration taken while other work
+        ran: a one-row decode timed at 4.9 s and 6 rows at 5.4 s made batches look free, and
+        every later run drafted where nothing pays), that kind's scale jumps to it at once and
+        the curve is marked for measuring again. Returns whether the scale was set."""
+        seen = self._checks[batch]
+        if not self.cached or len(seen) >= CHECK:
+            return False
+        seen.append(ratio)
+        mid = statistics.median(seen)
+        if len(seen) < CHECK or 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
+            return False
+        self.disagrees = True
+        if batch:
+            self.batch_scale = mid
+        else:
+            self.target_scale = mid
         return True
 
     def entering(self) -> float:
@@ -185,7 +213,7 @@ class Costs:
                 "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
                 "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
-                "cached": self.cached, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
+                "cached": self.cached, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
 
 
 def _per_1k(curve: Curve) -> dict[str, float]:

@@ -15,12 +15,11 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from fly_cpp import loop, recall, scoring, worth
+from fly_cpp import costcache, loop, recall, scoring, worth
 from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.calibrate import cached, calibrate
-from fly_cpp.costcache import cache_key
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
@@ -299,12 +298,16 @@ class Engine:
             return base
         key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
         if key not in self._pacers:
-            d = self.draft_ctx
-            record = recall.key(cache_key(self.target_settings, self.target.n_threads, self.draft_settings,
-                                          d.n_threads if d is not None else 0), key)
+            record = recall.key(self.cost_key(), key)
             self._pacers[key] = pacer = Pacer(self._cost_model, spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
+
+    def cost_key(self) -> str:
+        """The pair's key in the cost cache (and the evidence kept beside it)."""
+        d = self.draft_ctx
+        return costcache.cache_key(self.target_settings, self.target.n_threads, self.draft_settings,
+                                   d.n_threads if d is not None else 0)
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
@@ -334,6 +337,9 @@ class Engine:
                 yield from steps
             finally:
                 if pacer is not None:
+                    if self._costs is not None and self._costs.disagrees and self._costs.cached:
+                        costcache.drop(self.cost_key())  # the next process measures again
+                        self._costs.cached = False
                     stats.pacing = pacer.as_dict()
                     recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
                 if recurrent:

@@ -225,3 +225,33 @@ def test_a_curve_bent_by_a_busy_machine_is_measured_again_and_never_cached(
     assert (cache_key(t, 1, None, 0) in (tmp_path / "costs.json").read_text()
             if (tmp_path / "costs.json").exists() else False) == cached
     assert not Curve((1, 4), (1 * MS, 40 * MS)).plausible and Curve((1, 4), (1 * MS, 5 * MS)).plausible
+
+
+def test_a_cached_curve_the_live_decodes_contradict_is_rescaled_at_once():
+    slow = Curve((1, 6), (4.9, 5.4))  # taken beside other work: batches look free
+    c = Costs(slow, None, cached=True)
+    for _ in range(4):  # the first decode after the prompt is not warm
+        c.observe_target(1, 0.11)
+    assert c.disagrees and c.target_scale == pytest.approx(0.11 / 4.9)  # at once, not a tenth a round
+    fresh = Costs(slow, None, cached=False)  # a curve measured now is not second-guessed
+    for _ in range(4):
+        fresh.observe_target(1, 0.11)
+    assert not fresh.disagrees and fresh.target_scale > 0.5
+    near = Costs(Curve((1, 6), (0.1, 0.3)), None, cached=True)
+    for s in (0.1, 0.12, 0.09, 0.11):  # within noise: the usual slow blend
+        near.observe_target(1, s)
+    assert not near.disagrees
+
+
+def test_a_contradicted_calibration_is_measured_again_by_the_next_process(stories, stories_draft, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    from fly_cpp import SpecSettings
+    from fly_cpp.costcache import load, store
+    with Engine(ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1)) as e:
+        bent = {"rows": [1, 2], "seconds": [5.0, 5.1], "depth": 0, "per_token": [0.0, 0.0]}  # a busy machine's
+        store(e.cost_key(), {"target": bent, "draft": bent})
+        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), max_tokens=48).run()
+        assert gen.stats.pacing["costs"]["disagrees"]
+        assert e.cost_key() not in load()  # the next process measures again
