@@ -9,14 +9,13 @@ import hashlib
 import json
 import os
 import platform
-import threading
 from pathlib import Path
 
+from fly_cpp import jsoncache
 from fly_cpp._llama import backend_version
 from fly_cpp.config import ModelSettings
 
 MAX_ENTRIES = 64
-_file_lock = threading.Lock()
 
 
 def identity(settings: ModelSettings, threads: int) -> dict[str, object]:
@@ -52,37 +51,13 @@ def cache_key(target: ModelSettings, target_threads: int, draft: ModelSettings |
 
 
 def load() -> dict[str, dict[str, object]]:
-    try:
-        data = json.loads(cache_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return jsoncache.load(cache_path())
 
 
 def store(key: str, entry: dict[str, object]) -> None:
-    with _file_lock:
-        data = load()
-        data.pop(key, None)
-        data[key] = entry
-        while len(data) > MAX_ENTRIES:  # the oldest entries go first
-            data.pop(next(iter(data)))
-        _write(data)
+    jsoncache.store(cache_path(), key, entry, MAX_ENTRIES)
 
 
 def drop(key: str) -> None:
     """Forget ``key``'s entry (its next use measures again)."""
-    with _file_lock:
-        data = load()
-        if data.pop(key, None) is not None:
-            _write(data)
-
-
-def _write(data: dict[str, dict[str, object]]) -> None:
-    path = cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home: measure again next time
+    jsoncache.drop(cache_path(), key)

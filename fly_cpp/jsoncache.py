@@ -29,10 +29,22 @@ def store(path: Path, key: str, entry: Any, max_entries: int = 64) -> None:
         data[key] = entry
         while len(data) > max_entries:  # the oldest entries go first
             data.pop(next(iter(data)))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only home: nothing kept
+        _write(path, data)
+
+
+def drop(path: Path, key: str) -> None:
+    """Forget ``key``'s entry, if there is one."""
+    with _lock:
+        data = load(path)
+        if data.pop(key, None) is not None:
+            _write(path, data)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: nothing kept
