@@ -816,6 +816,7 @@ class MtpContext:
         self._pos = ll.llama_pos(0)
         self.n_embd = model.n_embd
         self.tokens: list[int] = []
+        self.exact = 0  # tokens[:exact] are paired with the target's own states (the rest with the head's)
 
     def decode(self, tokens: Sequence[int], states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append ``tokens``, each with the hidden state it pairs with (``states``: one row per
@@ -850,6 +851,7 @@ class MtpContext:
     def truncate(self, n: int) -> None:
         """Drop the cache's positions from ``n`` on (a plain KV cache: always exact)."""
         n = max(n, 0)
+        self.exact = min(self.exact, n)
         if n < len(self.tokens):
             ll.llama_memory_seq_rm(self._memory, 0, n, -1)
             del self.tokens[n:]
