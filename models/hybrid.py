@@ -156,17 +156,17 @@ def _tensors(s: Shape, n_vocab: int) -> list[Tensor]:
 
 def _mtp_tensors(s: Shape, trunk: list[Tensor]) -> list[Tensor]:
     """One MTP (``nextn``) layer at block ``n_layer``, where llama.cpp's qwen35 loader looks for
-    it: a full-attention block (a copy of the trunk's first attention layer, so that its guesses
-    often agree with the target's) after ``eh_proj``, which mixes the normed embedding of the
-    token with the normed hidden state of the target before it (mostly the token: on random
-    weights the target's next token depends on the current one most). The head and its norm
-    are the model's own (tied)."""
+    it: a full-attention block (a copy of the trunk's first attention layer) after ``eh_proj``,
+    which adds the normed embedding of the token and the normed hidden state of the target
+    before it. On random weights about half of its first guesses are the target's tokens (the
+    state carries most of what the target writes next). The head and its norm are the
+    model's own (tied)."""
     first = s.interval - 1
     src, dst = f"blk.{first}.", f"blk.{s.n_layer}."
     out: list[Tensor] = [(dst + name[len(src):], data, qtype) for name, data, qtype in trunk if name.startswith(src)]
     wtype = {"f32": np.float32, "f16": np.float16}[s.dtype]
     eye = np.eye(s.n_embd, dtype=np.float32)
-    out.append((dst + "nextn.eh_proj.weight", np.concatenate([eye, 0.25 * eye], axis=1).astype(wtype), None))
+    out.append((dst + "nextn.eh_proj.weight", np.concatenate([eye, eye], axis=1).astype(wtype), None))
     out.append((dst + "nextn.enorm.weight", np.ones(s.n_embd, dtype=np.float32), None))
     out.append((dst + "nextn.hnorm.weight", np.ones(s.n_embd, dtype=np.float32), None))
     return out
