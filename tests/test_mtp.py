@@ -147,3 +147,18 @@ def test_spec_type_is_checked():
     with pytest.raises(FlyError, match="spec_type must be one of"):
         SpecSettings(spec_type="eagle3")
     assert SpecSettings(spec_type="mtp").spec_type == "draft-mtp"
+
+
+def test_generate_on_an_mtp_model_drafts_with_its_head_and_says_so(qwen35_mtp, qwen35_pair):
+    """``fly-cpp generate -m MTPMODEL.gguf`` with no -d drafts with the head (the stats line says
+    so); ``--spec-type draft-mtp`` on a model without MTP layers is one line of error."""
+    from test_cli_generate import fly, one_line_error
+
+    run = fly("generate", "-m", str(qwen35_mtp), "-p", PROMPTS[1], "-n", "24", "--temp", "0", "--mode", "spd",
+              "--draft-max", "3", "-c", "512")
+    assert run.returncode == 0, run.stderr
+    assert "drafted by the model's MTP head" in run.stderr
+    target, _ = qwen35_pair
+    line = one_line_error(fly("generate", "-m", str(target), "-p", "Hi", "-n", "4", "--spec-type", "draft-mtp",
+                              "-c", "512"))
+    assert "has no MTP layers" in line
