@@ -162,3 +162,20 @@ def test_generate_on_an_mtp_model_drafts_with_its_head_and_says_so(qwen35_mtp, q
     line = one_line_error(fly("generate", "-m", str(target), "-p", "Hi", "-n", "4", "--spec-type", "draft-mtp",
                               "-c", "512"))
     assert "has no MTP layers" in line
+
+
+def test_the_server_takes_spec_type_per_request(qwen35_mtp):
+    """``spec_type`` ("mtp" or "draft-mtp") is a request field; the text is the target's."""
+    from fastapi.testclient import TestClient
+
+    from fly_cpp import Fly
+    from fly_cpp.server import create_app
+
+    with Fly(qwen35_mtp, n_ctx=512, n_ubatch=1) as llm, TestClient(create_app(llm)) as client:
+        body = {"prompt": PROMPTS[1], "n_predict": 16, "temperature": 0}
+        want = client.post("/completion", json={**body, "mode": "target"}).json()["content"]
+        r = client.post("/completion", json={**body, "mode": "spd", "spec_type": "mtp", "n_draft": 3})
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == want
+        bad = client.post("/completion", json={**body, "spec_type": "eagle3"})
+        assert 400 <= bad.status_code < 500 and "spec_type" in bad.text
