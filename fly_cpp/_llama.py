@@ -810,7 +810,9 @@ class MtpContext:
         if not self.ptr:
             reason = last_log_error()
             raise FlyError(f"llama.cpp could not create an MTP context for {model.name}" + (f": {reason}" if reason else ""))
-        _cxx("llama_set_embeddings_nextn")(self.ptr, True, True)  # the head's own hidden state, at rows with logits
+        # the head's own state at every row: masked (rows with logits only), a batch of several
+        # tokens gave its first row's state in place of the last one's
+        _cxx("llama_set_embeddings_nextn")(self.ptr, True, False)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_ext_init(self.ptr)
         self._pos = ll.llama_pos(0)

@@ -47,11 +47,12 @@ def test_the_head_reads_the_targets_states(qwen35_mtp):
         toks = m.tokenize(PROMPTS[0])
         target.decode(toks, logits="none")
         states = np.vstack([np.zeros((1, m.n_embd), np.float32), target.hidden(0, len(toks) - 1)])
-        batch, _ = head.decode(toks, states)
+        batch, batch_state = head.decode(toks, states)
         head.truncate(0)
         for i, t in enumerate(toks):
-            alone, _ = head.decode([t], states[i:i + 1])
+            alone, alone_state = head.decode([t], states[i:i + 1])
         assert np.abs(batch - alone).max() < 1e-3
+        assert np.abs(batch_state - alone_state).max() < 1e-3  # the last row's state, not the first's
         head.truncate(len(toks) - 1)
         other, _ = head.decode(toks[-1:], np.zeros((1, m.n_embd), np.float32))
         assert np.abs(other - alone).max() > 1e-2
