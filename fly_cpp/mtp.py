@@ -54,7 +54,7 @@ class MtpDrafter:
             limit = min(limit, max(DEFAULT_K, need))
         if limit <= 0:
             return Draft()
-        if self.spec.ngram:
+        if self.spec.ngram and need == 0:  # an open window is completed by the head's own tokens
             guess = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
             if guess:
                 return Draft(guess, [None] * len(guess))
