@@ -136,7 +136,8 @@ def test_multi_turn_reuses_both_caches(engine):
 
 def test_draft_mtp_on_a_model_without_an_mtp_head_is_one_line(qwen35_pair):
     target, _ = qwen35_pair
-    with Engine(ModelSettings(str(target), n_ctx=256)) as e:
+    # rollback said (not auto): a measured pick would be cached for the shared qwen35-tiny file
+    with Engine(settings(target, CHECKPOINTS)) as e:
         assert e.mtp_ctx is None
         with pytest.raises(FlyError, match="has no MTP layers") as err:
             e.generate("Hello", spec=SpecSettings(mode="spd", spec_type="draft-mtp"), max_tokens=4)
@@ -156,12 +157,12 @@ def test_generate_on_an_mtp_model_drafts_with_its_head_and_says_so(qwen35_mtp, q
     from test_cli_generate import fly, one_line_error
 
     run = fly("generate", "-m", str(qwen35_mtp), "-p", PROMPTS[1], "-n", "24", "--temp", "0", "--mode", "spd",
-              "--draft-max", "3", "-c", "512")
+              "--draft-max", "3", "-c", "512", "--rollback", "checkpoints")
     assert run.returncode == 0, run.stderr
     assert "drafted by the model's MTP head" in run.stderr
     target, _ = qwen35_pair
     line = one_line_error(fly("generate", "-m", str(target), "-p", "Hi", "-n", "4", "--spec-type", "draft-mtp",
-                              "-c", "512"))
+                              "-c", "512", "--rollback", "checkpoints"))  # not auto: its pick would be cached
     assert "has no MTP layers" in line
 
 
