@@ -242,8 +242,12 @@ class Model:
         mmap: bool | None = None,
         mlock: bool = False,
         rpc: Sequence[str] = (),
+        mtp: bool = False,
     ) -> None:
+        """``mtp``: also load the model's MTP ("nextn") layers, where it has them, for
+        ``MtpContext``."""
         self.path = check_gguf(path)
+        self._mtp = mtp
         _init_backend()
         self.call: _rpc.Runner | _rpc.Local = _rpc.Runner(rpc) if rpc else _rpc.LOCAL
         try:
@@ -272,6 +276,7 @@ class Model:
         params.vocab_only = vocab_only
         params.load_mode = _load_mode(mmap, mlock)
         params.use_extra_bufts = repack if repack is not None else not cpu_has_amx()
+        params.load_mtp = self._mtp
         n_dev = ll.llama_max_devices()
         if self.call.endpoints:
             lib = library()
@@ -309,6 +314,19 @@ class Model:
         """Whether this model keeps a recurrent state (a recurrent or hybrid model), which drops
         a suffix only through snapshots or checkpoints (``fly_cpp.rollback``)."""
         return bool(ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
+
+    @property
+    def n_nextn(self) -> int:
+        """The model's MTP ("nextn") layers (0: none); loaded only with ``mtp=True``."""
+        return int(ll.llama_model_n_layer_nextn(self.ptr))
+
+    @property
+    def mtp_loaded(self) -> bool:
+        return self._mtp and self.n_nextn > 0
+
+    @property
+    def n_embd(self) -> int:
+        return int(ll.llama_model_n_embd(self.ptr))
 
     @property
     def n_params(self) -> int:
@@ -488,6 +506,35 @@ class Context:
         self._room = 0  # tokens the last decode can still drop natively (snapshots)
         self._checkpoints = rb.Checkpoints()
         self._intent: tuple[int, bool] | None = None  # (position, pinned): checkpoint there during the next decode
+        self._hidden: np.ndarray | None = None  # (positions, n_embd): the target's hidden state at each position (MTP)
+        self._hidden_valid = 0  # rows of _hidden that hold the state after tokens[:p + 1]
+
+    def keep_hidden(self) -> None:
+        """Record, from now on, the hidden state every decoded position ends with (what an MTP
+        head reads: ``hidden``). Costs a copy of n_embd floats per decoded token."""
+        if self._hidden is None:
+            _cxx("llama_set_embeddings_nextn")(self.ptr, True, False)  # every row, not only those with logits
+            self._hidden = np.zeros((0, self.model.n_embd), dtype=np.float32)
+            self._hidden_valid = 0
+
+    def hidden(self, lo: int, hi: int) -> np.ndarray:
+        """The hidden states of positions lo..hi-1 (``keep_hidden``), each the state after the
+        tokens up to and including that position; the rows must have been decoded."""
+        if self._hidden is None or hi > self._hidden_valid or lo < 0:
+            raise FlyError(f"no hidden state recorded for positions {lo}..{hi - 1} (have {self._hidden_valid})")
+        return self._hidden[lo:hi]
+
+    def _record_hidden(self, lo: int, hi: int) -> None:
+        if self._hidden is None:
+            return
+        rows = np.ctypeslib.as_array(_cxx("llama_get_embeddings_nextn")(self.ptr), shape=(hi - lo, self._hidden.shape[1]))
+        if hi > len(self._hidden):
+            grown = np.zeros((max(hi, 2 * len(self._hidden), 256), self._hidden.shape[1]), dtype=np.float32)
+            grown[: len(self._hidden)] = self._hidden
+            self._hidden = grown
+        self._hidden[lo:hi] = rows
+        if lo <= self._hidden_valid:
+            self._hidden_valid = max(self._hidden_valid, hi)
 
     def _rollback_kind(self, recurrent: bool) -> str:
         if not recurrent:
@@ -590,6 +637,7 @@ class Context:
                 raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
             self._done = hi
             self._room = min(self.n_rs_seq, hi - lo - 1)
+            self._record_hidden(lo, hi)
 
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common
@@ -606,6 +654,7 @@ class Context:
         """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
         ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
         n = max(n, 0)
+        self._hidden_valid = min(self._hidden_valid, n)
         if n < len(self.tokens):
             del self.tokens[n:]
         if self._intent is not None and self._intent[0] > n:
@@ -707,6 +756,114 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# llama.cpp's staging calls for MTP (src/llama-ext.h): C++ symbols, so looked up by their mangled names
+_CXX = {
+    "llama_set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
+                                   [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
+    "llama_get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context",
+                                   [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)),
+    "llama_get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+                                       [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
+}
+_cxx_bound: dict[str, Any] = {}
+
+
+def _cxx(name: str) -> Any:
+    """One of libllama's MTP staging calls, bound on first use; a build without it gets one line."""
+    if name not in _cxx_bound:
+        symbol, args, result = _CXX[name]
+        try:
+            fn = getattr(library(), symbol)
+        except AttributeError:
+            raise FlyError(f"this llama.cpp build lacks {name} (MTP drafting needs llama-cpp-python 0.3.36's "
+                           "libllama or newer)") from None
+        fn.argtypes, fn.restype = args, result
+        _cxx_bound[name] = fn
+    return _cxx_bound[name]
+
+
+class MtpContext:
+    """The context of a model's MTP head, bound to the target's context (llama.cpp's
+    ``LLAMA_CONTEXT_TYPE_MTP`` with ``ctx_other``): its own KV cache for the MTP layer, where
+    position p holds token p paired with the target's hidden state after position p - 1.
+    ``tokens`` is the truth about that cache, as ``Context.tokens`` is for the target's; the
+    target records its hidden states (``Context.keep_hidden``) from here on."""
+
+    def __init__(self, target: Context) -> None:
+        model = target.model
+        if not model.mtp_loaded:
+            raise FlyError(f"{model.name} has no MTP layers (draft-mtp needs a model that keeps its MTP head)")
+        target.keep_hidden()
+        params = ll.llama_context_default_params()
+        params.n_ctx = target.n_ctx
+        params.n_batch = params.n_ubatch = target.n_batch
+        params.n_seq_max = 1
+        params.n_rs_seq = 0
+        params.n_threads = params.n_threads_batch = target.n_threads
+        params.no_perf = True
+        params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target.ptr
+        _log_tail.clear()
+        self.target, self.model, self.n_batch = target, model, target.n_batch
+        self.ptr = model.call(ll.llama_init_from_model, model.ptr, params)
+        if not self.ptr:
+            reason = last_log_error()
+            raise FlyError(f"llama.cpp could not create an MTP context for {model.name}" + (f": {reason}" if reason else ""))
+        # the head's own state at every row: masked (rows with logits only), a batch of several
+        # tokens gave its first row's state in place of the last one's
+        _cxx("llama_set_embeddings_nextn")(self.ptr, True, False)
+        self._memory = ll.llama_get_memory(self.ptr)
+        self._batch = ll.llama_batch_ext_init(self.ptr)
+        self._pos = ll.llama_pos(0)
+        self.n_embd = model.n_embd
+        self.tokens: list[int] = []
+        self.exact = 0  # tokens[:exact] are paired with the target's own states (the rest with the head's)
+
+    def decode(self, tokens: Sequence[int], states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append ``tokens``, each with the hidden state it pairs with (``states``: one row per
+        token), in one batch; returns the last row's logits (n_vocab,) and the head's hidden
+        state there (n_embd,), copies."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch or states.shape != (n, self.n_embd):
+            raise ValueError(f"an MTP batch needs 1..{self.n_batch} tokens with one state each")
+        if len(self.tokens) + n > self.target.n_ctx:
+            raise FlyError(f"context full: {len(self.tokens) + n} tokens do not fit in n_ctx={self.target.n_ctx}")
+        states = np.ascontiguousarray(states, dtype=np.float32)
+        batch, start = self._batch, len(self.tokens)
+        ll.llama_batch_ext_clear(batch)
+        row = ctypes.POINTER(ctypes.c_float)
+        for i, token in enumerate(tokens):
+            idx = ll.llama_batch_ext_add_token(batch, 0, int(token))
+            self._pos.value = start + i
+            embd = ll.llama_embd(ctypes.cast(states.ctypes.data + i * 4 * self.n_embd, row), 1, self.n_embd)
+            if idx < 0 or not (ll.llama_batch_ext_set_pos(batch, idx, ctypes.byref(self._pos))
+                               and ll.llama_batch_ext_set_embd_token(batch, idx, embd)
+                               and ll.llama_batch_ext_set_output_logits(batch, idx, i == n - 1)):
+                raise FlyError(f"llama.cpp refused an MTP batch entry for {self.model.name}")
+        rc = self.model.call(ll.llama_process, self.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, batch)
+        if rc != 0:
+            self.truncate(start)
+            raise FlyError(f"llama_process failed on {self.model.name}'s MTP head: error {rc}")
+        self.tokens.extend(int(t) for t in tokens)
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ptr, n - 1), shape=(self.model.n_vocab,))
+        hidden = np.ctypeslib.as_array(_cxx("llama_get_embeddings_nextn_ith")(self.ptr, n - 1), shape=(self.n_embd,))
+        return logits.copy(), hidden.copy()
+
+    def truncate(self, n: int) -> None:
+        """Drop the cache's positions from ``n`` on (a plain KV cache: always exact)."""
+        n = max(n, 0)
+        self.exact = min(self.exact, n)
+        if n < len(self.tokens):
+            ll.llama_memory_seq_rm(self._memory, 0, n, -1)
+            del self.tokens[n:]
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            ll.llama_batch_ext_free(self._batch)
+            self.model.call.release(ll.llama_free, self.ptr)
+            self.ptr = None
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0, *,

@@ -24,6 +24,7 @@ SPLIT_MODES = ("none", "layer", "row")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's KV cache types
 FLASH_ATTN = ("auto", "on", "off")
 STEADY = ("auto", "on", "off")
+SPEC_TYPES = ("auto", "draft-mtp")  # llama.cpp's spelling; "mtp" is read as "draft-mtp"
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: ggml's thread pool holds at most this many
 MAX_CTX = 2**31 - 1  # positions are int32 in llama.cpp
 MAX_SEED = 2**64 - 1
@@ -240,6 +241,9 @@ class SpecSettings:
     """
 
     mode: str = field(default="fly", metadata=_help("fly (loose acceptance), spd (exact match) or target (no drafting)"))
+    spec_type: str = field(default="auto", metadata=_help(
+        "who drafts: 'draft-mtp' = the target's own MTP head (a model that keeps its MTP layers, loaded without -d); "
+        "'auto' = the draft model when -d is given, else the MTP head when the target has one, else n-gram lookup"))
     k: int | str = field(default=AUTO, metadata=_help(
         "tokens drafted per round: a number, or 'auto' (each round drafts what pays most on this machine, "
         "measured: 0 = a plain target decode)", aliases=("--draft-max", "--draft-n", "--spec-draft-n-max")))
@@ -290,6 +294,10 @@ class SpecSettings:
 
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.spec_type == "mtp":
+            object.__setattr__(self, "spec_type", "draft-mtp")
+        _require(self.spec_type in SPEC_TYPES,
+                 f"spec_type must be one of {', '.join(SPEC_TYPES)} (or mtp), got {self.spec_type!r}")
         _require(self.k == AUTO or (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1),
                  f"k must be >= 1 (or 'auto'), got {self.k!r}")
         _integer("k_max", self.k_max, 1)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fly_cpp import costcache, loop, recall, scoring, worth
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
+from fly_cpp._llama import Context, Model, MtpContext, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.calibrate import cached, calibrate
 from fly_cpp.costs import Costs, slower_note
@@ -26,6 +26,7 @@ from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
+from fly_cpp.mtp import MtpDrafter
 from fly_cpp.output import Output
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
@@ -129,8 +130,9 @@ class Engine:
         self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
+        self.mtp_ctx: MtpContext | None = None  # the target's own MTP head, where it has one and no -d is given
         n_ctx = _check_context(self.target_settings, self.draft_settings)  # before any weights load
-        self.target_model = self._load(self.target_settings)
+        self.target_model = self._load(self.target_settings, mtp=self.draft_settings is None)
         try:
             t, d = self.target_settings, self.draft_settings
             if d is not None:
@@ -142,6 +144,8 @@ class Engine:
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
                 self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
+            if self.target_model.mtp_loaded:
+                self.mtp_ctx = MtpContext(self.target)
             if self.draft_ctx is not None:  # speculation is the point of a draft model
                 for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
@@ -157,9 +161,9 @@ class Engine:
         _check_context(target, draft)
 
     @staticmethod
-    def _load(s: ModelSettings) -> Model:
+    def _load(s: ModelSettings, mtp: bool = False) -> Model:
         return Model(s.path, n_gpu_layers=s.offloaded_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc)
+                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc, mtp=mtp)
 
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
@@ -238,7 +242,12 @@ class Engine:
         self.check_tokens(tokens)
         if max_tokens < 0:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
-        if spec.mode != "target" and drafter is None and self.draft_ctx is None and not spec.ngram:
+        if spec.spec_type == "draft-mtp" and spec.mode != "target" and drafter is None and self.mtp_ctx is None:
+            why = ("a draft model is loaded (leave out -d)" if self.draft_ctx is not None
+                   else f"{self.target_model.name} has no MTP layers")
+            raise FlyError(f"--spec-type draft-mtp drafts with the target's own MTP head: {why}")
+        if (spec.mode != "target" and drafter is None and self.draft_ctx is None and self.mtp_ctx is None
+                and not spec.ngram):
             raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
         if spec.mode != "target":
             _check_rollback(self.target)
@@ -261,6 +270,8 @@ class Engine:
         else:
             drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
+        if isinstance(drafter, MtpDrafter):
+            out.stats.drafter = "mtp"
         steady = Steady() if drafter is not None and self.steady_batches(spec) else None
         steps = loop.run(request, self.target, drafter, out, steady)
         pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
@@ -288,6 +299,8 @@ class Engine:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
         paced by the engine's cost-aware controller for this mode."""
+        if self.mtp_ctx is not None and self.draft_ctx is None:  # draft-mtp, or auto on a model with an MTP head
+            return MtpDrafter(self.mtp_ctx, spec, bias)  # k auto: llama.cpp's default k for now (mtp.DEFAULT_K)
         base: ModelDrafter | NgramDrafter
         if self.draft_ctx is not None:
             n_vocab = min(self.n_vocab, self.draft_ctx.model.n_vocab)
@@ -327,7 +340,7 @@ class Engine:
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
             if fresh:  # cache_prompt off: nothing carried over from earlier generations
-                for ctx in (self.target, self.draft_ctx):
+                for ctx in (self.target, self.draft_ctx, self.mtp_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
             recurrent = {role: (ctx, dataclasses.replace(ctx.rollbacks))
@@ -388,7 +401,7 @@ class Engine:
             self._close()
 
     def _close(self) -> None:
-        for part in (self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
+        for part in (self.mtp_ctx, self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
             if part is not None:
                 part.close()
 

@@ -82,6 +82,7 @@ class Stats:
     draft_lengths: dict[int, int] = field(default_factory=dict)  # tokens drafted -> rounds
     pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
     rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
+    drafter: str = ""  # "mtp" where the target's own MTP head drafted (chosen or by default)
 
     @property
     def mean_accepted(self) -> float:
@@ -112,6 +113,8 @@ class Stats:
                      f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
             if self.n_guard_rejected:
                 line += f", safeguard rejections {self.n_guard_rejected}"
+            if self.drafter == "mtp":
+                line += ", drafted by the model's MTP head"
         if self.n_provisional:
             line += (f", provisional {self.n_provisional} (confirmed {self.n_confirmed}, refuted {self.n_refuted}"
                      f" costing {self.n_refuted_rounds} rounds)")

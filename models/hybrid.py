@@ -60,11 +60,13 @@ class Shape:
     tail_gain: float = 0.2  # output gain of the layers past ``draft_layers``
     draft_layers: int = 4
     seed: int = 0
+    mtp: int = 0  # MTP ("nextn") layers after the trunk: 0, or 1 as Qwen3.5/3.6 ship
 
 
 # the kit's pairs (kit.py): a tiny one for tests, and one whose decode costs what memory-bound
 # hybrids' do on a CPU (F16 layers that the 152k-token head does not dwarf), for speed
 TINY = Shape()
+TINY_MTP = Shape(mtp=1)  # qwen35-tiny with an MTP head: the same trunk (same seed), one nextn layer after it
 COSTLY = Shape(n_embd=256, n_layer=24, n_ff=2048, n_head=4, n_head_kv=2, head_dim=64, ssm_heads=4, ssm_groups=2,
                ssm_head=64, dtype="f16", embd_dtype="q4_0", tail_gain=0.1, seed=1)
 
@@ -84,9 +86,15 @@ def random_qwen35(vocab: PathLike, out: PathLike, shape: Shape = Shape(), *, lay
     tokenizer = make.tokenizer_fields(vocab)
     if "tokenizer.ggml.tokens" not in tokenizer:
         raise FlyError(f"{vocab} has no tokenizer.ggml.tokens: not a vocabulary GGUF")
+    if s.mtp not in (0, 1):
+        raise FlyError(f"llama.cpp's qwen35 runs one MTP layer, not {s.mtp}")
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])  # type: ignore[arg-type]
     label = name or f"qwen35-random-{s.n_embd}x{n_layer}"
-    _write(out, s, n_layer, tokenizer, _tensors(s, n_vocab), f"{label} (synthetic)")
+    mtp = s.mtp if layers is None else 0  # a draft cut from the trunk has no MTP head
+    tensors = _tensors(s, n_vocab)
+    if mtp:
+        tensors += _mtp_tensors(s, tensors)
+    _write(out, s, n_layer, tokenizer, tensors, f"{label} (synthetic)", mtp)
     return Path(out)
 
 
@@ -146,8 +154,26 @@ def _tensors(s: Shape, n_vocab: int) -> list[Tensor]:
     return out
 
 
+def _mtp_tensors(s: Shape, trunk: list[Tensor]) -> list[Tensor]:
+    """One MTP (``nextn``) layer at block ``n_layer``, where llama.cpp's qwen35 loader looks for
+    it: a full-attention block (a copy of the trunk's first attention layer) after ``eh_proj``,
+    which adds the normed embedding of the token and the normed hidden state of the target
+    before it. On random weights about half of its first guesses are the target's tokens (the
+    state carries most of what the target writes next). The head and its norm are the
+    model's own (tied)."""
+    first = s.interval - 1
+    src, dst = f"blk.{first}.", f"blk.{s.n_layer}."
+    out: list[Tensor] = [(dst + name[len(src):], data, qtype) for name, data, qtype in trunk if name.startswith(src)]
+    wtype = {"f32": np.float32, "f16": np.float16}[s.dtype]
+    eye = np.eye(s.n_embd, dtype=np.float32)
+    out.append((dst + "nextn.eh_proj.weight", np.concatenate([eye, eye], axis=1).astype(wtype), None))
+    out.append((dst + "nextn.enorm.weight", np.ones(s.n_embd, dtype=np.float32), None))
+    out.append((dst + "nextn.hnorm.weight", np.ones(s.n_embd, dtype=np.float32), None))
+    return out
+
+
 def _write(out: PathLike, s: Shape, n_layer: int, tokenizer: dict[str, tuple[object, gguf.GGUFValueType,
-           gguf.GGUFValueType | None]], tensors: list[Tensor], name: str) -> None:
+           gguf.GGUFValueType | None]], tensors: list[Tensor], name: str, mtp: int = 0) -> None:
     arch = "qwen35"
     n_rot = s.head_dim // 2  # partial rotary, as Qwen3.5 (a quarter of its 256-dim heads)
     w = gguf.GGUFWriter(str(out), arch=arch)
@@ -155,7 +181,9 @@ def _write(out: PathLike, s: Shape, n_layer: int, tokenizer: dict[str, tuple[obj
     w.add_string(SYNTHETIC_KEY, "random weights: for correctness and cost tests, not text quality")
     w.add_context_length(s.n_ctx)
     w.add_embedding_length(s.n_embd)
-    w.add_block_count(n_layer)
+    w.add_block_count(n_layer + mtp)  # llama.cpp counts the MTP layers as blocks after the trunk
+    if mtp:
+        w.add_uint32(gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch), mtp)
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     w.add_head_count_kv(s.n_head_kv)
@@ -176,7 +204,7 @@ def _write(out: PathLike, s: Shape, n_layer: int, tokenizer: dict[str, tuple[obj
         w.add_key_value(key, value, vtype, sub_type=sub)
     for name_, data, qtype in tensors:
         block = _BLOCK.match(name_)
-        if block is None or int(block.group(1)) < n_layer:
+        if block is None or int(block.group(1)) < n_layer + mtp:
             w.add_tensor(name_, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

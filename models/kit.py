@@ -23,6 +23,8 @@
 - ``qwen35-costly`` (SYNTHETIC): the same layout at 24 layers x 256, F16 layers (116 MB), and its
   first 4 layers as the draft (43 MB: the 152k-token head is most of it); ~75% greedy agreement.
   Memory-bound on a CPU as real hybrids are, for speed work.
+- ``qwen35-mtp`` (SYNTHETIC): ``qwen35-tiny``'s trunk with one MTP ("nextn") layer after it, the
+  layout of Qwen3.5/3.6 GGUFs that keep their MTP head, for MTP drafting (``fly_cpp.mtp``).
 
 Pairs are built on demand into ``cache_root()/NAME`` (``$FLY_CPP_CACHE`` or
 ``~/.cache/fly-cpp/pairs``), deterministically from their recipe; a pair is rebuilt when its
@@ -263,9 +265,11 @@ PAIRS = {
                       "llama.cpp's quantizer) + the same 0.5B draft: memory-bound, where speculation can pay on a CPU",
     "qwen35-tiny": "SYNTHETIC hybrid: random-weight qwen35 (Gated DeltaNet + attention, as Qwen3.5/3.6) on the real "
                    "Qwen3.5 tokenizer, 8x32 (11 MB) + its first 4 layers; ~80% greedy agreement; for tests",
+    "qwen35-mtp": "SYNTHETIC hybrid with an MTP head: qwen35-tiny's trunk and one MTP (nextn) layer after it, "
+                  "as Qwen3.5/3.6 ship, + the trunk's first 4 layers; for tests of MTP drafting (--spec-type draft-mtp)",
     "qwen35-costly": "SYNTHETIC hybrid: random-weight qwen35 on the Qwen3.5 tokenizer, 24x256 F16 (116 MB) + its "
                      "first 4 layers (43 MB); ~75% greedy agreement; memory-bound on a CPU, for speed work",
 }
-HYBRIDS = {"qwen35-tiny": hybrid.TINY, "qwen35-costly": hybrid.COSTLY}
+HYBRIDS = {"qwen35-tiny": hybrid.TINY, "qwen35-costly": hybrid.COSTLY, "qwen35-mtp": hybrid.TINY_MTP}
 SYNTHETIC = frozenset({*GROWN, *HYBRIDS})
 

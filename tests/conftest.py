@@ -105,6 +105,15 @@ def qwen35_pair(models_dir: Path, vocabs: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def qwen35_mtp(models_dir: Path, vocabs: Path) -> Path:
+    """The kit's qwen35-mtp (SYNTHETIC): qwen35-tiny's trunk with one MTP ("nextn") layer after it."""
+    from fly_cpp.models import hybrid
+
+    return make_once(models_dir / "qwen35-mtp.gguf", lambda out: hybrid.random_qwen35(
+        vocabs / "ggml-vocab-qwen35.gguf", out, hybrid.TINY_MTP))
+
+
+@pytest.fixture(scope="session")
 def qwen35_transformer(models_dir: Path, vocabs: Path) -> Path:
     """A random-weight llama (a transformer) on the Qwen3.5 vocabulary: it pairs with the hybrids."""
     return make_once(models_dir / "qwen35-vocab-llama.gguf", lambda out: make.random_llama(

@@ -56,8 +56,6 @@ def test_peer_arguments(tmp_path: Path) -> None:
     for name in ("llama-speculative-simple", "llama-completion"):
         (tmp_path / name).write_text("#!/bin/sh\nexit 3\n")
         (tmp_path / name).chmod(0o755)
-    with pytest.raises(FlyError, match="needs a draft model"):
-        Peer(tmp_path, target, None, n_ctx=512, n_threads=1)
     peer = Peer(tmp_path, target, draft, n_ctx=512, n_threads=1, repack=False)
     with pytest.raises(FlyError, match=r"llama-speculative-simple failed \(exit 3\)"):
         peer.run("speculative", "Once upon a time", 8, 4)
@@ -95,3 +93,16 @@ def test_real_peer_run(tmp_path: Path) -> None:
     assert rows["llama.cpp-target"]["identical"] == 1.0  # same model, same llama.cpp, greedy
     assert {c["peer"] for c in result["comparisons"]} == {"llama.cpp-target", "llama.cpp-spd"}
     assert "llama.cpp-spd" in (out / "summary.md").read_text()
+
+
+def test_without_a_draft_model_the_peer_drafts_with_the_targets_mtp_head(tmp_path: Path) -> None:
+    name = "llama-speculative-simple"
+    for binary in (name, "llama-completion"):
+        (tmp_path / binary).write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/{binary}.argv\nexit 3\n')
+        (tmp_path / binary).chmod(0o755)
+    peer = Peer(tmp_path, str(bundled.TARGET), None, n_ctx=512, n_threads=1, repack=False)
+    with pytest.raises(FlyError, match="failed"):
+        peer.run("speculative", "Once upon a time", 8, 3)
+    argv = (tmp_path / f"{name}.argv").read_text().split()
+    assert "-md" not in argv and argv[argv.index("--spec-type") + 1] == "draft-mtp"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "3"

@@ -125,12 +125,10 @@ class Peer:
         if not os.access(self.speculative, os.X_OK):
             raise FlyError(f"--llama-cpp-bin: {SPECULATIVE} not found in {self.dir} "
                            "(build it with scripts/build-llama-cpp.sh)")
-        if draft is None:
-            raise FlyError("--llama-cpp-bin needs a draft model (-d) for llama.cpp's speculative decoding")
         self.completion = self.dir / COMPLETION
         if not os.access(self.completion, os.X_OK):
             raise FlyError(f"--llama-cpp-bin: {COMPLETION} (target-only runs) not found in {self.dir}")
-        self.target, self.draft = target, draft
+        self.target, self.draft = target, draft  # no draft model: llama.cpp drafts with the target's MTP head
         self.n_ctx, self.n_threads, self.timeout = n_ctx, n_threads, timeout
         self.repack = repack if repack is not None else not cpu_has_amx()  # AMX repacking crashes
         # fly-cpp's offload, said explicitly: on a GPU build the binaries offload all by default
@@ -165,8 +163,9 @@ class Peer:
             path = f.name
         try:
             if kind == "speculative":
-                argv = [str(self.speculative), *self._common(path, max_tokens), "-md", self.draft,
-                        "-ngld", self.draft_gpu_layers, "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                drafter = (["-md", self.draft, "-ngld", self.draft_gpu_layers, "--spec-type", "draft-simple"]
+                           if self.draft else ["--spec-type", "draft-mtp"])
+                argv = [str(self.speculative), *self._common(path, max_tokens), *drafter, "--spec-draft-n-max", str(k),
                         "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]
                 return self._run(argv, parse_speculative, prompt)
             argv = [str(self.completion), *self._common(path, max_tokens), "-no-cnv", "--perf"]
