@@ -794,11 +794,15 @@ def json_schema_grammar(schema: str) -> str:
         raise FlyError(f"invalid JSON schema: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def json_grammar() -> str:
-    """GBNF for any JSON object (``response_format: json_object``)."""
-    from llama_cpp.llama_grammar import JSON_GBNF
+def gbnf(settings: Any) -> str:
+    """The GBNF of a SamplingSettings' ``grammar`` or ``json_schema`` ("{}": any JSON object)."""
+    if settings.grammar:
+        return str(settings.grammar)
+    if settings.json_schema.strip() in ("{}", "object", '{"type": "object"}', '{"type":"object"}'):
+        from llama_cpp.llama_grammar import JSON_GBNF
 
-    return JSON_GBNF
+        return JSON_GBNF
+    return json_schema_grammar(settings.json_schema)
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, n_threads: int = 0, *,

@@ -15,6 +15,7 @@ from fly_cpp.errors import FlyError
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)*'
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because", "Mom said,"]
 MODES = ("target", "spd", "fly")
+WORDS_ONLY = SamplingSettings(grammar=WORDS)
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +42,16 @@ def obeys(engine: Engine, gbnf: str, tokens: list[int]) -> bool:
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_words_grammar_holds_in_every_mode(engine, mode, temperature):
     for prompt in PROMPTS:
-        gen = engine.generate(prompt, spec=spec(mode), sampling=SamplingSettings(temperature=temperature, seed=7),
-                              max_tokens=40, grammar=WORDS).run()
+        gen = engine.generate(prompt, spec=spec(mode), sampling=SamplingSettings(temperature=temperature, seed=7, grammar=WORDS),
+                              max_tokens=40).run()
         assert re.fullmatch(r"[a-z]+( [a-z]+)*", gen.text), gen.text
         assert obeys(engine, WORDS, gen.tokens)
 
 
 def test_greedy_spd_under_a_grammar_is_the_target_under_it(engine):
     for prompt in PROMPTS:
-        alone = engine.generate(prompt, spec=spec("target"), max_tokens=40, grammar=WORDS).run().tokens
-        assert engine.generate(prompt, spec=spec("spd"), max_tokens=40, grammar=WORDS).run().tokens == alone
+        alone = engine.generate(prompt, spec=spec("target"), max_tokens=40, sampling=WORDS_ONLY).run().tokens
+        assert engine.generate(prompt, spec=spec("spd"), max_tokens=40, sampling=WORDS_ONLY).run().tokens == alone
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -62,8 +63,7 @@ def test_loose_accepts_under_a_grammar_are_grammar_valid(engine, temperature, ru
     for prompt in PROMPTS:
         gen = engine.generate(prompt, spec=spec("fly", fly_rule=rule, loosen="on", entropy_threshold=0.0, window=2,
                                                 loose_min_ratio=0.0, cross_round=rule == "guarded"),
-                              sampling=SamplingSettings(temperature=temperature, seed=11), max_tokens=60,
-                              grammar=WORDS)
+                              sampling=SamplingSettings(temperature=temperature, seed=11, grammar=WORDS), max_tokens=60)
         steps = list(gen)
         loose += sum(s.loose for s in steps)
         refuted += gen.stats.n_refuted
@@ -75,11 +75,13 @@ def test_loose_accepts_under_a_grammar_are_grammar_valid(engine, temperature, ru
 
 
 def test_same_request_same_text(engine):
-    once = [engine.generate(PROMPTS[0], spec=spec("fly"), sampling=SamplingSettings(temperature=0.8, seed=5),
-                            max_tokens=30, grammar=WORDS).run().text for _ in range(2)]
+    once = [engine.generate(PROMPTS[0], spec=spec("fly"), sampling=SamplingSettings(temperature=0.8, seed=5, grammar=WORDS),
+                            max_tokens=30).run().text for _ in range(2)]
     assert once[0] == once[1]
 
 
 def test_invalid_grammar_is_refused_before_any_token(engine):
     with pytest.raises(FlyError, match="invalid grammar"):
-        engine.generate(PROMPTS[0], grammar="root ::= (")
+        engine.generate(PROMPTS[0], sampling=SamplingSettings(grammar="root ::= ("))
+    with pytest.raises(FlyError, match="not both"):
+        SamplingSettings(grammar=WORDS, json_schema="{}")
