@@ -13,6 +13,7 @@ llama-server and OpenAI fields it accepts without acting on them are listed in
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -40,6 +41,8 @@ def _field_type(name: str, hint: Any) -> Any:
         return dict[str, Any] | list[Any]
     if isinstance(hint, types.UnionType):  # X | None: the request's None already means "unset"
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if name == "json_schema":  # llama-server's and OpenAI's: the schema itself; text also accepted
+        return dict[str, Any] | str
     if name == "entropy_threshold":  # JSON has no infinity: "inf" is accepted, as on the command line
         return Annotated[float, BeforeValidator(_inf)]
     return hint
@@ -98,6 +101,10 @@ class _Body(BaseModel):
                if name != "logit_bias" and getattr(self, name, None) is not None}
         if out.get("seed") == -1:
             del out["seed"]
+        if isinstance(out.get("json_schema"), dict):
+            out["json_schema"] = json.dumps(out["json_schema"])
+        if (schema := response_format(getattr(self, "response_format", None))) is not None:
+            out["json_schema"] = schema
         return out
 
     def unused(self) -> dict[str, Any]:
@@ -154,6 +161,8 @@ class _Completion(_Generation):
 
 class _OpenAI(_Generation):
     model: str | None = Field(None, description="accepted; the served pair answers whatever the name")
+    response_format: dict[str, Any] | None = Field(None, description="{type: text | json_object | json_schema}: "
+                                                   "the answer follows it (docs/structured-output.md)")
     max_tokens: int | None = Field(None, ge=-1, description="tokens to generate; unset or -1 = until end of text "
                                                             "or the context is full")
     stream_options: dict[str, Any] | None = Field(None, description="accepted; usage is always in the last chunk")
@@ -191,6 +200,29 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     tokens: list[int]
+
+
+def response_format(raw: dict[str, Any] | None) -> str | None:
+    """OpenAI's ``response_format`` as a JSON schema's text (None: unconstrained). ``json_object``
+    takes llama-server's optional ``schema``; ``json_schema`` OpenAI's ``{"json_schema": {"schema": ...}}``
+    (``strict`` or not, the schema is enforced)."""
+    if raw is None:
+        return None
+    kind = raw.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = raw.get("schema", {})
+    elif kind == "json_schema":
+        inner = raw.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
+        if schema is None:
+            raise FlyError("response_format json_schema needs json_schema.schema")
+    else:
+        raise FlyError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+    if not isinstance(schema, dict):
+        raise FlyError("response_format's schema must be a JSON object")
+    return json.dumps(schema)
 
 
 def logit_bias(raw: dict[str, Any] | list[Any] | None, tokenize: Callable[[str], list[int]]) -> tuple[tuple[int, float], ...] | None:
