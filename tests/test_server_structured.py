@@ -62,3 +62,14 @@ def test_openai_response_format(client):
 def test_bad_constraints_are_400(client, path, body, says):
     out = post(client, path, 400, **body)
     assert says in out["error"]["message"] and "\n" not in out["error"]["message"]
+
+
+def test_python_api(stories, stories_draft):
+    with Fly(stories, stories_draft, n_ctx=512) as fly:
+        out = fly.create_completion("Once upon a time", max_tokens=30, grammar=WORDS)
+        assert re.fullmatch(r"[a-z]+( [a-z]+)*", out["choices"][0]["text"])
+        fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
+        out = fly.create_chat_completion(CHAT, max_tokens=200, response_format=fmt, temperature=0.7, seed=1)
+        jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), SCHEMA)
+        out = fly.create_completion("Once upon a time", max_tokens=200, json_schema=json.dumps(SCHEMA), mode="spd")
+        jsonschema.validate(json.loads(out["choices"][0]["text"]), SCHEMA)

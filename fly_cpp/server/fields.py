@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
 from fly_cpp.server.compat import IGNORED
+from fly_cpp.structured import response_format
 
 SETTINGS = (SpecSettings, SamplingSettings)
 MAX_N_PROBS = 100  # top-n per token: beyond this the answer is mostly numbers nobody reads
@@ -200,29 +201,6 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     tokens: list[int]
-
-
-def response_format(raw: dict[str, Any] | None) -> str | None:
-    """OpenAI's ``response_format`` as a JSON schema's text (None: unconstrained). ``json_object``
-    takes llama-server's optional ``schema``; ``json_schema`` OpenAI's ``{"json_schema": {"schema": ...}}``
-    (``strict`` or not, the schema is enforced)."""
-    if raw is None:
-        return None
-    kind = raw.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        schema = raw.get("schema", {})
-    elif kind == "json_schema":
-        inner = raw.get("json_schema")
-        schema = inner.get("schema") if isinstance(inner, dict) else None
-        if schema is None:
-            raise FlyError("response_format json_schema needs json_schema.schema")
-    else:
-        raise FlyError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
-    if not isinstance(schema, dict):
-        raise FlyError("response_format's schema must be a JSON object")
-    return json.dumps(schema)
 
 
 def logit_bias(raw: dict[str, Any] | list[Any] | None, tokenize: Callable[[str], list[int]]) -> tuple[tuple[int, float], ...] | None:
