@@ -20,10 +20,11 @@ from fly_cpp.errors import FlyError
 
 
 class Constraint:
-    """``grammar``: its state before the first generated token; ``start``: the prompt's length."""
+    """``grammar``: its state before the first generated token; ``start``: the prompt's length;
+    ``banned``: tokens the sampler never picks (``ignore_eos``, -inf logit_bias)."""
 
-    def __init__(self, grammar: Grammar, start: int) -> None:
-        self.start = start
+    def __init__(self, grammar: Grammar, start: int, banned: frozenset[int] = frozenset()) -> None:
+        self.start, self.banned = start, banned
         self.states = [grammar]  # states[i]: after the first i generated tokens
         self.tokens: list[int] = []  # the generated tokens the states follow
 
@@ -59,6 +60,9 @@ class Constraint:
         assert len(states) >= logits.shape[0], "rows past a forbidden drafted token"
         for i in range(logits.shape[0]):
             states[i].mask(logits[i])
+            if not any(int(t) not in self.banned for t in np.flatnonzero(np.isfinite(logits[i]))[: len(self.banned) + 1]):
+                raise FlyError("the grammar allows no token here but banned ones (ignore_eos or a -inf logit_bias "
+                               "at the grammar's end?)")
 
 
 def _after(state: Grammar, token: int) -> Grammar:

@@ -45,7 +45,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     pad the verification batches to its width (``fly_cpp.shape``). ``grammar``: its state
     before the first generated token; every emitted token obeys it (``fly_cpp.constrain``)."""
     spec, stats = request.spec, out.stats
-    constraint = None if grammar is None else Constraint(grammar, len(request.prompt))
+    constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
     verify, window = Verifier(request, out.detok.piece, constraint), Window(spec)
     committed = list(request.prompt)
     if drafter is not None:

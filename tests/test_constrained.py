@@ -85,3 +85,10 @@ def test_invalid_grammar_is_refused_before_any_token(engine):
         engine.generate(PROMPTS[0], sampling=SamplingSettings(grammar="root ::= ("))
     with pytest.raises(FlyError, match="not both"):
         SamplingSettings(grammar=WORDS, json_schema="{}")
+
+
+def test_nothing_left_to_write_is_an_error_not_a_forbidden_token(engine):
+    """With the end-of-text tokens banned, a grammar that has ended leaves nothing to write."""
+    gen = engine.generate(PROMPTS[0], sampling=SamplingSettings(grammar='root ::= "a"', ignore_eos=True), max_tokens=8)
+    with pytest.raises(FlyError, match="allows no token"):
+        gen.run()
