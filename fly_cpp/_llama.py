@@ -733,7 +733,8 @@ class Grammar:
     ``allows`` asks about one token, ``accept`` advances, ``copy`` forks the state (rollback
     keeps one copy per position: ``fly_cpp.constrain``)."""
 
-    def __init__(self, model: Model, gbnf: str, root: str = "root", *, _ptr: Any = None) -> None:
+    def __init__(self, model: Model, gbnf: str, root: str = "root", *, _ptr: Any = None,
+                 _cells: np.ndarray | None = None) -> None:
         self.model, self.ptr = model, None
         if _ptr is None:
             _ptr, said = _grammar_init(model, gbnf, root)
@@ -742,9 +743,13 @@ class Grammar:
                                if "parsing grammar:" in ln), "") or last_log_error()
                 raise FlyError("invalid grammar" + (f": {reason}" if reason else ""))
         self.ptr = _ptr
-        # (n_vocab,) llama_token_data records, reused: id, logit, p
-        self._cells = np.zeros(model.n_vocab, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-        self._one = np.zeros(1, dtype=self._cells.dtype)
+        # (n_vocab,) llama_token_data records (id, logit, p), shared by a state and its forks
+        # (one generation's, used by one thread): a copy per position must not copy the vocabulary
+        if _cells is None:
+            _cells = np.zeros(model.n_vocab, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+            _cells["id"] = np.arange(model.n_vocab, dtype=np.int32)
+        self._cells = _cells
+        self._one = np.zeros(1, dtype=_cells.dtype)
 
     def _apply(self, cells: np.ndarray) -> None:
         arr = ll.llama_token_data_array(cells.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), cells.shape[0],
@@ -754,8 +759,7 @@ class Grammar:
     def mask(self, row: np.ndarray) -> None:
         """Set the forbidden tokens' logits in ``row`` ((n_vocab,) float32, may be a view of
         llama.cpp's buffer) to -inf, in place."""
-        cells = self._cells
-        cells["id"] = np.arange(cells.shape[0], dtype=np.int32)
+        cells = self._cells  # the grammar sampler only writes logits: the ids stay in place
         cells["logit"] = 0.0
         self._apply(cells)
         row[cells["logit"][: row.shape[0]] == -np.inf] = -np.inf
@@ -773,7 +777,7 @@ class Grammar:
         ll.llama_sampler_accept(self.ptr, token)
 
     def copy(self) -> Grammar:
-        return Grammar(self.model, "", _ptr=ll.llama_sampler_clone(self.ptr))
+        return Grammar(self.model, "", _ptr=ll.llama_sampler_clone(self.ptr), _cells=self._cells)
 
     def close(self) -> None:
         if self.ptr:
