@@ -45,3 +45,21 @@ def test_bad_grammar_and_schema_are_one_line_errors(model):
     with pytest.raises(FlyError, match="invalid JSON schema"):
         json_schema_grammar("{bad")
     Grammar(model, json_schema_grammar(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})))
+
+
+def test_constraint_cuts_drafts_and_follows_rollbacks(model):
+    from fly_cpp.constrain import Constraint
+
+    piece = {model.piece(t): t for t in range(model.n_vocab)}
+    a, b, space, dot = piece[b"a"], piece[b"b"], piece[b" "], piece[b"."]
+    prompt = [1, 2, 3]
+    c = Constraint(Grammar(model, WORDS), len(prompt))
+    assert c.usable(prompt, [a, space, b, dot, a]) == [a, space, b]  # the first forbidden token ends the draft
+    assert c.usable(prompt, [dot, a]) == []
+    c.sync([*prompt, a, space, b])
+    assert len(c.states) == 4 and not c.states[-2].allows(space) and c.states[-1].allows(space)
+    c.sync([*prompt, a])  # a rollback cuts the states with the text
+    assert c.tokens == [a] and c.states[-1].allows(space)
+    rows = np.zeros((3, model.n_vocab), dtype=np.float32)
+    c.mask(rows, [*prompt, a], [space, b])
+    assert np.isfinite(rows[0, space]) and not np.isfinite(rows[1, space]) and np.isfinite(rows[2, space])

@@ -73,3 +73,11 @@ def test_python_api(stories, stories_draft):
         jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), SCHEMA)
         out = fly.create_completion("Once upon a time", max_tokens=200, json_schema=json.dumps(SCHEMA), mode="spd")
         jsonschema.validate(json.loads(out["choices"][0]["text"]), SCHEMA)
+
+
+def test_streamed_answer_obeys_the_schema(client):
+    r = client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 200, "json_schema": SCHEMA,
+                                         "stream": True, "temperature": 0.8, "seed": 2})
+    assert r.status_code == 200
+    events = [json.loads(e[len("data: "):]) for e in r.text.strip().split("\n\n") if e.startswith("data: {")]
+    jsonschema.validate(json.loads("".join(e.get("content", "") for e in events)), SCHEMA)
