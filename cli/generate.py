@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from fly_cpp.cli.options import max_tokens_option, pick, settings_options
+from fly_cpp.cli.options import constraint_files, max_tokens_option, pick, read_constraint_files, settings_options
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
@@ -27,6 +27,7 @@ from fly_cpp.errors import FlyError
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
+@constraint_files
 def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop: tuple[str, ...], as_json: bool,
              echo: bool, **options: Any) -> None:
     """Generate text from a prompt with a target model and a draft model.
@@ -34,6 +35,7 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
     With no -m/-d, the bundled tiny story model and its draft are used.
     """
     text = _read_prompt(prompt, prompt_file)
+    read_constraint_files(options)
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
     with open_engine(options) as engine:

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from fly_cpp.config import AUTO, CACHE_TYPES, FLASH_ATTN, FLY_RULES, MODES, ROLLBACK, SPLIT_MODES, STEADY
+from fly_cpp.errors import FlyError
 
 _CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES, "type_k": CACHE_TYPES, "type_v": CACHE_TYPES,
             "flash_attn": FLASH_ATTN, "fly_rule": FLY_RULES, "steady_batches": STEADY, "rollback": ROLLBACK}
@@ -187,3 +188,29 @@ def pick(values: dict[str, Any], cls: type, prefix: str = "") -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)} - {"path"}
     return {k[len(prefix):]: v for k, v in values.items()
             if k.startswith(prefix) and k[len(prefix):] in names and v is not None}
+
+
+def constraint_files(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """llama.cpp's --grammar-file and --json-schema-file: the text of --grammar / --json-schema
+    read from a file (``read_constraint_files`` folds them into the options)."""
+    fn = click.option("--json-schema-file", "-jf", "json_schema_file", type=click.Path(dir_okay=False),
+                      help="read --json-schema from a file")(fn)
+    return click.option("--grammar-file", "grammar_file", type=click.Path(dir_okay=False),
+                        help="read --grammar (GBNF) from a file")(fn)
+
+
+def read_constraint_files(options: dict[str, Any]) -> None:
+    """Replace --grammar-file / --json-schema-file in ``options`` by the text they name."""
+    for name in ("grammar", "json_schema"):
+        path = options.pop(f"{name}_file", None)
+        if path is None:
+            continue
+        if options.get(name):
+            raise click.UsageError(f"give --{name.replace('_', '-')} or --{name.replace('_', '-')}-file, not both")
+        try:
+            with open(path, encoding="utf-8") as f:
+                options[name] = f.read()
+        except OSError as e:
+            raise FlyError(f"cannot read {name.replace('_', ' ')} file {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise FlyError(f"{name.replace('_', ' ')} file {path} is not UTF-8 text") from None

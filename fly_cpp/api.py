@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fly_cpp import oai
+from fly_cpp import oai, structured
 from fly_cpp.chat_format import ChatFormat, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp._llama import set_verbose
@@ -267,13 +267,18 @@ class Fly:
                                k: int | None = None, window: int | None = None,
                                entropy_threshold: float | None = None,
                                fly: SpecSettings | Mapping[str, Any] | None = None,
+                               response_format: Mapping[str, Any] | None = None,
                                **settings: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Answer a conversation (OpenAI-style ``messages``) through the chat format. Returns a
         ``chat.completion`` dict, or with ``stream=True`` ``chat.completion.chunk`` dicts: the
         role first, then content deltas, then one with ``finish_reason``, ``usage`` and ``fly``.
-        The answer's leading whitespace is dropped.
+        The answer's leading whitespace is dropped. ``response_format``: OpenAI's
+        (``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
+        enforced; ``grammar=`` (GBNF) and ``json_schema=`` (text) are taken as settings.
         Resending the whole conversation each turn is cheap: both KV caches keep the common
         prefix, so only the new turn is decoded."""
+        if (schema := structured.response_format(None if response_format is None else dict(response_format))):
+            settings = {**settings, "json_schema": schema}
         gen = self.generate_chat(messages, max_tokens=max_tokens, stop=stop, fly=fly, **settings, **_given(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k,

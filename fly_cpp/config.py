@@ -378,8 +378,15 @@ class SamplingSettings:
         "(e.g. 15043+1.5,2-inf; -inf bans the token)", aliases=("-l",)))
     ignore_eos: bool = field(default=False, metadata=_help(
         "never end the text with an end-of-generation token (they are banned); it ends at max tokens"))
+    grammar: str = field(default="", metadata=_help(
+        "GBNF grammar (llama.cpp's) every generated token obeys, exact, loosely accepted or the target's own"))
+    json_schema: str = field(default="", metadata=_help(
+        "JSON schema the answer follows (converted to a grammar); {} = any JSON object", aliases=("-j",)))
 
     def __post_init__(self) -> None:
+        for name in ("grammar", "json_schema"):
+            _require(isinstance(getattr(self, name), str), f"{name} must be a string, got {getattr(self, name)!r}")
+        _require(not (self.grammar and self.json_schema), "give grammar or json_schema, not both")
         _number("temperature", self.temperature, 0)
         _integer("top_k", self.top_k, 0)
         _number("top_p", self.top_p, 0.0, 1.0, above=True)
@@ -405,6 +412,11 @@ class SamplingSettings:
     def biased(self) -> bool:
         """Whether logits are changed before the sampler chain (logit_bias, ignore_eos)."""
         return bool(self.logit_bias) or self.ignore_eos
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar or a JSON schema constrains the output."""
+        return bool(self.grammar or self.json_schema)
 
     @property
     def penalised(self) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fly_cpp import costcache, loop, recall, scoring, worth
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Model, MtpContext, gguf_hparams, gpu_names, kv_bytes_per_token
+from fly_cpp._llama import Context, Grammar, Model, MtpContext, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.calibrate import cached, calibrate
 from fly_cpp.costs import Costs, slower_note
@@ -233,7 +233,9 @@ class Engine:
         ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
         ``n_probs``: give every emitted Step the target's top-n log-probabilities (``Step.probs``).
         ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
-        common with the prompt (slower; the same numbers whatever ran before)."""
+        common with the prompt (slower; the same numbers whatever ran before).
+        ``sampling.grammar`` / ``sampling.json_schema``: every emitted token obeys the grammar
+        (``fly_cpp.constrain``); an invalid one is a FlyError here."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise FlyError("the prompt is empty")
@@ -260,6 +262,7 @@ class Engine:
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
         if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self._loosening_pays():
             spec = dataclasses.replace(spec, loosen="off")
+        rules = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)
@@ -273,7 +276,7 @@ class Engine:
         if isinstance(drafter, MtpDrafter):
             out.stats.drafter = "mtp"
         steady = Steady() if drafter is not None and self.steady_batches(spec) else None
-        steps = loop.run(request, self.target, drafter, out, steady)
+        steps = loop.run(request, self.target, drafter, out, steady, rules)
         pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
         gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
         self._open.add(gen)

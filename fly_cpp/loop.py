@@ -25,7 +25,8 @@ from time import perf_counter
 
 import numpy as np
 
-from fly_cpp._llama import Context, common_prefix
+from fly_cpp._llama import Context, Grammar, common_prefix
+from fly_cpp.constrain import Constraint
 from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
@@ -38,12 +39,14 @@ from fly_cpp.verify import Verifier
 
 
 def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
-        steady: Steady | None = None) -> Iterator[Step]:
+        steady: Steady | None = None, grammar: Grammar | None = None) -> Iterator[Step]:
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
     tokens through ``out`` (which keeps the stats and records how the text ends). ``steady``:
-    pad the verification batches to its width (``fly_cpp.shape``)."""
+    pad the verification batches to its width (``fly_cpp.shape``). ``grammar``: its state
+    before the first generated token; every emitted token obeys it (``fly_cpp.constrain``)."""
     spec, stats = request.spec, out.stats
-    verify, window = Verifier(request, out.detok.piece), Window(spec)
+    constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
+    verify, window = Verifier(request, out.detok.piece, constraint), Window(spec)
     committed = list(request.prompt)
     if drafter is not None:
         drafter.begin(committed)
@@ -65,7 +68,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
-            drafted = draft.tokens
+            drafted = verify.usable(committed, draft.tokens)
             if len(drafted) < min(spec.n_min, limit) and window.pending is None:
                 drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
             if window.pending is not None and not drafted:  # nothing left to complete the window with

@@ -33,6 +33,7 @@ import numpy as np
 
 from fly_cpp import rows
 from fly_cpp.accept import Facts, Verdict, admitted, entropy_needed, judge
+from fly_cpp.constrain import Constraint
 from fly_cpp.fences import Fences
 from fly_cpp.request import Request
 from fly_cpp.sampling import Sampler
@@ -41,13 +42,21 @@ from fly_cpp.sampling import Sampler
 class Verifier:
     """Judges the rounds of one generation (holds its sampler, so its seed)."""
 
-    def __init__(self, request: Request, piece: Callable[[int], bytes] | None = None) -> None:
+    def __init__(self, request: Request, piece: Callable[[int], bytes] | None = None,
+                 constraint: Constraint | None = None) -> None:
         """``piece`` (token -> bytes) lets the code-block safeguard see the text; without it
-        a policy that needs the text loosens nothing."""
+        a policy that needs the text loosens nothing. ``constraint``: the request's grammar;
+        every row is masked with the grammar's state there before anything reads it, so the
+        accept rule only ever sees, and keeps, tokens the grammar allows."""
+        self.constraint = constraint
         self.policy = request.spec.policy()
         self.sampler = Sampler(request.sampling, request.seed, request.bias)
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
+
+    def usable(self, committed: list[int], drafted: list[int]) -> list[int]:
+        """The part of a draft worth verifying: under a grammar, up to its first forbidden token."""
+        return drafted if self.constraint is None else self.constraint.usable(committed, drafted)
 
     @property
     def own_only(self) -> bool:
@@ -108,7 +117,7 @@ class Verifier:
     def admits(self, row: np.ndarray, token: int, committed: list[int], chosen: int) -> bool:
         """Would the draft model's own ``token`` pass the gate and the safeguards at this row, as a
         drafted mismatch? (Its window is judged later, by the rounds that complete it.)"""
-        if token == chosen or rows.top_entropy(row[None])[0] < self.policy.entropy_threshold:
+        if token == chosen or not np.isfinite(row[token]) or rows.top_entropy(row[None])[0] < self.policy.entropy_threshold:
             return False
         facts = self.facts(row[None], [token], committed, np.array([0]), np.array([chosen]), own=True)
         return bool(admitted(self.policy, facts, 1)[0])
@@ -120,6 +129,8 @@ class Verifier:
         tokens are the draft model's own. Returns the verdict and the target's chosen token per
         row (argmax or first draw; -1 after the row that ends an exact-match round)."""
         m, policy, sampler = len(drafted), self.policy, self.sampler
+        if self.constraint is not None:
+            self.constraint.mask(logits, committed, drafted)
         if m == 0 and window_left == 0:  # the target alone: its token, nothing to judge
             token = sampler.greedy(logits, lambda i: committed) if sampler.settings.greedy else \
                 np.array([sampler.sample(logits[0], committed)])

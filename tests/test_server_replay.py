@@ -127,7 +127,7 @@ def test_openai_client(server, transcript):
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]
     out = client.chat.completions.create(
         model="gpt-4o-mini", messages=CHAT, temperature=0.7, top_p=0.9, max_tokens=32, logprobs=True, top_logprobs=3,
-        logit_bias={str(dog): -100}, response_format={"type": "json_object"}, tools=tools, tool_choice="auto",
+        logit_bias={str(dog): -100}, response_format={"type": "text"}, tools=tools, tool_choice="auto",
         parallel_tool_calls=False, metadata={"run": "replay"}, store=False, seed=42, user="replay", n=1,
         reasoning_effort="low", extra_body={"cache_prompt": True, "mode": "fly", "k": 8, "typical_p": 0.9,
                                             "chat_template_kwargs": {"enable_thinking": False}})
@@ -166,8 +166,7 @@ def test_strict_refuses_what_would_be_ignored(tmp_path, transcript):
     try:
         for path, body, field in (("/completion", {**OLD_WEBUI, "mirostat": 2}, "mirostat"),
                                   ("/v1/chat/completions", {**WEBUI_CHAT, "samplers": "kt"}, "samplers"),
-                                  ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}},
-                                   "response_format"),
+                                  ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
                                   ("/completion", {"prompt": "a", "bogus": 1}, "bogus")):
             r = httpx.post(s.url + path, json=body, timeout=60)
             transcript.add("strict", "POST", path, body, r.status_code, r.text)

@@ -79,11 +79,7 @@ IGNORED: dict[str, Rule] = {
     "penalize_nl": Rule("penalties apply to every token alike", ANY),
     "samplers": Rule("fly-cpp's sampler chain has a fixed order (penalties, top-k, top-p, min-p, temperature)",
                      _same_chain),
-    # constrained output and tools
-    "grammar": Rule("no grammar-constrained sampling (the target's verification has no grammar stage)", (None, "")),
-    "json_schema": Rule("no grammar-constrained sampling", (None, {})),
-    "response_format": Rule("no grammar-constrained sampling: JSON output is not enforced",
-                            (None, {"type": "text"})),
+    # tools (grammar, json_schema and response_format are enforced: docs/structured-output.md)
     "tools": Rule("no tool calling: the chat template is rendered without tools", (None, [])),
     "tool_choice": Rule("no tool calling", (None, "none", "auto")),
     "parallel_tool_calls": Rule("no tool calling", ANY),

@@ -13,6 +13,7 @@ llama-server and OpenAI fields it accepts without acting on them are listed in
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -24,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
 from fly_cpp.errors import FlyError
 from fly_cpp.server.compat import IGNORED
+from fly_cpp.structured import response_format
 
 SETTINGS = (SpecSettings, SamplingSettings)
 MAX_N_PROBS = 100  # top-n per token: beyond this the answer is mostly numbers nobody reads
@@ -40,6 +42,8 @@ def _field_type(name: str, hint: Any) -> Any:
         return dict[str, Any] | list[Any]
     if isinstance(hint, types.UnionType):  # X | None: the request's None already means "unset"
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if name == "json_schema":  # llama-server's and OpenAI's: the schema itself; text also accepted
+        return dict[str, Any] | str
     if name == "entropy_threshold":  # JSON has no infinity: "inf" is accepted, as on the command line
         return Annotated[float, BeforeValidator(_inf)]
     return hint
@@ -98,6 +102,10 @@ class _Body(BaseModel):
                if name != "logit_bias" and getattr(self, name, None) is not None}
         if out.get("seed") == -1:
             del out["seed"]
+        if isinstance(out.get("json_schema"), dict):
+            out["json_schema"] = json.dumps(out["json_schema"])
+        if (schema := response_format(getattr(self, "response_format", None))) is not None:
+            out["json_schema"] = schema
         return out
 
     def unused(self) -> dict[str, Any]:
@@ -154,6 +162,8 @@ class _Completion(_Generation):
 
 class _OpenAI(_Generation):
     model: str | None = Field(None, description="accepted; the served pair answers whatever the name")
+    response_format: dict[str, Any] | None = Field(None, description="{type: text | json_object | json_schema}: "
+                                                   "the answer follows it (docs/structured-output.md)")
     max_tokens: int | None = Field(None, ge=-1, description="tokens to generate; unset or -1 = until end of text "
                                                             "or the context is full")
     stream_options: dict[str, Any] | None = Field(None, description="accepted; usage is always in the last chunk")

@@ -1,0 +1,73 @@
+"""A grammar along one generation: the state at every generated position.
+
+The verifier asks for the grammar's state at each row it verifies, which is the state after the
+committed text and the drafted tokens before that row. ``Constraint`` keeps one state per
+committed position (a fork costs a few microseconds), so a rollback of any length, a refuted
+cross-round window included, is a cut of that list: ``sync`` follows ``committed`` by common
+prefix and feeds only what is new. A drafted token the grammar forbids ends the draft's usable
+part (``usable``); every row is masked with its own state (``mask``), so every emitted token,
+exact, loosely accepted, correction or bonus, greedy or sampled, is one the grammar allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fly_cpp._llama import Grammar, common_prefix
+from fly_cpp.errors import FlyError
+
+
+class Constraint:
+    """``grammar``: its state before the first generated token; ``start``: the prompt's length;
+    ``banned``: tokens the sampler never picks (``ignore_eos``, -inf logit_bias)."""
+
+    def __init__(self, grammar: Grammar, start: int, banned: frozenset[int] = frozenset()) -> None:
+        self.start, self.banned = start, banned
+        self.states = [grammar]  # states[i]: after the first i generated tokens
+        self.tokens: list[int] = []  # the generated tokens the states follow
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Follow ``committed`` (prompt + generated tokens): cut back to the common prefix, feed the rest."""
+        text = list(committed[self.start:])
+        n = common_prefix(self.tokens, text)
+        for state in self.states[n + 1:]:
+            state.close()
+        del self.states[n + 1:], self.tokens[n:]
+        for token in text[n:]:
+            self.states.append(_after(self.states[-1], token))
+            self.tokens.append(token)
+
+    def ahead(self, committed: Sequence[int], drafted: Sequence[int]) -> list[Grammar]:
+        """The states after ``committed`` and each allowed prefix of ``drafted``: [s_0, .., s_j]
+        where d_1..d_j are allowed and d_{j+1} (if any) is not."""
+        self.sync(committed)
+        states = [self.states[-1]]
+        for token in drafted:
+            if not states[-1].allows(token):
+                break
+            states.append(_after(states[-1], token))
+        return states
+
+    def usable(self, committed: Sequence[int], drafted: list[int]) -> list[int]:
+        """``drafted`` up to its first token the grammar forbids."""
+        return drafted[: len(self.ahead(committed, drafted)) - 1]
+
+    def mask(self, logits: np.ndarray, committed: Sequence[int], drafted: Sequence[int]) -> None:
+        """Mask row i of ``logits`` ((m+1, V), in place) with the state after committed + d_1..d_i."""
+        states = self.ahead(committed, drafted)
+        assert len(states) >= logits.shape[0], "rows past a forbidden drafted token"
+        for i in range(logits.shape[0]):
+            states[i].mask(logits[i])
+            if not any(int(t) not in self.banned for t in np.flatnonzero(np.isfinite(logits[i]))[: len(self.banned) + 1]):
+                raise FlyError("the grammar allows no token here but banned ones (ignore_eos or a -inf logit_bias "
+                               "at the grammar's end?)")
+
+
+def _after(state: Grammar, token: int) -> Grammar:
+    if not state.allows(token):  # llama.cpp aborts on a forbidden token: refuse it here
+        raise FlyError(f"the grammar forbids token {token} here (nothing it allows could be chosen)")
+    nxt = state.copy()
+    nxt.accept(token)
+    return nxt
