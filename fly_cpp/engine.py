@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from fly_cpp import costcache, loop, recall, scoring, worth
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Model, gguf_hparams, gpu_names, kv_bytes_per_token
+from fly_cpp._llama import Context, Model, Seq, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.batchloop import Slots, Throttled
 from fly_cpp.calibrate import cached, calibrate
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
@@ -119,7 +120,14 @@ class Engine:
     """Loads the models once; ``generate`` may be called many times (calls are serialised).
     Consecutive generations reuse the longest common prefix of both KV caches."""
 
-    def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None) -> None:
+    def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None, *,
+                 n_seq: int = 1) -> None:
+        """``n_seq`` > 1: that many slots (``fly_cpp.batchloop``), generating at once in one
+        unified KV cache per model; ``generate(slot=i)`` picks one."""
+        if n_seq < 1:
+            raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
+        self.n_seq = n_seq
+        self.slots: Slots | None = None
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
@@ -136,15 +144,17 @@ class Engine:
             if d is not None:
                 self.draft_model = self._load(d)
                 check_compatible(self.target_model, self.draft_model)
-            self.target = self._context(self.target_model, t, n_ctx, t.threads)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads, n_seq)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads, n_seq)
             if self.draft_ctx is not None:  # speculation is the point of a draft model
                 for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
+            if n_seq > 1:
+                self.slots = Slots(self.target, self.draft_ctx, n_seq)
         except BaseException:
             self._close()
             raise
@@ -162,10 +172,10 @@ class Engine:
                      tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc)
 
     @staticmethod
-    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int = 1) -> Context:
         return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                        type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                       rollback=pick_rollback(model, s, threads))
+                       rollback=pick_rollback(model, s, threads), n_seq=n_seq)
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -224,12 +234,15 @@ class Engine:
         drafter: Drafter | None = None,
         n_probs: int = 0,
         cache_prompt: bool = True,
+        slot: int = 0,
     ) -> Generation:
         """Prepare a generation (errors about the request are raised here, before any token).
         ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
         ``n_probs``: give every emitted Step the target's top-n log-probabilities (``Step.probs``).
         ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
-        common with the prompt (slower; the same numbers whatever ran before)."""
+        common with the prompt (slower; the same numbers whatever ran before). ``slot``: which
+        sequence of an engine with several (``n_seq``); generations of different slots run at
+        once, each slot's one at a time."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise FlyError("the prompt is empty")
@@ -254,17 +267,22 @@ class Engine:
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)
+        if self.slots is not None:
+            self.slots.check(slot)
+        target, draft_ctx = self._pair(slot)
         if spec.mode == "target":
             drafter = None
         elif drafter is None:
-            drafter = self.drafter(spec, bias)
+            drafter = self.drafter(spec, bias, slot)
         else:
             drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
         steady = Steady() if drafter is not None and self.steady_batches(spec) else None
-        steps = loop.run(request, self.target, drafter, out, steady)
         pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
-        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
+        if self.slots is not None and drafter is not None:
+            drafter = Throttled(drafter, self.slots)
+        steps = loop.run(request, target, drafter, out, steady)
+        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt, slot=slot))
         self._open.add(gen)
         return gen
 
@@ -284,21 +302,28 @@ class Engine:
         t = self.target_settings
         return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
 
-    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> Drafter:
+    def _pair(self, slot: int = 0) -> tuple[Context | Seq, Context | Seq | None]:
+        """The target's and the draft's caches a generation in ``slot`` runs on."""
+        if self.slots is None:
+            return self.target, self.draft_ctx
+        return self.slots.targets[slot], self.slots.drafts[slot] if self.slots.drafts is not None else None
+
+    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
         paced by the engine's cost-aware controller for this mode."""
         base: ModelDrafter | NgramDrafter
-        if self.draft_ctx is not None:
-            n_vocab = min(self.n_vocab, self.draft_ctx.model.n_vocab)
-            base = ModelDrafter(DraftModel(self.draft_ctx, n_vocab, bias), spec)
+        draft_ctx = self._pair(slot)[1]
+        if draft_ctx is not None:
+            n_vocab = min(self.n_vocab, draft_ctx.model.n_vocab)
+            base = ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec)  # type: ignore[arg-type]
         else:
             base = NgramDrafter(spec, bias)
         if not spec.auto:
             return base
-        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
+        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
         if key not in self._pacers:
-            record = recall.key(self.cost_key(), key)
+            record = recall.key(self.cost_key(), key[1:])
             self._pacers[key] = pacer = Pacer(self._cost_model, spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
@@ -315,14 +340,19 @@ class Engine:
         with self._lock:
             return self._cost_model(refresh=refresh)
 
-    def _cost_model(self, *, refresh: bool = False) -> Costs:
+    def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
         if self._costs is None or refresh:
             token = self.target_model.bos if self.target_model.bos >= 0 else 0
-            self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
+            target, draft = self._pair(slot)
+            self._costs = calibrate(target, self.target_settings, draft, self.draft_settings,  # type: ignore[arg-type]
                                           token, refresh=refresh)
         return self._costs
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False,
+                slot: int = 0) -> Iterator[Step]:
+        if self.slots is not None:
+            yield from self._in_slot(steps, stats, pacer, fresh, slot)
+            return
         with self._lock:
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
@@ -345,6 +375,26 @@ class Engine:
                 if recurrent:
                     stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
                                       for role, (ctx, before) in recurrent.items()}
+
+    def _in_slot(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool,
+                 slot: int) -> Iterator[Step]:
+        """A generation in one of several slots: that slot's lock, not the engine's."""
+        assert self.slots is not None
+        with self.slots.locks[slot]:
+            if pacer is not None:
+                with self._lock:
+                    self._cost_model(slot=slot)
+            if fresh:
+                for ctx in self._pair(slot):
+                    if ctx is not None:
+                        ctx.truncate(0)
+            self.slots.enter()
+            try:
+                yield from steps
+            finally:
+                self.slots.leave()
+                if pacer is not None:
+                    stats.pacing = pacer.as_dict()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

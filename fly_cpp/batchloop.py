@@ -1,0 +1,73 @@
+"""Several sequences at once: an engine made with ``n_seq`` N > 1 has N slots, each a sequence
+of the target's context and of the draft's (one unified KV cache per model, ``Context.seq``).
+
+A slot runs the speculative loop (``fly_cpp.loop``) unchanged, so FLy's rule, the cross-round
+window, sampling and stops stay per sequence. What the slots share is the decode: a context's
+``_Batcher`` gathers every decode the running slots ask for while one runs into the next
+llama_decode, so a round verifies all active slots' rows in ONE target batch (and drafts for
+them in one draft batch), and each slot keeps and rolls back its own sequence. A new request's
+prompt goes in n_batch chunks, each one shared decode, so the other slots' rounds go on between
+them.
+
+Drafting under load (``Throttled``): while more than one slot is active, a drafted row is
+priced as a full row of the shared batch, the price of another client's real token; on a
+machine where a batch costs its rows (a CPU), drafting then cannot pay, so slots draft only
+what an open cross-round window needs to be judged. Alone, a slot drafts as it always does.
+Total throughput is therefore never below the same slots without speculation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from fly_cpp._llama import Context, Seq
+from fly_cpp.drafters import Draft, Drafter, Report
+from fly_cpp.errors import FlyError
+
+
+class Slots:
+    """The N sequence views of the engine's contexts, one lock per slot, and how many run."""
+
+    def __init__(self, target: Context, draft: Context | None, n: int) -> None:
+        self.n = n
+        self.targets: list[Seq] = [target.seq(i) for i in range(n)]
+        self.drafts: list[Seq] | None = [draft.seq(i) for i in range(n)] if draft is not None else None
+        self.locks = [threading.Lock() for _ in range(n)]
+        self._count = threading.Lock()
+        self.active = 0  # slots generating now
+
+    def check(self, slot: int) -> None:
+        if not 0 <= slot < self.n:
+            raise FlyError(f"id_slot {slot} is outside 0..{self.n - 1}")
+
+    def enter(self) -> None:
+        with self._count:
+            self.active += 1
+
+    def leave(self) -> None:
+        with self._count:
+            self.active -= 1
+
+
+class Throttled:
+    """A drafter that drafts only what an open window needs while other slots are active."""
+
+    def __init__(self, inner: Drafter, slots: Slots) -> None:
+        self.inner, self.slots = inner, slots
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.inner.begin(prompt)
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        if self.slots.active > 1:
+            limit = min(limit, need)
+            if limit <= 0:
+                return Draft()
+        return self.inner.draft(committed, limit, need)
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return self.inner.candidate(committed)
+
+    def accept(self, report: Report) -> None:
+        self.inner.accept(report)

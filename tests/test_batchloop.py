@@ -1,0 +1,95 @@
+"""Slots (``Engine(n_seq=N)``, ``fly_cpp.batchloop``): several greedy generations at once, their
+rows sharing the target's batches, return exactly what each returns alone. ``n_ubatch=1``
+makes a row's numbers independent of what else is in its batch (docs/fly-rule.md)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp.errors import FlyError
+
+PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because",
+           "Sam liked to eat"]
+N = 40
+
+
+def exact(path) -> ModelSettings:
+    return ModelSettings(str(path), n_ctx=1024, n_ubatch=1)
+
+
+@pytest.fixture(scope="module")
+def alone(stories, stories_draft):
+    with Engine(exact(stories), exact(stories_draft)) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def slots(stories, stories_draft):
+    with Engine(exact(stories), exact(stories_draft), n_seq=4) as e:
+        yield e
+
+
+def spec(mode: str) -> SpecSettings:
+    return SpecSettings(mode=mode) if mode == "target" else SpecSettings(mode=mode, k=6)
+
+
+def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N) -> list[list[int]]:
+    """Run every prompt in its own slot at once; each slot's tokens."""
+    gens = [engine.generate(p, spec=spec(mode), max_tokens=max_tokens, slot=i) for i, p in enumerate(prompts)]
+    out: list[list[int]] = [[] for _ in gens]
+
+    def drive(i: int) -> None:
+        out[i] = gens[i].run().tokens
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["target", "spd", "fly"])
+def test_slots_return_what_each_returns_alone(alone, slots, mode):
+    expected = [alone.generate(p, spec=spec(mode), max_tokens=N).run().tokens for p in PROMPTS]
+    before = slots.target._shared.decodes
+    assert together(slots, mode) == expected
+    shared = slots.target._shared
+    assert shared.decodes > before
+    assert shared.rows > shared.decodes  # some decodes held several slots' rows
+
+
+def test_slot_finishing_or_closed_early_does_not_disturb_others(alone, slots):
+    expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in PROMPTS[1:]]
+    short = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0)
+    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i + 1) for i, p in enumerate(PROMPTS[1:])]
+    its = [iter(g) for g in gens]
+    first = iter(short)
+    next(first)
+    for it in its:
+        next(it)
+    short.close()  # a cancelled client: its slot stops between rounds
+    out = [[] for _ in gens]
+
+    def drive(i: int) -> None:
+        for _ in its[i]:
+            pass
+        out[i] = gens[i].tokens
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == expected
+    # the cancelled slot serves its next request as if nothing had happened
+    again = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run().tokens
+    assert again == alone.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N).run().tokens
+
+
+def test_a_slot_outside_the_engine_is_refused(slots):
+    with pytest.raises(FlyError, match="id_slot 4"):
+        slots.generate("Once", max_tokens=2, slot=4)
