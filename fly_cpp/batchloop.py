@@ -19,7 +19,8 @@ Total throughput is therefore never below the same slots without speculation.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from fly_cpp._llama import Context, Seq
 from fly_cpp.drafters import Draft, Drafter, Report
@@ -27,27 +28,38 @@ from fly_cpp.errors import FlyError
 
 
 class Slots:
-    """The N sequence views of the engine's contexts, one lock per slot, and how many run."""
+    """The N sequence views of the engine's contexts, which are busy, and how many run."""
 
     def __init__(self, target: Context, draft: Context | None, n: int) -> None:
         self.n = n
         self.targets: list[Seq] = [target.seq(i) for i in range(n)]
         self.drafts: list[Seq] | None = [draft.seq(i) for i in range(n)] if draft is not None else None
-        self.locks = [threading.Lock() for _ in range(n)]
-        self._count = threading.Lock()
+        self.busy = [False] * n
+        self._count = threading.Condition()
         self.active = 0  # slots generating now
 
     def check(self, slot: int) -> None:
         if not 0 <= slot < self.n:
             raise FlyError(f"id_slot {slot} is outside 0..{self.n - 1}")
 
-    def enter(self) -> None:
+    @contextmanager
+    def take(self, slot: int | None) -> Iterator[int]:
+        """Hold ``slot`` (None: the first free one, else wait for any) while a generation runs in it."""
         with self._count:
+            while True:
+                at = next((i for i in ([slot] if slot is not None else range(self.n)) if not self.busy[i]), None)
+                if at is not None:
+                    break
+                self._count.wait()
+            self.busy[at] = True
             self.active += 1
-
-    def leave(self) -> None:
-        with self._count:
-            self.active -= 1
+        try:
+            yield at
+        finally:
+            with self._count:
+                self.busy[at] = False
+                self.active -= 1
+                self._count.notify_all()
 
 
 class Throttled:

@@ -12,7 +12,7 @@ import dataclasses
 import secrets
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fly_cpp import costcache, loop, recall, scoring, worth
@@ -234,15 +234,15 @@ class Engine:
         drafter: Drafter | None = None,
         n_probs: int = 0,
         cache_prompt: bool = True,
-        slot: int = 0,
+        slot: int | None = None,
     ) -> Generation:
         """Prepare a generation (errors about the request are raised here, before any token).
         ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
         ``n_probs``: give every emitted Step the target's top-n log-probabilities (``Step.probs``).
         ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
         common with the prompt (slower; the same numbers whatever ran before). ``slot``: which
-        sequence of an engine with several (``n_seq``); generations of different slots run at
-        once, each slot's one at a time."""
+        sequence of an engine with several (``n_seq``; None: the first free one when it starts);
+        generations of different slots run at once, each slot's one at a time."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not tokens:
             raise FlyError("the prompt is empty")
@@ -267,22 +267,29 @@ class Engine:
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)
-        if self.slots is not None:
+        if self.slots is not None and slot is not None:
             self.slots.check(slot)
-        target, draft_ctx = self._pair(slot)
+        own = spec.mode != "target" and drafter is None
         if spec.mode == "target":
             drafter = None
-        elif drafter is None:
-            drafter = self.drafter(spec, bias, slot)
-        else:
+        elif drafter is not None:
             drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
-        steady = Steady() if drafter is not None and self.steady_batches(spec) else None
-        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
-        if self.slots is not None and drafter is not None:
-            drafter = Throttled(drafter, self.slots)
-        steps = loop.run(request, target, drafter, out, steady)
-        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt, slot=slot))
+
+        def start(at: int) -> tuple[Iterator[Step], Pacer | None]:
+            """The loop in slot ``at`` (0 without slots), its drafter made there."""
+            made = self.drafter(spec, bias, at) if own else drafter
+            steady = Steady() if made is not None and self.steady_batches(spec) else None
+            pacer = made.pacer if isinstance(made, PacedDrafter) else None
+            if self.slots is not None and made is not None:
+                made = Throttled(made, self.slots)
+            return loop.run(request, self._pair(at)[0], made, out, steady), pacer
+
+        if self.slots is None:
+            steps, pacer = start(0)
+            gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
+        else:
+            gen = Generation(request, out, self._in_slot(start, out.stats, not cache_prompt, slot))
         self._open.add(gen)
         return gen
 
@@ -348,11 +355,7 @@ class Engine:
                                           token, refresh=refresh)
         return self._costs
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False,
-                slot: int = 0) -> Iterator[Step]:
-        if self.slots is not None:
-            yield from self._in_slot(steps, stats, pacer, fresh, slot)
-            return
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
         with self._lock:
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
@@ -376,23 +379,23 @@ class Engine:
                     stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
                                       for role, (ctx, before) in recurrent.items()}
 
-    def _in_slot(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool,
-                 slot: int) -> Iterator[Step]:
-        """A generation in one of several slots: that slot's lock, not the engine's."""
+    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], stats: Stats, fresh: bool,
+                 slot: int | None) -> Iterator[Step]:
+        """A generation in one of several slots (``slot``, or the first free one): that slot's
+        lock, not the engine's."""
         assert self.slots is not None
-        with self.slots.locks[slot]:
+        with self.slots.take(slot) as at:
+            steps, pacer = start(at)
             if pacer is not None:
                 with self._lock:
-                    self._cost_model(slot=slot)
+                    self._cost_model(slot=at)
             if fresh:
-                for ctx in self._pair(slot):
+                for ctx in self._pair(at):
                     if ctx is not None:
                         ctx.truncate(0)
-            self.slots.enter()
             try:
                 yield from steps
             finally:
-                self.slots.leave()
                 if pacer is not None:
                     stats.pacing = pacer.as_dict()
 

@@ -93,3 +93,16 @@ def test_slot_finishing_or_closed_early_does_not_disturb_others(alone, slots):
 def test_a_slot_outside_the_engine_is_refused(slots):
     with pytest.raises(FlyError, match="id_slot 4"):
         slots.generate("Once", max_tokens=2, slot=4)
+
+
+def test_generations_without_a_slot_take_the_free_ones(alone, slots):
+    expected = [alone.generate(p, spec=spec("fly"), max_tokens=N).run().tokens for p in PROMPTS]
+    gens = [slots.generate(p, spec=spec("fly"), max_tokens=N) for p in PROMPTS]
+    out: list[list[int]] = [[] for _ in gens]
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, gens[i].run().tokens)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == expected
+    assert slots.slots.active == 0 and not any(slots.slots.busy)
