@@ -24,7 +24,6 @@ from contextlib import contextmanager
 
 from fly_cpp._llama import Context, Seq
 from fly_cpp.drafters import Draft, Drafter, Report
-from fly_cpp.errors import FlyError
 
 
 class Slots:
@@ -37,10 +36,6 @@ class Slots:
         self.busy = [False] * n
         self._count = threading.Condition()
         self.active = 0  # slots generating now
-
-    def check(self, slot: int) -> None:
-        if not 0 <= slot < self.n:
-            raise FlyError(f"id_slot {slot} is outside 0..{self.n - 1}")
 
     @contextmanager
     def take(self, slot: int | None) -> Iterator[int]:

@@ -267,8 +267,8 @@ class Engine:
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)
-        if self.slots is not None and slot is not None:
-            self.slots.check(slot)
+        if slot is not None and not 0 <= slot < self.n_seq:
+            raise FlyError(f"id_slot {slot} is outside 0..{self.n_seq - 1}")
         own = spec.mode != "target" and drafter is None
         if spec.mode == "target":
             drafter = None
@@ -308,6 +308,12 @@ class Engine:
             return spec.steady_batches == "on"
         t = self.target_settings
         return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
+
+    def busy_slots(self) -> list[bool]:
+        """Whether each slot is generating now (one slot: whether a generation holds the engine)."""
+        if self.slots is None:
+            return [self._lock.locked()]
+        return list(self.slots.busy)
 
     def _pair(self, slot: int = 0) -> tuple[Context | Seq, Context | Seq | None]:
         """The target's and the draft's caches a generation in ``slot`` runs on."""
