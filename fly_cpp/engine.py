@@ -12,6 +12,7 @@ import dataclasses
 import secrets
 import threading
 import weakref
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -350,8 +351,11 @@ class Engine:
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
         first use; ``refresh`` measures again. Waits for a running generation."""
-        with self._lock:
-            return self._cost_model(refresh=refresh)
+        if self.slots is None:
+            with self._lock:
+                return self._cost_model(refresh=refresh)
+        with self.slots.take(None) as at, self._lock:
+            return self._cost_model(refresh=refresh, slot=at)
 
     def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
         if self._costs is None or refresh:
@@ -408,16 +412,26 @@ class Engine:
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
         at once: the bench times decoding alone this way)."""
-        with self._lock:
-            self.target.sync(prompt)
-            if self.draft_ctx is not None:
-                self.draft_ctx.sync(prompt)
+        with self._held() as (target, draft):
+            target.sync(prompt)
+            if draft is not None:
+                draft.sync(prompt)
 
     def score(self, prompt: Sequence[int], output: Sequence[int], top_n: int = 0) -> scoring.Score:
         """The target's teacher-forced scores of ``output`` after ``prompt`` (between
         generations: it waits for a running one)."""
-        with self._lock:
-            return scoring.score(self.target, prompt, output, top_n)
+        with self._held() as (target, _):
+            return scoring.score(target, prompt, output, top_n)  # type: ignore[arg-type]
+
+    @contextmanager
+    def _held(self) -> Iterator[tuple[Context | Seq, Context | Seq | None]]:
+        """The caches, held for work between generations: the engine's lock, or a free slot."""
+        if self.slots is None:
+            with self._lock:
+                yield self.target, self.draft_ctx
+        else:
+            with self.slots.take(None) as at:
+                yield self._pair(at)
 
     def slower_note(self, gen: Generation) -> str | None:
         """One line when ``gen`` (finished) ran slower than the target alone would have here,

@@ -106,3 +106,29 @@ def test_generations_without_a_slot_take_the_free_ones(alone, slots):
         t.join()
     assert out == expected
     assert slots.slots.active == 0 and not any(slots.slots.busy)
+
+
+def test_scoring_and_prefill_run_in_a_free_slot(alone, slots):
+    prompt = alone.tokenize(PROMPTS[0])
+    output = alone.generate(prompt, spec=spec("target"), max_tokens=8).run().tokens
+    assert slots.score(prompt, output).nll == pytest.approx(alone.score(prompt, output).nll, abs=1e-4)
+    slots.prefill(prompt)
+    assert slots.generate(prompt, spec=spec("target"), max_tokens=8, slot=0).run().tokens == output
+
+
+def test_several_active_slots_draft_less(slots):
+    """Under load a drafted row costs another client's real row: with all slots active, rounds
+    draft only what an open window needs; alone, a slot drafts as it always does."""
+    alone_gen = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run()
+    assert alone_gen.stats.n_drafted > 0
+    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i) for i, p in enumerate(PROMPTS)]
+    its = [iter(g) for g in gens]
+    for it in its:  # every slot active before any round drafts
+        next(it)
+    drafted_before = [g.stats.n_drafted for g in gens]
+    for _ in range(5):
+        for it in its:
+            next(it, None)
+    assert [g.stats.n_drafted for g in gens] == drafted_before
+    for g in gens:
+        g.close()
