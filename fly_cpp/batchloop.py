@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from fly_cpp._llama import Context, Seq
+from fly_cpp._llama import Context, Seq, common_prefix
 from fly_cpp.drafters import Draft, Drafter, Report
 
 
@@ -38,12 +38,14 @@ class Slots:
         self.active = 0  # slots generating now
 
     @contextmanager
-    def take(self, slot: int | None) -> Iterator[int]:
-        """Hold ``slot`` (None: the first free one, else wait for any) while a generation runs in it."""
+    def take(self, slot: int | None, prompt: Sequence[int] = ()) -> Iterator[int]:
+        """Hold ``slot`` (None: the free one whose cache shares most with ``prompt``, as
+        llama-server picks, else wait for any) while a generation runs in it."""
         with self._count:
             while True:
-                at = next((i for i in ([slot] if slot is not None else range(self.n)) if not self.busy[i]), None)
-                if at is not None:
+                free = [i for i in ([slot] if slot is not None else range(self.n)) if not self.busy[i]]
+                if free:
+                    at = max(free, key=lambda i: (common_prefix(self.targets[i].tokens, prompt), -i))
                     break
                 self._count.wait()
             self.busy[at] = True

@@ -290,7 +290,7 @@ class Engine:
             steps, pacer = start(0)
             gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
         else:
-            gen = Generation(request, out, self._in_slot(start, out.stats, not cache_prompt, slot))
+            gen = Generation(request, out, self._in_slot(start, request, out.stats, not cache_prompt, slot))
         self._open.add(gen)
         return gen
 
@@ -389,12 +389,12 @@ class Engine:
                     stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
                                       for role, (ctx, before) in recurrent.items()}
 
-    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], stats: Stats, fresh: bool,
-                 slot: int | None) -> Iterator[Step]:
-        """A generation in one of several slots (``slot``, or the first free one): that slot's
-        lock, not the engine's."""
+    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], request: Request, stats: Stats,
+                 fresh: bool, slot: int | None) -> Iterator[Step]:
+        """A generation in one of several slots (``slot``, or the free one whose cache shares
+        most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None
-        with self.slots.take(slot) as at:
+        with self.slots.take(slot, request.prompt) as at:
             steps, pacer = start(at)
             if pacer is not None:
                 with self._lock:

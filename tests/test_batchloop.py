@@ -132,3 +132,11 @@ def test_several_active_slots_draft_less(slots):
     assert [g.stats.n_drafted for g in gens] == drafted_before
     for g in gens:
         g.close()
+
+
+def test_a_free_slot_is_picked_by_its_cached_prefix(slots):
+    first = "Zed the zebra had a blue hat"
+    slots.generate(first, spec=spec("target"), max_tokens=4, slot=3).run()
+    gen = slots.generate(first + " and", spec=spec("target"), max_tokens=4)
+    gen.run()
+    assert gen.stats.n_cached >= len(slots.tokenize(first)) - 1  # it ran in slot 3, where its prefix was
