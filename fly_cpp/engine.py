@@ -394,7 +394,7 @@ class Engine:
         """A generation in one of several slots (``slot``, or the free one whose cache shares
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None
-        with self.slots.take(slot, request.prompt) as at:
+        with self.slots.take(slot, list(request.prompt)) as at:
             steps, pacer = start(at)
             if pacer is not None:
                 with self._lock:
