@@ -140,3 +140,9 @@ def test_a_free_slot_is_picked_by_its_cached_prefix(slots):
     gen = slots.generate(first + " and", spec=spec("target"), max_tokens=4)
     gen.run()
     assert gen.stats.n_cached >= len(slots.tokenize(first)) - 1  # it ran in slot 3, where its prefix was
+
+
+def test_recurrent_models_are_refused_with_several_slots(qwen35_pair):
+    target, _ = qwen35_pair
+    with pytest.raises(FlyError, match="recurrent state.*--parallel"):
+        Engine(ModelSettings(str(target), n_ctx=256), n_seq=2)
