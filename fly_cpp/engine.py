@@ -395,6 +395,7 @@ class Engine:
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None
         with self.slots.take(slot, list(request.prompt)) as at:
+            stats.slot = at
             steps, pacer = start(at)
             if pacer is not None:
                 with self._lock:

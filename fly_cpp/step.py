@@ -82,6 +82,7 @@ class Stats:
     draft_lengths: dict[int, int] = field(default_factory=dict)  # tokens drafted -> rounds
     pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
     rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
+    slot: int = 0  # the engine's slot it ran in (serve -np N)
 
     @property
     def mean_accepted(self) -> float:

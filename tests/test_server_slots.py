@@ -52,7 +52,8 @@ def test_concurrent_requests_give_what_each_gives_alone(client):
 
 
 def test_id_slot(client):
-    assert complete(client, PROMPTS[0], id_slot=2)["content"] == complete(client, PROMPTS[0])["content"]
+    pinned = complete(client, PROMPTS[0], id_slot=2)
+    assert pinned["id_slot"] == 2 and pinned["content"] == complete(client, PROMPTS[0])["content"]
     r = client.post("/completion", json={"prompt": "a", "id_slot": 3})
     assert r.status_code == 400 and "id_slot 3" in r.json()["error"]["message"]
 

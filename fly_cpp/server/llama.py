@@ -160,7 +160,7 @@ class _Result:
                 continue  # its text comes with a later token; so do its probabilities
             event: dict[str, Any] = {
                 "index": 0, "content": step.text, "tokens": [s.token for s in pending], "stop": False,
-                "id_slot": 0, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
+                "id_slot": gen.stats.slot, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
                 "fly_token": step_flags(step)}
             if body.n_probs:
                 event["completion_probabilities"] = self._probs(pending)
@@ -179,7 +179,7 @@ class _Result:
         gen, body = self.gen, self.body
         finish = gen.finish
         out: dict[str, Any] = {
-            "index": 0, "id_slot": 0, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
+            "index": 0, "id_slot": gen.stats.slot, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
             "stop": True, "model": self.model,
             "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
             "truncated": self.truncated,
