@@ -146,3 +146,12 @@ def test_recurrent_models_are_refused_with_several_slots(qwen35_pair):
     target, _ = qwen35_pair
     with pytest.raises(FlyError, match="recurrent state.*--parallel"):
         Engine(ModelSettings(str(target), n_ctx=256), n_seq=2)
+
+
+def test_busy_slots_follow_running_generations(slots):
+    gen = slots.generate(PROMPTS[1], spec=spec("spd"), max_tokens=N, slot=1)
+    it = iter(gen)
+    next(it)
+    assert slots.busy_slots() == [False, True, False, False] and slots.slots.active == 1
+    gen.close()
+    assert slots.busy_slots() == [False] * 4 and slots.slots.active == 0

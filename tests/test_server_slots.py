@@ -62,3 +62,4 @@ def test_parallel_setting():
     assert ServerSettings(parallel="auto").n_slots == 4 and ServerSettings().n_slots == 1
     with pytest.raises(FlyError, match="parallel"):
         ServerSettings(parallel=0)
+
