@@ -4,8 +4,10 @@ of the target's context and of the draft's (one unified KV cache per model, ``Co
 A slot runs the speculative loop (``fly_cpp.loop``) unchanged, so FLy's rule, the cross-round
 window, sampling and stops stay per sequence. What the slots share is the decode: a context's
 ``_Batcher`` gathers every decode the running slots ask for while one runs into the next
-llama_decode, so a round verifies all active slots' rows in ONE target batch (and drafts for
-them in one draft batch), and each slot keeps and rolls back its own sequence. A new request's
+llama_decode. A decode being most of a round, the slots fall into step: their verification
+rows share one target batch and their drafting steps shared draft batches, and each slot keeps
+and rolls back its own sequence; a slot that is still busy when a decode starts joins the next,
+so none waits for another's round. A new request's
 prompt goes in n_batch chunks, each one shared decode, so the other slots' rounds go on between
 them.
 
