@@ -61,6 +61,13 @@ class Slots:
                 self._count.notify_all()
 
 
+    def wait_idle(self) -> None:
+        """Return once no slot is generating (closing the engine waits for the running ones)."""
+        with self._count:
+            while any(self.busy):
+                self._count.wait()
+
+
 class Throttled:
     """A drafter that drafts only what an open window needs while other slots are active."""
 

@@ -458,6 +458,8 @@ class Engine:
                 gen.close()
             except ValueError:  # running in another thread: the lock below waits for it
                 pass
+        if self.slots is not None:
+            self.slots.wait_idle()  # slots run outside the engine's lock
         with self._lock:
             self._close()
 
