@@ -72,7 +72,7 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     failure: list[BaseException] = []
 
     def load() -> Fly:
-        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots), chat_format=chat_format, spec=spec, sampling=sampling)
+        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.kv_unified), chat_format=chat_format, spec=spec, sampling=sampling)
         if alias:
             fly.model = alias
         return fly

@@ -432,15 +432,17 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
                  type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False,
-                 rollback: str = "auto", n_seq: int = 1) -> None:
+                 rollback: str = "auto", n_seq: int = 1, kv_unified: bool = False) -> None:
         """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
         256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
         ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
         and no flash attention, so that logits match a float64 reference forward pass to ~1e-5
         (for checking converted models; slower). ``rollback`` (recurrent and hybrid models):
         "snapshots", "checkpoints", or "auto" (snapshots where llama.cpp keeps them for the
-        architecture and the micro-batch holds them, else checkpoints). ``n_seq`` > 1: a unified
-        KV cache for that many sequences, used only through their views (``seq``)."""
+        architecture and the micro-batch holds them, else checkpoints). ``n_seq`` > 1: that many
+        sequences, used only through their views (``seq``), each with n_ctx / n_seq cells of its
+        own (as llama-server's slots), or all sharing the n_ctx cells of one cache
+        (``kv_unified``)."""
         self.model = model
         if n_seq > 1 and model.recurrent:
             raise FlyError(f"{model.name} keeps a recurrent state: several sequences in one context "
@@ -454,7 +456,7 @@ class Context:
         params.n_batch = n_batch
         params.n_ubatch = max(1, min(n_batch, n_ubatch))
         params.n_seq_max = max(1, n_seq)
-        params.kv_unified = n_seq > 1  # one cache shared by the sequences, as llama-server's --kv-unified
+        params.kv_unified = n_seq > 1 and kv_unified
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
@@ -494,6 +496,7 @@ class Context:
         self._checkpoints = rb.Checkpoints()
         self._intent: tuple[int, bool] | None = None  # (position, pinned): checkpoint there during the next decode
         self.n_seq = max(1, n_seq)
+        self.kv_unified = params.kv_unified
         self._shared = _Batcher(self) if n_seq > 1 else None
 
     def seq(self, seq_id: int) -> Seq:
@@ -840,7 +843,8 @@ class Seq:
 
     def __init__(self, ctx: Context, shared: _Batcher, seq_id: int) -> None:
         self.ctx, self.shared, self.seq_id = ctx, shared, seq_id
-        self.model, self.n_ctx, self.n_batch, self.n_threads = ctx.model, ctx.n_ctx, ctx.n_batch, ctx.n_threads
+        self.model, self.n_batch, self.n_threads = ctx.model, ctx.n_batch, ctx.n_threads
+        self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
         self.rollback, self.rollbacks, self.behind, self.can_rollback = rb.KV, rb.Ledger(), 0, True
         self.tokens: list[int] = []
 

@@ -439,8 +439,8 @@ class ServerSettings:
     parallel: int | str = field(default=1, metadata=_help(
         "slots: requests generated at once, their rows sharing the models' batches (auto = 4)",
         aliases=("-np",)))
-    kv_unified: bool = field(default=True, metadata=_help(
-        "one KV cache shared by the slots (always so with more than one slot; accepted for llama-server's spelling)",
+    kv_unified: bool = field(default=False, metadata=_help(
+        "the slots share all of -c's positions (one cache; off: each slot has -c / -np of its own, as llama-server)",
         aliases=("-kvu",)))
     cont_batching: bool = field(default=True, metadata=_help(
         "a new request joins the running slots between rounds (always so; accepted for llama-server's spelling)",

@@ -122,9 +122,10 @@ class Engine:
     Consecutive generations reuse the longest common prefix of both KV caches."""
 
     def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None, *,
-                 n_seq: int = 1) -> None:
-        """``n_seq`` > 1: that many slots (``fly_cpp.batchloop``), generating at once in one
-        unified KV cache per model; ``generate(slot=i)`` picks one."""
+                 n_seq: int = 1, kv_unified: bool = False) -> None:
+        """``n_seq`` > 1: that many slots (``fly_cpp.batchloop``), generating at once, each
+        with n_ctx / n_seq positions of its own, or all sharing n_ctx (``kv_unified``);
+        ``generate(slot=i)`` picks one."""
         if n_seq < 1:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
@@ -145,12 +146,12 @@ class Engine:
             if d is not None:
                 self.draft_model = self._load(d)
                 check_compatible(self.target_model, self.draft_model)
-            self.target = self._context(self.target_model, t, n_ctx, t.threads, n_seq)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads, n_seq)
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads, n_seq, kv_unified)
             if self.draft_ctx is not None:  # speculation is the point of a draft model
                 for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
@@ -173,16 +174,18 @@ class Engine:
                      tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc)
 
     @staticmethod
-    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int = 1) -> Context:
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int = 1,
+                 kv_unified: bool = False) -> Context:
         return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                        type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                       rollback=pick_rollback(model, s, threads), n_seq=n_seq)
+                       rollback=pick_rollback(model, s, threads), n_seq=n_seq, kv_unified=kv_unified)
 
     # -- what is loaded --------------------------------------------------------------------
 
     @property
     def n_ctx(self) -> int:
-        return self.target.n_ctx
+        """The positions one generation may fill (with slots: one slot's)."""
+        return self.target.n_ctx if self.slots is None else self.slots.targets[0].n_ctx
 
     @property
     def n_vocab(self) -> int:

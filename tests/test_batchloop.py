@@ -155,3 +155,19 @@ def test_busy_slots_follow_running_generations(slots):
     assert slots.busy_slots() == [False, True, False, False] and slots.slots.active == 1
     gen.close()
     assert slots.busy_slots() == [False] * 4 and slots.slots.active == 0
+
+
+def test_slots_in_one_unified_cache(stories, stories_draft):
+    """``kv_unified``: the slots share all n_ctx positions (a sequence's cells then lie among the
+    others', so only near-ties could tell its text from the one alone: compared loosely)."""
+    with Engine(exact(stories), exact(stories_draft), n_seq=2, kv_unified=True) as e:
+        assert e.n_ctx == 1024
+        out = together(e, "spd", PROMPTS[:2])
+        assert [len(t) for t in out] == [N, N]
+        assert e.target._shared.rows > e.target._shared.decodes
+
+
+def test_each_slot_has_its_share_of_the_context(slots):
+    assert slots.n_ctx == 256  # n_ctx 1024 over 4 slots, as llama-server's slots
+    with pytest.raises(FlyError, match="longer than the context"):
+        slots.generate(list(range(1, 300)), max_tokens=2)
