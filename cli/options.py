@@ -133,7 +133,7 @@ class LogitBias(click.ParamType):
 def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
     if f.name == "logit_bias":
         return LogitBias()
-    if f.name == "k":
+    if f.name in ("k", "parallel"):
         return DraftLength()
     if f.name in _CHOICES:
         return click.Choice(_CHOICES[f.name], case_sensitive=False)

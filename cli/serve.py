@@ -40,8 +40,8 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     /v1/chat/completions, /v1/models, and a chat page at / (open it in a browser).
 
     The sampling and FLy options set the defaults; every request may change them (mode, k,
-    window, entropy_threshold, ...). Requests are served one generation at a time, in arrival
-    order. The port is bound first; /health answers 503 until the models are loaded. With no
+    window, entropy_threshold, ...). Requests are served -np/--parallel at a time (default 1),
+    in arrival order. The port is bound first; /health answers 503 until the models are loaded. With no
     -m/-d, the bundled tiny story model and its draft are used.
     """
     import uvicorn
@@ -72,7 +72,7 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     failure: list[BaseException] = []
 
     def load() -> Fly:
-        fly = Fly.from_engine(Engine(target, draft), chat_format=chat_format, spec=spec, sampling=sampling)
+        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.kv_unified), chat_format=chat_format, spec=spec, sampling=sampling)
         if alias:
             fly.model = alias
         return fly

@@ -451,15 +451,21 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
                  type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False,
-                 rollback: str = "auto") -> None:
+                 rollback: str = "auto", n_seq: int = 1, kv_unified: bool = False) -> None:
         """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
         256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
         ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
         and no flash attention, so that logits match a float64 reference forward pass to ~1e-5
         (for checking converted models; slower). ``rollback`` (recurrent and hybrid models):
         "snapshots", "checkpoints", or "auto" (snapshots where llama.cpp keeps them for the
-        architecture and the micro-batch holds them, else checkpoints)."""
+        architecture and the micro-batch holds them, else checkpoints). ``n_seq`` > 1: that many
+        sequences, used only through their views (``seq``), each with n_ctx / n_seq cells of its
+        own (as llama-server's slots), or all sharing the n_ctx cells of one cache
+        (``kv_unified``)."""
         self.model = model
+        if n_seq > 1 and model.recurrent:
+            raise FlyError(f"{model.name} keeps a recurrent state: several sequences in one context "
+                           "(--parallel > 1) are not supported for it yet")
         # llama.cpp caps the batch at the context; so does the batch allocated here, which
         # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill, or
         # seconds of allocating); n_ctx 0 is the model's own context length
@@ -468,7 +474,8 @@ class Context:
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = max(1, min(n_batch, n_ubatch))
-        params.n_seq_max = 1
+        params.n_seq_max = max(1, n_seq)
+        params.kv_unified = n_seq > 1 and kv_unified
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
@@ -509,6 +516,9 @@ class Context:
         self._intent: tuple[int, bool] | None = None  # (position, pinned): checkpoint there during the next decode
         self._hidden: np.ndarray | None = None  # (positions, n_embd): the target's hidden state at each position (MTP)
         self._hidden_valid = 0  # rows of _hidden that hold the state after tokens[:p + 1]
+        self.n_seq = max(1, n_seq)
+        self.kv_unified = params.kv_unified
+        self._shared = _Batcher(self) if n_seq > 1 else None
 
     def keep_hidden(self) -> None:
         """Record, from now on, the hidden state every decoded position ends with (what an MTP
@@ -536,6 +546,12 @@ class Context:
         self._hidden[lo:hi] = rows
         if lo <= self._hidden_valid:
             self._hidden_valid = max(self._hidden_valid, hi)
+
+    def seq(self, seq_id: int) -> Seq:
+        """Sequence ``seq_id``'s view of a context made with ``n_seq`` > 1."""
+        if self._shared is None or not 0 <= seq_id < self.n_seq:
+            raise ValueError(f"sequence {seq_id} outside this context's {self.n_seq}")
+        return Seq(self, self._shared, seq_id)
 
     def _rollback_kind(self, recurrent: bool) -> str:
         if not recurrent:
@@ -983,3 +999,147 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: st
     if ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         reason = last_log_error()
         raise FlyError(f"quantizing {src} to {ftype} failed" + (f": {reason}" if reason else ""))
+
+
+class _Job:
+    """One sequence's tokens waiting for a shared decode; ``rows`` its logits once done."""
+
+    __slots__ = ("seq", "pos", "tokens", "want", "rows", "error")
+
+    def __init__(self, seq: int, pos: int, tokens: Sequence[int], want: int) -> None:
+        self.seq, self.pos, self.tokens, self.want = seq, pos, tokens, want
+        self.rows: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+
+class _Batcher:
+    """Decodes for several sequences of one context. A decode asked for while another runs
+    waits, and the next decode takes every waiting sequence's tokens (up to n_batch) in ONE
+    llama_decode: the sequences' verification rows share the batch, and a long prompt, asked
+    for in n_batch chunks, interleaves with the others' rounds. Cache edits wait for the
+    running decode (llama.cpp's context is not thread-safe)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.cond = threading.Condition()
+        self.waiting: list[_Job] = []
+        self.busy = False
+        self.decodes = 0  # llama_decode calls, and the rows they held (how wide the shared batches ran)
+        self.rows = 0
+
+    def decode(self, job: _Job) -> np.ndarray | None:
+        with self.cond:
+            self.waiting.append(job)
+            while job.rows is None and job.error is None:
+                if self.busy:
+                    self.cond.wait()
+                    continue
+                take, room = [], self.ctx.n_batch
+                for j in self.waiting:
+                    if len(j.tokens) <= room:
+                        take.append(j)
+                        room -= len(j.tokens)
+                self.waiting = [j for j in self.waiting if j not in take]
+                self.busy = True
+                self.cond.release()
+                try:
+                    self._run(take)
+                finally:
+                    self.cond.acquire()
+                    self.busy = False
+                    self.cond.notify_all()
+        if job.error is not None:
+            raise job.error
+        return job.rows
+
+    def edit(self, seq: int, n: int) -> None:
+        """Drop sequence ``seq``'s cache from position ``n`` on."""
+        with self.cond:
+            while self.busy:
+                self.cond.wait()
+            ctx = self.ctx
+            if not ctx._call(ll.llama_memory_seq_rm, ctx._memory, seq, n, -1):
+                raise FlyError(f"{ctx.model.name}: llama.cpp refused to roll sequence {seq} back to {n} tokens")
+
+    def _run(self, jobs: list[_Job]) -> None:
+        ctx, batch, i = self.ctx, self.ctx._batch, 0
+        for j in jobs:
+            for k, token in enumerate(j.tokens):
+                batch.token[i] = token
+                batch.pos[i] = j.pos + k
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = j.seq
+                batch.logits[i] = k >= len(j.tokens) - j.want
+                i += 1
+        batch.n_tokens = i
+        rc = ctx._call(ll.llama_decode, ctx.ptr, batch)
+        self.decodes += 1
+        self.rows += i
+        if rc != 0:
+            what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
+            for j in jobs:  # a failed decode may leave part of the batch behind
+                ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos, -1)
+                j.error = FlyError(f"llama_decode failed on {ctx.model.name}: {what}")
+            return
+        n_out = sum(j.want for j in jobs)
+        # (n_out, n_vocab): the rows with logits in batch order; each sequence keeps a copy, since
+        # the next shared decode overwrites the buffer before its owner may have read it
+        out = np.ctypeslib.as_array(ctx._call(ll.llama_get_logits, ctx.ptr), shape=(n_out, ctx.model.n_vocab))
+        at = 0
+        for j in jobs:
+            j.rows = out[at:at + j.want].copy()
+            at += j.want
+
+
+class Seq:
+    """One sequence of a context shared by several (``Context(n_seq=N)``), with the part of
+    ``Context``'s interface the speculative loop and the draft model use: ``tokens`` (position
+    p of this sequence holds ``tokens[p]``), ``decode``, ``truncate``, ``sync``,
+    ``checkpoint``. KV caches only (recurrent models are refused for N > 1)."""
+
+    def __init__(self, ctx: Context, shared: _Batcher, seq_id: int) -> None:
+        self.ctx, self.shared, self.seq_id = ctx, shared, seq_id
+        self.model, self.n_batch, self.n_threads = ctx.model, ctx.n_batch, ctx.n_threads
+        self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
+        self.rollback, self.rollbacks, self.behind, self.can_rollback = rb.KV, rb.Ledger(), 0, True
+        self.tokens: list[int] = []
+
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
+        """As ``Context.decode``; tokens past one batch go in n_batch chunks, each its own
+        shared decode (other sequences' rounds run between them)."""
+        if not tokens:
+            return None
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise FlyError(f"context full: {len(self.tokens) + len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
+        want = {"none": 0, "last": 1, "all": len(tokens)}[logits] if isinstance(logits, str) else min(logits, len(tokens))
+        if want > self.n_batch:
+            raise ValueError("logits for every row need the tokens to fit one batch")
+        start, rows = len(self.tokens), None
+        # the last chunk holds every row with logits
+        cuts = [*range(0, max(len(tokens) - self.n_batch, 0), self.n_batch), max(len(tokens) - self.n_batch, 0)]
+        try:
+            for lo, hi in zip(cuts, [*cuts[1:], len(tokens)]):
+                if hi > lo:
+                    chunk = list(tokens[lo:hi])
+                    rows = self.shared.decode(_Job(self.seq_id, len(self.tokens), chunk,
+                                                   want if hi == len(tokens) else 0))
+                    self.tokens.extend(chunk)
+        except BaseException:
+            self.truncate(start)
+            raise
+        return rows if want else None
+
+    def truncate(self, n: int) -> None:
+        n = max(n, 0)
+        if n < len(self.tokens):
+            del self.tokens[n:]
+            self.shared.edit(self.seq_id, n)
+
+    def sync(self, committed: Sequence[int]) -> None:
+        keep = common_prefix(self.tokens, committed[:-1])
+        self.shared.edit(self.seq_id, keep)  # unconditional: also drops anything a disturbed decode left
+        del self.tokens[keep:]
+        self.decode(committed[keep:-1], logits="none")
+
+    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
+        """Nothing to do on a KV cache."""

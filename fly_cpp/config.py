@@ -17,6 +17,7 @@ from fly_cpp.errors import FlyError
 from fly_cpp.rollback import CHOICES as ROLLBACK
 
 MODES = ("fly", "spd", "target")
+AUTO_SLOTS = 4  # -np auto, llama-server's choice
 AUTO = "auto"  # k: the cost-aware controller picks each round's draft length
 FLY_RULES = ("guarded", "paper")
 LOOSEN = ("auto", "on", "off")
@@ -455,6 +456,15 @@ class ServerSettings:
     max_queue: int = field(default=128, metadata=_help("generation requests waiting for the engine at most (HTTP 503 beyond)"))
     grace: float = field(default=10.0, metadata=_help(
         "seconds open requests get to end after SIGINT/SIGTERM (generations stop at once and say so)"))
+    parallel: int | str = field(default=1, metadata=_help(
+        "slots: requests generated at once, their rows sharing the models' batches (auto = 4)",
+        aliases=("-np",)))
+    kv_unified: bool = field(default=False, metadata=_help(
+        "the slots share all of -c's positions (one cache; off: each slot has -c / -np of its own, as llama-server)",
+        aliases=("-kvu",)))
+    cont_batching: bool = field(default=True, metadata=_help(
+        "a new request joins the running slots between rounds (always so; accepted for llama-server's spelling)",
+        aliases=("-cb",)))
 
     def __post_init__(self) -> None:
         _require(isinstance(self.host, str) and bool(self.host.strip()), "host must not be empty")
@@ -473,6 +483,14 @@ class ServerSettings:
         _integer("max_connections", self.max_connections, 4, 2**20)
         _integer("max_queue", self.max_queue, 0, 2**20)
         _number("grace", self.grace, 0, 86400)
+        _require(self.parallel == AUTO or (isinstance(self.parallel, int) and not isinstance(self.parallel, bool)
+                                           and 1 <= self.parallel <= 256),
+                 f"parallel must be 1..256 (or 'auto'), got {self.parallel!r}")
+
+    @property
+    def n_slots(self) -> int:
+        """The slots ``parallel`` asks for ('auto': 4, as llama-server)."""
+        return AUTO_SLOTS if self.parallel == AUTO else int(self.parallel)
 
     @property
     def cors_origin_list(self) -> list[str]:

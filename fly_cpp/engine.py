@@ -12,13 +12,15 @@ import dataclasses
 import secrets
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fly_cpp import costcache, loop, recall, scoring, worth
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Grammar, Model, MtpContext, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
+from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.batchloop import Slots, Throttled
 from fly_cpp.calibrate import cached, calibrate
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
@@ -120,7 +122,15 @@ class Engine:
     """Loads the models once; ``generate`` may be called many times (calls are serialised).
     Consecutive generations reuse the longest common prefix of both KV caches."""
 
-    def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None) -> None:
+    def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None, *,
+                 n_seq: int = 1, kv_unified: bool = False) -> None:
+        """``n_seq`` > 1: that many slots (``fly_cpp.batchloop``), generating at once, each
+        with n_ctx / n_seq positions of its own, or all sharing n_ctx (``kv_unified``);
+        ``generate(slot=i)`` picks one."""
+        if n_seq < 1:
+            raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
+        self.n_seq = n_seq
+        self.slots: Slots | None = None
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
@@ -138,17 +148,19 @@ class Engine:
             if d is not None:
                 self.draft_model = self._load(d)
                 check_compatible(self.target_model, self.draft_model)
-            self.target = self._context(self.target_model, t, n_ctx, t.threads)
+            self.target = self._context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads)
-            if self.target_model.mtp_loaded:
+                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads, n_seq, kv_unified)
+            if self.target_model.mtp_loaded and n_seq == 1:  # the head drafts for one sequence (-np 1) for now
                 self.mtp_ctx = MtpContext(self.target)
             if self.draft_ctx is not None:  # speculation is the point of a draft model
                 for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
+            if n_seq > 1:
+                self.slots = Slots(self.target, self.draft_ctx, n_seq)
         except BaseException:
             self._close()
             raise
@@ -166,16 +178,18 @@ class Engine:
                      tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc, mtp=mtp)
 
     @staticmethod
-    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int) -> Context:
+    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int = 1,
+                 kv_unified: bool = False) -> Context:
         return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                        type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                       rollback=pick_rollback(model, s, threads))
+                       rollback=pick_rollback(model, s, threads), n_seq=n_seq, kv_unified=kv_unified)
 
     # -- what is loaded --------------------------------------------------------------------
 
     @property
     def n_ctx(self) -> int:
-        return self.target.n_ctx
+        """The positions one generation may fill (with slots: one slot's)."""
+        return self.target.n_ctx if self.slots is None else self.slots.targets[0].n_ctx
 
     @property
     def n_vocab(self) -> int:
@@ -228,12 +242,15 @@ class Engine:
         drafter: Drafter | None = None,
         n_probs: int = 0,
         cache_prompt: bool = True,
+        slot: int | None = None,
     ) -> Generation:
         """Prepare a generation (errors about the request are raised here, before any token).
         ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
         ``n_probs``: give every emitted Step the target's top-n log-probabilities (``Step.probs``).
         ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
-        common with the prompt (slower; the same numbers whatever ran before).
+        common with the prompt (slower; the same numbers whatever ran before). ``slot``: which
+        sequence of an engine with several (``n_seq``; None: the first free one when it starts);
+        generations of different slots run at once, each slot's one at a time.
         ``sampling.grammar`` / ``sampling.json_schema``: every emitted token obeys the grammar
         (``fly_cpp.constrain``); an invalid one is a FlyError here."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -266,19 +283,31 @@ class Engine:
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)
+        if slot is not None and not 0 <= slot < self.n_seq:
+            raise FlyError(f"id_slot {slot} is outside 0..{self.n_seq - 1}")
+        own = spec.mode != "target" and drafter is None
         if spec.mode == "target":
             drafter = None
-        elif drafter is None:
-            drafter = self.drafter(spec, bias)
-        else:
+        elif drafter is not None:
             drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
-        if isinstance(drafter, MtpDrafter):
-            out.stats.drafter = "mtp"
-        steady = Steady() if drafter is not None and self.steady_batches(spec) else None
-        steps = loop.run(request, self.target, drafter, out, steady, rules)
-        pacer = drafter.pacer if isinstance(drafter, PacedDrafter) else None
-        gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
+
+        def start(at: int) -> tuple[Iterator[Step], Pacer | None]:
+            """The loop in slot ``at`` (0 without slots), its drafter made there."""
+            made = self.drafter(spec, bias, at) if own else drafter
+            if isinstance(made, MtpDrafter):
+                out.stats.drafter = "mtp"
+            steady = Steady() if made is not None and self.steady_batches(spec) else None
+            pacer = made.pacer if isinstance(made, PacedDrafter) else None
+            if self.slots is not None and made is not None:
+                made = Throttled(made, self.slots)
+            return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
+
+        if self.slots is None:
+            steps, pacer = start(0)
+            gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
+        else:
+            gen = Generation(request, out, self._in_slot(start, request, out.stats, not cache_prompt, slot))
         self._open.add(gen)
         return gen
 
@@ -298,23 +327,36 @@ class Engine:
         t = self.target_settings
         return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
 
-    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> Drafter:
+    def busy_slots(self) -> list[bool]:
+        """Whether each slot is generating now (one slot: whether a generation holds the engine)."""
+        if self.slots is None:
+            return [self._lock.locked()]
+        return list(self.slots.busy)
+
+    def _pair(self, slot: int = 0) -> tuple[Context | Seq, Context | Seq | None]:
+        """The target's and the draft's caches a generation in ``slot`` runs on."""
+        if self.slots is None:
+            return self.target, self.draft_ctx
+        return self.slots.targets[slot], self.slots.drafts[slot] if self.slots.drafts is not None else None
+
+    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
         paced by the engine's cost-aware controller for this mode."""
         if self.mtp_ctx is not None and self.draft_ctx is None:  # draft-mtp, or auto on a model with an MTP head
             return MtpDrafter(self.mtp_ctx, spec, bias)  # k auto: llama.cpp's default k for now (mtp.DEFAULT_K)
         base: ModelDrafter | NgramDrafter
-        if self.draft_ctx is not None:
-            n_vocab = min(self.n_vocab, self.draft_ctx.model.n_vocab)
-            base = ModelDrafter(DraftModel(self.draft_ctx, n_vocab, bias), spec)
+        draft_ctx = self._pair(slot)[1]
+        if draft_ctx is not None:
+            n_vocab = min(self.n_vocab, draft_ctx.model.n_vocab)
+            base = ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec)  # type: ignore[arg-type]
         else:
             base = NgramDrafter(spec, bias)
         if not spec.auto:
             return base
-        key = (spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
+        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
         if key not in self._pacers:
-            record = recall.key(self.cost_key(), key)
+            record = recall.key(self.cost_key(), key[1:])
             self._pacers[key] = pacer = Pacer(self._cost_model, spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
@@ -328,13 +370,17 @@ class Engine:
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
         first use; ``refresh`` measures again. Waits for a running generation."""
-        with self._lock:
-            return self._cost_model(refresh=refresh)
+        if self.slots is None:
+            with self._lock:
+                return self._cost_model(refresh=refresh)
+        with self.slots.take(None) as at, self._lock:
+            return self._cost_model(refresh=refresh, slot=at)
 
-    def _cost_model(self, *, refresh: bool = False) -> Costs:
+    def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
         if self._costs is None or refresh:
             token = self.target_model.bos if self.target_model.bos >= 0 else 0
-            self._costs = calibrate(self.target, self.target_settings, self.draft_ctx, self.draft_settings,
+            target, draft = self._pair(slot)
+            self._costs = calibrate(target, self.target_settings, draft, self.draft_settings,  # type: ignore[arg-type]
                                           token, refresh=refresh)
         return self._costs
 
@@ -362,19 +408,50 @@ class Engine:
                     stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
                                       for role, (ctx, before) in recurrent.items()}
 
+    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], request: Request, stats: Stats,
+                 fresh: bool, slot: int | None) -> Iterator[Step]:
+        """A generation in one of several slots (``slot``, or the free one whose cache shares
+        most with the prompt): that slot, not the engine's lock."""
+        assert self.slots is not None
+        with self.slots.take(slot, list(request.prompt)) as at:
+            stats.slot = at
+            steps, pacer = start(at)
+            if pacer is not None:
+                with self._lock:
+                    self._cost_model(slot=at)
+            if fresh:
+                for ctx in self._pair(at):
+                    if ctx is not None:
+                        ctx.truncate(0)
+            try:
+                yield from steps
+            finally:
+                if pacer is not None:
+                    stats.pacing = pacer.as_dict()
+
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
         at once: the bench times decoding alone this way)."""
-        with self._lock:
-            self.target.sync(prompt)
-            if self.draft_ctx is not None:
-                self.draft_ctx.sync(prompt)
+        with self._held() as (target, draft):
+            target.sync(prompt)
+            if draft is not None:
+                draft.sync(prompt)
 
     def score(self, prompt: Sequence[int], output: Sequence[int], top_n: int = 0) -> scoring.Score:
         """The target's teacher-forced scores of ``output`` after ``prompt`` (between
         generations: it waits for a running one)."""
-        with self._lock:
-            return scoring.score(self.target, prompt, output, top_n)
+        with self._held() as (target, _):
+            return scoring.score(target, prompt, output, top_n)  # type: ignore[arg-type]
+
+    @contextmanager
+    def _held(self) -> Iterator[tuple[Context | Seq, Context | Seq | None]]:
+        """The caches, held for work between generations: the engine's lock, or a free slot."""
+        if self.slots is None:
+            with self._lock:
+                yield self.target, self.draft_ctx
+        else:
+            with self.slots.take(None) as at:
+                yield self._pair(at)
 
     def slower_note(self, gen: Generation) -> str | None:
         """One line when ``gen`` (finished) ran slower than the target alone would have here,
@@ -400,6 +477,8 @@ class Engine:
                 gen.close()
             except ValueError:  # running in another thread: the lock below waits for it
                 pass
+        if self.slots is not None:
+            self.slots.wait_idle()  # slots run outside the engine's lock
         with self._lock:
             self._close()
 

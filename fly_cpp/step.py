@@ -83,6 +83,7 @@ class Stats:
     pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
     rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
     drafter: str = ""  # "mtp" where the target's own MTP head drafted (chosen or by default)
+    slot: int = 0  # the engine's slot it ran in (serve -np N)
 
     @property
     def mean_accepted(self) -> float:

@@ -4,11 +4,14 @@
     python scripts/serve_load.py                        # starts a server on the bundled pair (-t 1)
     python scripts/serve_load.py --clients 8 --requests 64 --max-tokens 64 -- -m T.gguf -d D.gguf
     python scripts/serve_load.py --url http://127.0.0.1:8080 --api-key KEY
+    python scripts/serve_load.py --clients 4 --parallel 4 --llama-server llama-bin/llama-server
 
 Each client streams /v1/completions requests back to back (prompts vary per request). The server
-serves one generation at a time, so the numbers are the pair's throughput under a queue, plus
-the HTTP/SSE overhead; time to first token includes the wait in the queue. Arguments after
-``--`` go to ``fly-cpp serve``.
+generates ``--parallel`` requests at once (its slots); the others wait in its queue, so time to
+first token includes that wait. ``--llama-server BIN``: the same load, then, against llama.cpp's
+own server (scripts/build-llama-cpp.sh builds it) on the same model files with the same number
+of slots, speculating with the draft model when there is one. Arguments after ``--`` go to
+``fly-cpp serve``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,17 +39,20 @@ async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, out: lis
         start = time.perf_counter()
         first = None
         usage = None
+        pieces = 0  # text chunks: the token count where a server sends no usage
         async with http.stream("POST", "/v1/completions", json=payload) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if first is None and chunk["choices"][0]["text"]:
+                text = chunk["choices"][0]["text"] if chunk.get("choices") else ""
+                pieces += bool(text)
+                if first is None and text:
                     first = time.perf_counter() - start
                 usage = chunk.get("usage") or usage
         out.append({"seconds": time.perf_counter() - start, "ttft": first or 0.0,
-                    "tokens": usage["completion_tokens"] if usage else 0})
+                    "tokens": usage["completion_tokens"] if usage else pieces})
 
 
 async def load(url: str, key: str | None, clients: int, requests: int, body: dict) -> dict:
@@ -67,7 +74,9 @@ async def load(url: str, key: str | None, clients: int, requests: int, body: dic
 
 
 def _mean_accepted(metrics: str) -> float | None:
-    values = dict(line.split() for line in metrics.splitlines() if line and not line.startswith("#"))
+    values = dict(line.rsplit(None, 1) for line in metrics.splitlines() if line.strip() and not line.startswith("#"))
+    if "fly_cpp_tokens_predicted_total" not in values:
+        return None  # not fly-cpp
     rounds = float(values.get("fly_cpp_rounds_total", 0))
     return float(values["fly_cpp_tokens_predicted_total"]) / rounds if rounds else None
 
@@ -86,6 +95,30 @@ def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
     return proc, m.group(1)
 
 
+def start_llama_server(binary: str, target: str, draft: str | None, parallel: int) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's llama-server on the same files, one thread as fly-cpp's, ``parallel`` slots."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [binary, "-m", target, "--port", str(port), "-t", "1", "-np", str(parallel), "--metrics"]
+    if draft:
+        args += ["-md", draft, "-td", "1"]
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"llama-server did not start (exit {proc.wait()}):\n{open(log.name).read()[-4000:]}")
+        time.sleep(0.2)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -97,14 +130,32 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=32, help="requests in all, spread over the clients")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--mode", help="fly, spd or target (default: the server's)")
+    p.add_argument("--parallel", "-np", type=int, default=1, help="slots of the servers started here (-np)")
+    p.add_argument("--llama-server", metavar="BIN", help="also load llama.cpp's llama-server on the same files")
+    p.add_argument("--peer-draft", choices=("on", "off"), default="on",
+                   help="llama-server speculates with the same draft model (off: the target alone; its build of "
+                        "these sources crashes at start with the bundled stories260K draft)")
     args = p.parse_args(argv)
     body = {"max_tokens": args.max_tokens, **({"mode": args.mode} if args.mode else {})}
     proc = None
     url = args.url
     if url is None:
-        proc, url = start_server(["-t", "1", *serve_args])
+        proc, url = start_server(["-t", "1", "-np", str(args.parallel), *serve_args])
     try:
-        print(json.dumps(asyncio.run(load(url, args.api_key, args.clients, args.requests, body)), indent=2))
+        result = {"fly-cpp": asyncio.run(load(url, args.api_key, args.clients, args.requests, body))}
+        if args.llama_server:
+            props = httpx.get(url + "/props", headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key
+                              else {}).json()
+            peer, peer_url = start_llama_server(args.llama_server, props["model_path"],
+                                                props.get("draft_model_path") if args.peer_draft == "on" else None,
+                                                args.parallel)
+            try:
+                result["llama-server"] = asyncio.run(load(peer_url, None, args.clients, args.requests,
+                                                          {"max_tokens": args.max_tokens}))
+            finally:
+                peer.terminate()
+                peer.wait()
+        print(json.dumps(result, indent=2))
     finally:
         if proc is not None:
             proc.terminate()

@@ -49,7 +49,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     if api_key is not None:
         settings = dataclasses.replace(settings, api_key=api_key)  # validated: an empty key is refused
     served = Served(fly)
-    runs = Runs(Worker(settings.max_queue), Metrics())
+    runs = Runs(Worker(settings.max_queue, settings.n_slots), Metrics())
     compat = Compat(settings.strict)
 
     @asynccontextmanager

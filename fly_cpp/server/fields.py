@@ -143,7 +143,7 @@ class _Generation(_Body):
     n_keep: int = Field(0, ge=-1, description="a prompt too long for the context keeps its first n_keep tokens "
                                               "and loses a middle part (llama-server's truncation; -1: as many as "
                                               "fit); 0 = a too-long prompt is refused")
-    id_slot: int = Field(-1, ge=-1, le=0, description="the slot: fly-cpp has one (0; -1 = any)")
+    id_slot: int = Field(-1, ge=-1, description="the slot to run in (-np/--parallel slots; -1 = the first free one)")
     return_tokens: bool = Field(False, description="add the generated token ids (tokens)")
     timings_per_token: bool = Field(False, description="streaming: put timings in every chunk")
 

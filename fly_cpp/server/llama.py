@@ -20,10 +20,11 @@ from fly_cpp.server.prepare import Prepared, generation, prepare
 from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
+from fly_cpp.server.slots import slot_states
 from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
 
-SERVING = ("one generation at a time per model pair, in arrival order: other requests wait in a queue "
+SERVING = ("{n} at a time per model pair (-np/--parallel), in arrival order: other requests wait in a queue "
            "(a request whose client disconnects is dropped, and a stream it leaves is aborted)")
 N_PROBS = ("top-n target log-probabilities per generated token, from the target pass that verified it (the "
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
@@ -50,7 +51,7 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
             "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
             "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
             "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
-            "per_request_settings": list(SETTING_NAMES), "total_slots": 1, "serving": SERVING, "n_probs": N_PROBS,
+            "per_request_settings": list(SETTING_NAMES), "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)), "n_probs": N_PROBS,
             "strict": compat.strict,
             "ignored_fields": {name: rule.why for name, rule in IGNORED.items()},
             "ignored_fields_seen": dict(compat.seen),
@@ -60,14 +61,13 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
     @r.get("/slots")
     async def slots() -> list[dict[str, Any]]:
         fly = served.ready
-        return [{"id": 0, "n_ctx": fly.n_ctx, "is_processing": runs.worker.running > 0,
-                 "speculative": fly.info.draft_name is not None or fly.spec.ngram}]
+        return slot_states(fly)
 
     @r.get("/metrics")
     async def metrics() -> PlainTextResponse:
         worker = runs.worker
         text = runs.metrics.render({
-            "requests_processing": ("Number of requests processing (fly-cpp: 0 or 1).", worker.running),
+            "requests_processing": ("Number of requests processing (at most -np/--parallel).", worker.running),
             "requests_deferred": ("Number of requests deferred (waiting for the engine).", worker.waiting)})
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -160,7 +160,7 @@ class _Result:
                 continue  # its text comes with a later token; so do its probabilities
             event: dict[str, Any] = {
                 "index": 0, "content": step.text, "tokens": [s.token for s in pending], "stop": False,
-                "id_slot": 0, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
+                "id_slot": gen.stats.slot, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
                 "fly_token": step_flags(step)}
             if body.n_probs:
                 event["completion_probabilities"] = self._probs(pending)
@@ -179,7 +179,7 @@ class _Result:
         gen, body = self.gen, self.body
         finish = gen.finish
         out: dict[str, Any] = {
-            "index": 0, "id_slot": 0, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
+            "index": 0, "id_slot": gen.stats.slot, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
             "stop": True, "model": self.model,
             "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
             "truncated": self.truncated,
@@ -195,3 +195,7 @@ class _Result:
         if body.n_probs:
             out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
         return out
+
+
+def _generations(n: int) -> str:
+    return "one generation" if n == 1 else f"{n} generations"

@@ -57,8 +57,14 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
         tokens = list(prompt or [])
     tokens, truncated = keep(tokens, fly.n_ctx, body.n_keep)
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
-                       **settings)
+                       slot=_slot(body), **settings)
     return Prepared(gen, truncated)
+
+
+def _slot(body: Any) -> int | None:
+    """The slot a body asks for (llama-server's ``id_slot``; -1 or absent: any)."""
+    slot = getattr(body, "id_slot", -1)
+    return None if slot is None or slot < 0 else slot
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -1,8 +1,8 @@
 """The engine's thread.
 
-llama.cpp calls block, and one pair serves one generation at a time (the engine holds a lock
-while a generation runs), so every generation runs on a single worker thread, in arrival order;
-waiting requests queue in front of it (at most ``max_queue``: beyond, HTTP 503 at once). The
+llama.cpp calls block, so generations run on worker threads, in arrival order: one with a
+single slot (the engine holds a lock while a generation runs), N with ``-np N`` (each takes a
+free slot of the engine, whose decodes the slots share); waiting requests queue in front of them (at most ``max_queue``: beyond, HTTP 503 at once). The
 event loop never blocks on the engine: it reads what the worker produces through an asyncio
 queue.
 
@@ -43,14 +43,17 @@ class QueueFull(Unavailable):
 
 
 class Worker:
-    def __init__(self, max_queue: int = 128) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-cpp-engine")
+    def __init__(self, max_queue: int = 128, slots: int = 1) -> None:
+        """``slots``: generations run at once, one thread each (the engine's slots, which
+        share their decodes: ``fly_cpp.batchloop``)."""
+        self.slots = slots
+        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="fly-cpp-engine")
         self._lock = threading.Lock()
         self._cancels: set[threading.Event] = set()
         self._interrupts: dict[int, Callable[[], None]] = {}  # the running job's, by job id
         self.max_queue = max_queue
         self.waiting = 0  # jobs queued, not started
-        self.running = 0  # 0 or 1
+        self.running = 0  # 0..slots
         self.closed = False
 
     def submit(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None) -> Job[T]:

@@ -1,0 +1,173 @@
+"""Slots (``Engine(n_seq=N)``, ``fly_cpp.batchloop``): several greedy generations at once, their
+rows sharing the target's batches, return exactly what each returns alone. ``n_ubatch=1``
+makes a row's numbers independent of what else is in its batch (docs/fly-rule.md)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp.errors import FlyError
+
+PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because",
+           "Sam liked to eat"]
+N = 40
+
+
+def exact(path) -> ModelSettings:
+    return ModelSettings(str(path), n_ctx=1024, n_ubatch=1)
+
+
+@pytest.fixture(scope="module")
+def alone(stories, stories_draft):
+    with Engine(exact(stories), exact(stories_draft)) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def slots(stories, stories_draft):
+    with Engine(exact(stories), exact(stories_draft), n_seq=4) as e:
+        yield e
+
+
+def spec(mode: str) -> SpecSettings:
+    return SpecSettings(mode=mode) if mode == "target" else SpecSettings(mode=mode, k=6)
+
+
+def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N) -> list[list[int]]:
+    """Run every prompt in its own slot at once; each slot's tokens."""
+    gens = [engine.generate(p, spec=spec(mode), max_tokens=max_tokens, slot=i) for i, p in enumerate(prompts)]
+    out: list[list[int]] = [[] for _ in gens]
+
+    def drive(i: int) -> None:
+        out[i] = gens[i].run().tokens
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["target", "spd", "fly"])
+def test_slots_return_what_each_returns_alone(alone, slots, mode):
+    expected = [alone.generate(p, spec=spec(mode), max_tokens=N).run().tokens for p in PROMPTS]
+    before = slots.target._shared.decodes
+    assert together(slots, mode) == expected
+    shared = slots.target._shared
+    assert shared.decodes > before
+    assert shared.rows > shared.decodes  # some decodes held several slots' rows
+
+
+def test_slot_finishing_or_closed_early_does_not_disturb_others(alone, slots):
+    expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in PROMPTS[1:]]
+    short = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0)
+    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i + 1) for i, p in enumerate(PROMPTS[1:])]
+    its = [iter(g) for g in gens]
+    first = iter(short)
+    next(first)
+    for it in its:
+        next(it)
+    short.close()  # a cancelled client: its slot stops between rounds
+    out = [[] for _ in gens]
+
+    def drive(i: int) -> None:
+        for _ in its[i]:
+            pass
+        out[i] = gens[i].tokens
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == expected
+    # the cancelled slot serves its next request as if nothing had happened
+    again = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run().tokens
+    assert again == alone.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N).run().tokens
+
+
+def test_a_slot_outside_the_engine_is_refused(slots):
+    with pytest.raises(FlyError, match="id_slot 4"):
+        slots.generate("Once", max_tokens=2, slot=4)
+
+
+def test_generations_without_a_slot_take_the_free_ones(alone, slots):
+    expected = [alone.generate(p, spec=spec("fly"), max_tokens=N).run().tokens for p in PROMPTS]
+    gens = [slots.generate(p, spec=spec("fly"), max_tokens=N) for p in PROMPTS]
+    out: list[list[int]] = [[] for _ in gens]
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, gens[i].run().tokens)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == expected
+    assert slots.slots.active == 0 and not any(slots.slots.busy)
+
+
+def test_scoring_and_prefill_run_in_a_free_slot(alone, slots):
+    prompt = alone.tokenize(PROMPTS[0])
+    output = alone.generate(prompt, spec=spec("target"), max_tokens=8).run().tokens
+    assert slots.score(prompt, output).nll == pytest.approx(alone.score(prompt, output).nll, abs=1e-4)
+    slots.prefill(prompt)
+    assert slots.generate(prompt, spec=spec("target"), max_tokens=8, slot=0).run().tokens == output
+
+
+def test_several_active_slots_draft_less(slots):
+    """Under load a drafted row costs another client's real row: with all slots active, rounds
+    draft only what an open window needs; alone, a slot drafts as it always does."""
+    alone_gen = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run()
+    assert alone_gen.stats.n_drafted > 0
+    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i) for i, p in enumerate(PROMPTS)]
+    its = [iter(g) for g in gens]
+    for it in its:  # every slot active before any round drafts
+        next(it)
+    drafted_before = [g.stats.n_drafted for g in gens]
+    for _ in range(5):
+        for it in its:
+            next(it, None)
+    assert [g.stats.n_drafted for g in gens] == drafted_before
+    for g in gens:
+        g.close()
+
+
+def test_a_free_slot_is_picked_by_its_cached_prefix(slots):
+    first = "Zed the zebra had a blue hat"
+    slots.generate(first, spec=spec("target"), max_tokens=4, slot=3).run()
+    gen = slots.generate(first + " and", spec=spec("target"), max_tokens=4)
+    gen.run()
+    assert gen.stats.n_cached >= len(slots.tokenize(first)) - 1  # it ran in slot 3, where its prefix was
+
+
+def test_recurrent_models_are_refused_with_several_slots(qwen35_pair):
+    target, _ = qwen35_pair
+    with pytest.raises(FlyError, match="recurrent state.*--parallel"):
+        Engine(ModelSettings(str(target), n_ctx=256), n_seq=2)
+
+
+def test_busy_slots_follow_running_generations(slots):
+    gen = slots.generate(PROMPTS[1], spec=spec("spd"), max_tokens=N, slot=1)
+    it = iter(gen)
+    next(it)
+    assert slots.busy_slots() == [False, True, False, False] and slots.slots.active == 1
+    gen.close()
+    assert slots.busy_slots() == [False] * 4 and slots.slots.active == 0
+
+
+def test_slots_in_one_unified_cache(stories, stories_draft):
+    """``kv_unified``: the slots share all n_ctx positions (a sequence's cells then lie among the
+    others', so only near-ties could tell its text from the one alone: compared loosely)."""
+    with Engine(exact(stories), exact(stories_draft), n_seq=2, kv_unified=True) as e:
+        assert e.n_ctx == 1024
+        out = together(e, "spd", PROMPTS[:2])
+        assert [len(t) for t in out] == [N, N]
+        assert e.target._shared.rows > e.target._shared.decodes
+
+
+def test_each_slot_has_its_share_of_the_context(slots):
+    assert slots.n_ctx == 256  # n_ctx 1024 over 4 slots, as llama-server's slots
+    with pytest.raises(FlyError, match="longer than the context"):
+        slots.generate(list(range(1, 300)), max_tokens=2)

@@ -1,0 +1,65 @@
+"""``fly-cpp serve -np N``: requests generated at once in the engine's slots give what each
+gives alone; ``/props`` and ``/slots`` show the slots; ``id_slot`` is honoured."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fly_cpp import Engine, ModelSettings
+from fly_cpp.api import Fly
+from fly_cpp.config import ServerSettings
+from fly_cpp.errors import FlyError
+from fly_cpp.server import create_app
+
+PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]
+
+
+@pytest.fixture(scope="module")
+def client(stories, stories_draft):
+    # n_ubatch=1: a row's numbers do not depend on the other slots' rows in its batch
+    engine = Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1),
+                    ModelSettings(str(stories_draft), n_ctx=512, n_ubatch=1), n_seq=3)
+    with Fly.from_engine(engine) as fly, TestClient(create_app(fly, settings=ServerSettings(parallel=3))) as c:
+        yield c
+
+
+def complete(client, prompt: str, **body) -> dict:
+    r = client.post("/completion", json={"prompt": prompt, "n_predict": 24, "mode": "spd", "k": 4, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_props_and_slots_show_every_slot(client):
+    props = client.get("/props").json()
+    assert props["total_slots"] == 3 and "3 generations at a time" in props["serving"]
+    slots = client.get("/slots").json()
+    assert [s["id"] for s in slots] == [0, 1, 2] and not any(s["is_processing"] for s in slots)
+
+
+def test_concurrent_requests_give_what_each_gives_alone(client):
+    alone = [complete(client, p)["content"] for p in PROMPTS]
+    out = [""] * len(PROMPTS)
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(client, PROMPTS[i])["content"]))
+               for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == alone
+
+
+def test_id_slot(client):
+    pinned = complete(client, PROMPTS[0], id_slot=2)
+    assert pinned["id_slot"] == 2 and pinned["content"] == complete(client, PROMPTS[0])["content"]
+    r = client.post("/completion", json={"prompt": "a", "id_slot": 3})
+    assert r.status_code == 400 and "id_slot 3" in r.json()["error"]["message"]
+
+
+def test_parallel_setting():
+    assert ServerSettings(parallel="auto").n_slots == 4 and ServerSettings().n_slots == 1
+    with pytest.raises(FlyError, match="parallel"):
+        ServerSettings(parallel=0)
+
