@@ -130,13 +130,13 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
 
 def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
     """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
-    machine made some sizes far dearer than they are, or, on a CPU, batches about as cheap as
-    one row: ``flat``); the last one bounded if it never is. The flag: a plausible curve was
-    measured."""
+    machine made some sizes far dearer than they are); the last one bounded if it never is.
+    The flag: a curve fit to cache was measured (plausible, and, on a CPU, not ``flat``: a flat
+    curve is what a busy machine gives every time, so it is used now without measuring again)."""
     for _ in range(MEASURE_TRIES):
         curve = measure_deep(ctx, rows, token)
-        if curve.plausible and not (cpu and flat(curve)):
-            return curve, True
+        if curve.plausible:
+            return curve, not (cpu and flat(curve))
     return curve.bounded(), False
 
 
