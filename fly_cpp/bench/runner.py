@@ -64,7 +64,8 @@ class Runner:
         if mode.peer is not None:
             assert self.peer is not None
             # llama.cpp's binaries abort on characters a byteless vocabulary cannot spell
-            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k, mode.p_min)
+            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k, mode.p_min,
+                                 mode.spec_type)
             return {"stats": run.as_dict(), "text": run.text, "peer": True}
         assert mode.spec is not None
         self.engine.prefill(rendered.tokens)
