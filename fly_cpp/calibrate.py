@@ -25,6 +25,8 @@ REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the 
 MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
 MAX_REPEATS = 15
 MEASURE_TRIES = 3
+RETRY_SECONDS = 10.0  # no new try starts after this long measuring one model (a busy machine: 74 ms a decode
+# at 2 threads beside a load of 9 made three tries of a 260K-parameter pair take a minute)
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
 FLAT = 1.25  # on a CPU a batch of 4+ rows costs more than this many one-row decodes (stories260K: 1.4x at 4 rows)
 
@@ -130,13 +132,17 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
 
 def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
     """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
-    machine made some sizes far dearer than they are); the last one bounded if it never is.
+    machine made some sizes far dearer than they are; no new try after RETRY_SECONDS); the last
+    one bounded if it never is.
     The flag: a curve fit to cache was measured (plausible, and, on a CPU, not ``flat``: a flat
     curve is what a busy machine gives every time, so it is used now without measuring again)."""
+    start = perf_counter()
     for _ in range(MEASURE_TRIES):
         curve = measure_deep(ctx, rows, token)
         if curve.plausible:
             return curve, not (cpu and flat(curve))
+        if perf_counter() - start > RETRY_SECONDS:
+            break
     return curve.bounded(), False
 
 

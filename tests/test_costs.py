@@ -311,3 +311,18 @@ def test_a_calibration_beside_a_cpu_hog_is_refused_or_checked_by_the_next_run(st
         costs = gen.stats.pacing["costs"]
         assert costs["cached"]
         assert costs["disagrees"] == (key not in load())  # rescaled at once and measured again next time
+
+
+def test_a_busy_machine_does_not_make_calibration_retry_for_minutes(stories, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setattr("fly_cpp.calibrate.perf_counter", lambda: _Clock.now)
+    tries: list[int] = []
+    import fly_cpp.calibrate as cal
+    real = cal.measure_deep
+    monkeypatch.setattr(cal, "measure_deep", lambda *a, **k: tries.append(1) or real(*a, **k))
+    t = ModelSettings(str(stories), n_ctx=256, n_threads=1)
+    calibrate(_TimedContext(1.0, 99), t, None, None, token=0)  # type: ignore[arg-type]  # 1 s a row, always bent
+    assert len(tries) == 1 and not (tmp_path / "costs.json").exists()
+    tries.clear()
+    calibrate(_TimedContext(1e-5, 99), t, None, None, token=0)  # type: ignore[arg-type]  # quick: tried again
+    assert len(tries) == cal.MEASURE_TRIES
