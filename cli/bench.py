@@ -42,6 +42,9 @@ from fly_cpp.errors import FlyError
                    "(scripts/build-llama-cpp.sh builds them)")
 @click.option("--template/--no-template", default=True, show_default=True,
               help="apply the model's chat template when it has one")
+@click.option("--cold", is_flag=True,
+              help="every fly-cpp generation in a fresh process, as `fly-cpp generate` runs per prompt "
+                   "(cost and evidence caches as they are); without it one warm process runs them all")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="one short untimed run per mode first")
 @click.option("--fidelity/--no-fidelity", default=True, show_default=True,
               help="score agreement with the target and the target's NLL of every output")
@@ -56,7 +59,7 @@ from fly_cpp.errors import FlyError
 @settings_options(SamplingSettings)
 def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[int | str, ...] | None,
           peer_ks: tuple[int, ...] | None, peer_p_mins: tuple[float, ...] | None, max_tokens: int, out: str,
-          llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
+          llama_cpp_bin: str | None, template: bool, cold: bool, warmup: bool, fidelity: bool, plots: bool,
           progress: bool | None, system: str | None, resume: bool, **options: Any) -> None:
     """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
     acceptance, host overhead, fidelity to the target's output, and task accuracy.
@@ -81,7 +84,7 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
         except ImportError:
             raise FlyError("plots need matplotlib (pip install 'fly-cpp[bench]'), or pass --no-plots") from None
     config = BenchConfig(max_tokens=max_tokens, sampling=sampling, checker=data.checker, template=template,
-                         warmup=warmup, fidelity=fidelity, system=system)
+                         warmup=warmup, fidelity=fidelity, system=system, cold=cold)
     prompts = datasets.select(data.prompts, limit, offset)
     if not prompts:
         raise FlyError(f"--offset {offset} leaves no prompts to run")
