@@ -309,8 +309,8 @@ def test_a_calibration_beside_a_cpu_hog_is_refused_or_checked_by_the_next_run(st
     with Engine(*settings) as e:
         gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), max_tokens=48).run()
         costs = gen.stats.pacing["costs"]
-        assert costs["cached"]
-        assert costs["disagrees"] == (key not in load())  # rescaled at once and measured again next time
+        # agreed with (still cached), or rescaled at once, dropped and measured again next time
+        assert costs["disagrees"] == (key not in load()) == (not costs["cached"])
 
 
 def test_a_busy_machine_does_not_make_calibration_retry_for_minutes(stories, tmp_path, monkeypatch):
