@@ -28,10 +28,12 @@ from fly_cpp.errors import FlyError
               help="tokens drafted per round, 'auto' or a number; a list (auto,3,5,8) sweeps k [default: auto]")
 @click.option("--peer-k", "peer_ks", type=NumberList(int, minimum=1),
               help="llama.cpp's draft lengths (--spec-draft-n-max) with --llama-cpp-bin, e.g. 3,5,8,16 "
-                   "[default: the numbers among --k, else 3]")
-@click.option("--peer-p-min", "peer_p_mins", type=NumberList(float, minimum=0.0), default="0", show_default=True,
-              help="llama.cpp's --spec-draft-p-min with --llama-cpp-bin (its default is 0.75; 0 drafts k every "
-                   "round, as fly-cpp's fixed k does); a list (0,0.75) runs each")
+                   "[default: llama.cpp as its users run it: k 3,5,8,16 at p-min 0 and 0.75, and its "
+                   "n-gram lookup chained in front of the draft model]")
+@click.option("--peer-p-min", "peer_p_mins", type=NumberList(float, minimum=0.0),
+              help="llama.cpp's --spec-draft-p-min with --llama-cpp-bin (its default is 0: k every round, as "
+                   "fly-cpp's fixed k does); a list (0,0.75) runs each [default: 0 with --peer-k; with neither, "
+                   "llama.cpp as its users run it]")
 @max_tokens_option(type=click.IntRange(min=1), default=128, show_default=True, help="tokens generated per prompt")
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="bench-out", show_default=True,
               help="directory for results.json, summary.md and the plots")
@@ -40,6 +42,9 @@ from fly_cpp.errors import FlyError
                    "(scripts/build-llama-cpp.sh builds them)")
 @click.option("--template/--no-template", default=True, show_default=True,
               help="apply the model's chat template when it has one")
+@click.option("--cold", is_flag=True,
+              help="every fly-cpp generation in a fresh process, as `fly-cpp generate` runs per prompt "
+                   "(cost and evidence caches as they are); without it one warm process runs them all")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="one short untimed run per mode first")
 @click.option("--fidelity/--no-fidelity", default=True, show_default=True,
               help="score agreement with the target and the target's NLL of every output")
@@ -53,8 +58,8 @@ from fly_cpp.errors import FlyError
 @settings_options(SpecSettings, skip=("mode", "k"))
 @settings_options(SamplingSettings)
 def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[int | str, ...] | None,
-          peer_ks: tuple[int, ...] | None, peer_p_mins: tuple[float, ...], max_tokens: int, out: str,
-          llama_cpp_bin: str | None, template: bool, warmup: bool, fidelity: bool, plots: bool,
+          peer_ks: tuple[int, ...] | None, peer_p_mins: tuple[float, ...] | None, max_tokens: int, out: str,
+          llama_cpp_bin: str | None, template: bool, cold: bool, warmup: bool, fidelity: bool, plots: bool,
           progress: bool | None, system: str | None, resume: bool, **options: Any) -> None:
     """Benchmark decoding modes side by side on a dataset: tokens/s, speedup over the target,
     acceptance, host overhead, fidelity to the target's output, and task accuracy.
@@ -71,7 +76,7 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
     data = datasets.load(dataset)
     base = SpecSettings(**pick(options, SpecSettings))
     mode_list = parse_modes(modes, list(ks or [base.k]), base, peer=llama_cpp_bin is not None, peer_ks=peer_ks or (),
-                            peer_p_mins=peer_p_mins)
+                            peer_p_mins=peer_p_mins or (0.0,), peer_users=not peer_ks and not peer_p_mins)
     sampling = SamplingSettings(**{"seed": 0, **pick(options, SamplingSettings)})
     if plots:
         try:
@@ -79,7 +84,7 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
         except ImportError:
             raise FlyError("plots need matplotlib (pip install 'fly-cpp[bench]'), or pass --no-plots") from None
     config = BenchConfig(max_tokens=max_tokens, sampling=sampling, checker=data.checker, template=template,
-                         warmup=warmup, fidelity=fidelity, system=system)
+                         warmup=warmup, fidelity=fidelity, system=system, cold=cold)
     prompts = datasets.select(data.prompts, limit, offset)
     if not prompts:
         raise FlyError(f"--offset {offset} leaves no prompts to run")

@@ -25,7 +25,10 @@ REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the 
 MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
 MAX_REPEATS = 15
 MEASURE_TRIES = 3
+RETRY_SECONDS = 10.0  # no new try starts after this long measuring one model (a busy machine: 74 ms a decode
+# at 2 threads beside a load of 9 made three tries of a 260K-parameter pair take a minute)
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
+FLAT = 1.25  # on a CPU a batch of 4+ rows costs more than this many one-row decodes (stories260K: 1.4x at 4 rows)
 
 
 def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
@@ -102,8 +105,9 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
         return known
     key = costcache.cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
     rollbacks = Rollbacks.of(target, draft)
-    t, t_ok = _measure_plausibly(target, TARGET_ROWS, token)
-    d, d_ok = _measure_plausibly(draft, DRAFT_ROWS, token) if draft is not None else (None, True)
+    t, t_ok = _measure_plausibly(target, TARGET_ROWS, token, on_cpu(target_settings))
+    d, d_ok = (_measure_plausibly(draft, DRAFT_ROWS, token, draft_settings is None or on_cpu(draft_settings))
+               if draft is not None else (None, True))
     when = _when()
     if t_ok and d_ok:
         _store(key, t, d, when)  # a curve the machine's load bent is used now but measured again next time
@@ -126,15 +130,33 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
     return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft), measured=when if isinstance(when, str) else "")
 
 
-def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int) -> tuple[Curve, bool]:
+def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
     """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
-    machine made some sizes far dearer than they are); the last one bounded if it never is.
-    The flag: a plausible curve was measured."""
+    machine made some sizes far dearer than they are; no new try after RETRY_SECONDS); the last
+    one bounded if it never is.
+    The flag: a curve fit to cache was measured (plausible, and, on a CPU, not ``flat``: a flat
+    curve is what a busy machine gives every time, so it is used now without measuring again)."""
+    start = perf_counter()
     for _ in range(MEASURE_TRIES):
         curve = measure_deep(ctx, rows, token)
         if curve.plausible:
-            return curve, True
+            return curve, not (cpu and flat(curve))
+        if perf_counter() - start > RETRY_SECONDS:
+            break
     return curve.bounded(), False
+
+
+def flat(curve: Curve) -> bool:
+    """Its batches (4 rows or more) cost hardly more than a one-row decode: on a CPU that is
+    other work on the machine inflating the one-row timings (a one-row decode timed at 4.9 s and
+    6 rows at 5.4 s beside a load of 7 made every later run draft where nothing pays)."""
+    big = [s for r, s in zip(curve.rows, curve.seconds) if r >= 4]
+    return bool(big) and max(big) <= FLAT * curve.seconds[0]
+
+
+def on_cpu(settings: ModelSettings) -> bool:
+    """The model's layers stay on this machine's CPU (no GPU or rpc offload asked for)."""
+    return settings.offloaded_layers == 0
 
 
 def _store(key: str, target: Curve, draft: Curve | None, when: str) -> None:

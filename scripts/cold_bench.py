@@ -1,12 +1,14 @@
 """Cold runs, as a user meets both tools: every prompt in a fresh process for fly-cpp too.
 
     python scripts/cold_bench.py --pair qwen-coder-f16 --dataset humaneval --limit 4 -n 64 -t 2 \\
-        --llama-cpp-bin ~/llama-bin --peer-k 3,5,8 [--fly-arg=--k --fly-arg=5] -o cold.json
+        --llama-cpp-bin ~/llama-bin [--peer-k 3,5,8] [--fly-arg=--k --fly-arg=5] -o cold.json
 
 Per prompt, in an order that rotates from prompt to prompt: `fly-cpp generate` with its
 defaults and with `--mode target` (each a new process, no tuning flags), `llama-completion`
-and `llama-speculative-simple` at each `--peer-k` (p-min 0, llama.cpp's default; `--peer-p-min`
-to change), all on the same raw prompt text. Decode tokens/s of each (prompt processing and
+and `llama-speculative-simple` as its users run it (the bench's default peer set,
+``fly_cpp.bench.modes.peer_modes``: k 3/5/8/16 at p-min 0 and 0.75, the n-gram lookup chained
+in front of the draft model), or at each `--peer-k` with `--peer-p-min` (default 0, llama.cpp's
+default), all on the same raw prompt text. Decode tokens/s of each (prompt processing and
 loading left out on both sides, as `fly-cpp bench` does); medians and ratios to fly-cpp's
 target-only, and fly-cpp's defaults over llama.cpp's best configuration. The cost and evidence
 caches are whatever `$FLY_CPP_COSTS` / `$FLY_CPP_EVIDENCE` name (a user's are warm after their
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 
 from fly_cpp.bench.datasets import load, select
+from fly_cpp.bench.modes import Mode, peer_modes
 from fly_cpp.bench.peer import Peer
 from fly_cpp.models.sources import resolve
 
@@ -46,7 +49,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--llama-cpp-bin", required=True)
-    ap.add_argument("--peer-k", default="3,5,8")
+    ap.add_argument("--peer-k", default="")
     ap.add_argument("--peer-p-min", type=float, default=0.0)
     ap.add_argument("--fly-arg", action="append", default=[], help="an extra argument for the fly-cpp defaults run")
     ap.add_argument("-o", "--out", default="cold.json")
@@ -57,7 +60,9 @@ def main() -> None:
         sys.exit("cold_bench: a draft model is needed (--pair or -d)")
     peer = Peer(a.llama_cpp_bin, target, draft, n_ctx=4096, n_threads=a.threads)
     ks = [int(k) for k in a.peer_k.split(",") if k]
-    configs = ["fly-cpp defaults", "fly-cpp target", "llama-completion", *(f"llama.cpp spd k {k}" for k in ks)]
+    spd = ({f"llama.cpp spd k {k}": Mode(f"llama.cpp spd k {k}", None, peer="speculative", k=k, p_min=a.peer_p_min)
+            for k in ks} if ks else {m.label: m for m in peer_modes() if m.peer == "speculative"})
+    configs = ["fly-cpp defaults", "fly-cpp target", "llama-completion", *spd]
     speeds: dict[str, list[float]] = {c: [] for c in configs}
     prompts = select(load(a.dataset).prompts, a.limit)
     for i, p in enumerate(prompts):
@@ -70,7 +75,8 @@ def main() -> None:
             elif c == "llama-completion":
                 speeds[c].append(peer.run("target", p.text, a.n).tokens_per_second)
             else:
-                speeds[c].append(peer.run("speculative", p.text, a.n, int(c.rsplit(" ", 1)[1]), a.peer_p_min)
+                m = spd[c]
+                speeds[c].append(peer.run("speculative", p.text, a.n, int(m.k or 0), m.p_min, m.spec_type)
                                  .tokens_per_second)
         print(f"prompt {i + 1}/{len(prompts)} {p.id}: " + ", ".join(f"{c} {speeds[c][-1]:.2f}" for c in configs),
               file=sys.stderr)

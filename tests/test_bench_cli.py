@@ -245,3 +245,13 @@ def test_a_stopped_run_keeps_its_finished_prompts(tmp_path: Path, stories: Path,
     assert first["records"][:2] == partial["records"]
     assert done["meta"]["complete"] and len(done["records"]) == 9
     assert [r for r in done["records"] if r["mode"] != "spd"] == json.loads(json.dumps(first["records"]))
+
+
+def test_cold_runs_every_generation_in_a_fresh_process_with_the_same_text(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    cold = bench(tmp_path / "cold", "--cold", "--modes", "spd,fly", "--k", "auto", "--no-plots", "--temperature", "0")
+    warm = bench(tmp_path / "warm", "--modes", "spd,fly", "--k", "auto", "--no-plots", "--temperature", "0")
+    for mode in ("target", "spd"):  # greedy: spd writes the target's text, warm or cold
+        assert [r["tokens"] for r in by_mode(cold, mode)] == [r["tokens"] for r in by_mode(warm, "target")]
+    assert all(r["stats"]["n_tokens"] > 0 for r in cold["records"])

@@ -254,3 +254,25 @@ def test_bench_with_templated_model(templated: Path, stories_draft: Path, tmp_pa
     result = json.loads((out / "results.json").read_text())
     assert result["meta"]["templated"] and result["meta"]["n_ctx"] == 256
     assert "chat template" in (out / "summary.md").read_text()
+
+
+def test_llama_cpp_as_its_users_run_it_and_its_best():
+    from fly_cpp.bench.summary import best_peer, comparisons
+    modes = parse_modes("fly", ["auto"], SpecSettings(), peer=True, peer_users=True)
+    peers = [m for m in modes if m.peer == "speculative"]
+    assert ("llama.cpp-spd@k3p0" in [m.label for m in peers]  # its defaults: k 3, p-min 0
+            and {(m.k, m.p_min) for m in peers if m.spec_type == "draft-simple"}
+            == {(k, p) for k in (3, 5, 8, 16) for p in (0.0, 0.75)}
+            and {m.k for m in peers if m.spec_type == "ngram-mod,draft-simple"} == {3, 5, 8, 16})
+    rows = [{"mode": "target", "peer": False, "tokens_per_second": 3.0},
+            {"mode": "fly", "peer": False, "tokens_per_second": 6.0},
+            {"mode": "llama.cpp-target", "peer": True, "tokens_per_second": 3.1},
+            {"mode": "llama.cpp-spd@k3p0", "peer": True, "tokens_per_second": 4.0},
+            {"mode": "llama.cpp-ngram+spd@k5p0", "peer": True, "tokens_per_second": 5.0}]
+    tps = {"target": 3.0, "fly": 6.0, "llama.cpp-target": 3.1, "llama.cpp-spd@k3p0": 4.0,
+           "llama.cpp-ngram+spd@k5p0": 5.0}
+    records = [{"prompt_id": p, "mode": m, "stats": {"tokens_per_second": v}} for p in ("a", "b") for m, v in tps.items()]
+    assert best_peer(rows) == "llama.cpp-ngram+spd@k5p0" and best_peer(rows[:2]) is None
+    best = [c for c in comparisons(rows, records) if c["best"]]
+    assert [(c["ours"], c["peer"]) for c in best] == [("fly", "llama.cpp-ngram+spd@k5p0")]
+    assert best[0]["tokens_per_second_ratio"] == pytest.approx(1.2)

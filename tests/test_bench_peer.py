@@ -83,7 +83,7 @@ def test_peer_offloads_what_fly_cpp_offloads(tmp_path: Path) -> None:
 def test_real_peer_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main(["bench", "--dataset", "spec_bench", "--limit", "1", "-n", "16", "--k", "4", "--modes", "spd",
-                 "--llama-cpp-bin", str(LLAMA_BIN), "--out", str(out), "--no-plots", "--no-progress"]) == 0
+                 "--peer-k", "4", "--llama-cpp-bin", str(LLAMA_BIN), "--out", str(out), "--no-plots", "--no-progress"]) == 0
     result = json.loads((out / "results.json").read_text())
     rows = {row["mode"]: row for row in result["summary"]}
     assert list(rows) == ["target", "spd", "llama.cpp-target", "llama.cpp-spd"]
@@ -106,3 +106,18 @@ def test_without_a_draft_model_the_peer_drafts_with_the_targets_mtp_head(tmp_pat
     argv = (tmp_path / f"{name}.argv").read_text().split()
     assert "-md" not in argv and argv[argv.index("--spec-type") + 1] == "draft-mtp"
     assert argv[argv.index("--spec-draft-n-max") + 1] == "3"
+
+
+def test_peer_chains_the_ngram_lookup_in_front_of_the_draft_model(tmp_path: Path) -> None:
+    target, draft = str(bundled.TARGET), str(bundled.DRAFT)
+    for name in ("llama-speculative-simple", "llama-completion"):
+        (tmp_path / name).write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/{name}.argv\nexit 3\n')
+        (tmp_path / name).chmod(0o755)
+    peer = Peer(tmp_path, target, draft, n_ctx=512, n_threads=1, repack=False)
+    for spec_type, p_min in (("draft-simple", 0.0), ("ngram-mod,draft-simple", 0.75)):
+        with pytest.raises(FlyError):
+            peer.run("speculative", "Once upon a time", 8, 5, p_min, spec_type)
+        argv = (tmp_path / "llama-speculative-simple.argv").read_text().split()
+        assert argv[argv.index("--spec-type") + 1] == spec_type
+        assert argv[argv.index("--spec-draft-n-max") + 1] == "5"
+        assert argv[argv.index("--spec-draft-p-min") + 1] == f"{p_min:g}"

@@ -4,6 +4,8 @@ by real rounds; and the one-line note when speculation was slower than the targe
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -255,3 +257,72 @@ def test_a_contradicted_calibration_is_measured_again_by_the_next_process(storie
         gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), max_tokens=48).run()
         assert gen.stats.pacing["costs"]["disagrees"]
         assert e.cost_key() not in load()  # the next process measures again
+
+
+class _FlatContext(_TimedContext):
+    """Every decode costs about one row's time, whatever its size: the one-row timings inflated
+    by other work on the machine, so that batches look free."""
+
+    def decode(self, tokens, logits="last"):  # type: ignore[no-untyped-def]
+        _Clock.now += self.one_row * (1 + 0.01 * (len(tokens) - 1))
+        self.tokens += tokens
+
+
+@pytest.mark.parametrize("gpu_layers, cached", [(0, False), (-1, True)])
+def test_a_curve_whose_batches_cost_a_single_decode_is_not_cached_on_a_cpu(stories, tmp_path, monkeypatch,
+                                                                           gpu_layers, cached):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setattr("fly_cpp.calibrate.perf_counter", lambda: _Clock.now)
+    t = ModelSettings(str(stories), n_ctx=256, n_threads=1, n_gpu_layers=gpu_layers)
+    calibrate(_FlatContext(10 * MS, 0), t, None, None, token=0)  # type: ignore[arg-type]
+    from fly_cpp.calibrate import flat
+    assert flat(Curve((1, 6), (4.9, 5.4))) and not flat(Curve((1, 2, 4), (1 * MS, 1.3 * MS, 2 * MS)))
+    assert (tmp_path / "costs.json").exists() == cached  # on a GPU batches can cost what one row does
+
+
+def _hog() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def test_a_calibration_beside_a_cpu_hog_is_refused_or_checked_by_the_next_run(stories, stories_draft, tmp_path,
+                                                                              monkeypatch):
+    """Whatever the hog did to the timings, the decision is consistent: a curve it bent is not
+    cached, or, cached, the next (idle) process's first live decodes either agree with it or
+    mark it for measuring again, dropping it from the cache."""
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    from fly_cpp import SpecSettings
+    from fly_cpp.costcache import load
+    settings = (ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1))
+    hogs = [_hog() for _ in range(2)]
+    try:
+        with Engine(*settings) as e:
+            measured = e.costs()
+            key = e.cost_key()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert not measured.cached and "load" in measured.measured
+    if key not in load():  # refused: bent beyond what a CPU does
+        return
+    with Engine(*settings) as e:
+        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), max_tokens=48).run()
+        costs = gen.stats.pacing["costs"]
+        # agreed with (still cached), or rescaled at once, dropped and measured again next time
+        assert costs["disagrees"] == (key not in load()) == (not costs["cached"])
+
+
+def test_a_busy_machine_does_not_make_calibration_retry_for_minutes(stories, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setattr("fly_cpp.calibrate.perf_counter", lambda: _Clock.now)
+    tries: list[int] = []
+    import fly_cpp.calibrate as cal
+    real = cal.measure_deep
+    monkeypatch.setattr(cal, "measure_deep", lambda *a, **k: tries.append(1) or real(*a, **k))
+    t = ModelSettings(str(stories), n_ctx=256, n_threads=1)
+    calibrate(_TimedContext(1.0, 99), t, None, None, token=0)  # type: ignore[arg-type]  # 1 s a row, always bent
+    assert len(tries) == 1 and not (tmp_path / "costs.json").exists()
+    tries.clear()
+    calibrate(_TimedContext(1e-5, 99), t, None, None, token=0)  # type: ignore[arg-type]  # quick: tried again
+    assert len(tries) == cal.MEASURE_TRIES

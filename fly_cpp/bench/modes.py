@@ -17,7 +17,11 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.errors import FlyError
 
 REFERENCE = "target"  # the mode every other one is compared with
-PEER_DEFAULT_K = 3  # llama.cpp's default --spec-draft-n-max
+PEER_DEFAULT_K = 3  # llama.cpp's default --spec-draft-n-max (common/common.h; its default p-min is 0)
+PEER_USER_KS = (3, 5, 8, 16)  # llama.cpp as its users run it: these draft lengths ...
+PEER_USER_P_MINS = (0.0, 0.75)  # ... at these p-mins, and the n-gram lookup chained in front at p-min 0
+DRAFT_SIMPLE = "draft-simple"  # llama.cpp's --spec-type of a draft model
+NGRAM_CHAIN = "ngram-mod,draft-simple"  # its n-gram lookup first, the draft model where it finds nothing
 
 VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     "target": lambda s: dataclasses.replace(s, mode="target"),
@@ -62,6 +66,7 @@ class Mode:
     peer: str | None = None  # "speculative" or "target" for llama.cpp's binaries
     k: int | str | None = None  # a number, "auto", or None (no drafting)
     p_min: float = 0.0  # llama.cpp's speculative decoding: its --spec-draft-p-min
+    spec_type: str = DRAFT_SIMPLE  # ... and its --spec-type
 
     @property
     def max_draft(self) -> int:
@@ -76,11 +81,12 @@ class Mode:
 
 
 def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer: bool = False,
-                peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,)) -> list[Mode]:
+                peer_ks: Sequence[int] = (), peer_p_mins: Sequence[float] = (0.0,),
+                peer_users: bool = False) -> list[Mode]:
     """Modes from "target,spd,fly" and k values (numbers or "auto"); the reference mode is always
     run first. With ``peer``, llama.cpp's target-only run and its speculative decoding at each of
     ``peer_ks`` (default: the numeric ks, else llama.cpp's default 3) and each of
-    ``peer_p_mins``."""
+    ``peer_p_mins``; ``peer_users`` instead: llama.cpp as its users run it (``peer_modes``)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise FlyError("--modes is empty")
@@ -117,7 +123,9 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     twice = next((x for x in labels if labels.count(x) > 1), None)
     if twice is not None:
         raise FlyError(f"mode {twice!r} is listed twice in --modes: {text}")
-    if peer:
+    if peer and peer_users:
+        modes += peer_modes()
+    elif peer:
         numbers = list(peer_ks) or [k for k in ks if isinstance(k, int)] or [PEER_DEFAULT_K]
         modes.append(Mode("llama.cpp-target", None, peer="target"))
         for p_min in peer_p_mins:
@@ -125,4 +133,16 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
                 label = f"llama.cpp-spd@k{k}" if len(numbers) > 1 or sweep else "llama.cpp-spd"
                 label += f"p{p_min:g}" if len(peer_p_mins) > 1 or p_min else ""
                 modes.append(Mode(label, None, peer="speculative", k=k, p_min=p_min))
+    return modes
+
+
+def peer_modes() -> list[Mode]:
+    """llama.cpp as its users run it: target-only, its defaults (k 3, p-min 0), k 3/5/8/16 at
+    p-min 0 and 0.75, and its n-gram lookup chained in front of the draft model at each k."""
+    modes = [Mode("llama.cpp-target", None, peer="target")]
+    for p_min in PEER_USER_P_MINS:
+        modes += [Mode(f"llama.cpp-spd@k{k}p{p_min:g}", None, peer="speculative", k=k, p_min=p_min)
+                  for k in PEER_USER_KS]
+    modes += [Mode(f"llama.cpp-ngram+spd@k{k}p0", None, peer="speculative", k=k, spec_type=NGRAM_CHAIN)
+              for k in PEER_USER_KS]
     return modes

@@ -154,16 +154,18 @@ class Peer:
         run.text = generated_text(stdout, prompt)
         return run
 
-    def run(self, kind: str, prompt: str, max_tokens: int, k: int | None = None, p_min: float = 0.0) -> PeerRun:
+    def run(self, kind: str, prompt: str, max_tokens: int, k: int | None = None, p_min: float = 0.0,
+            spec_type: str = "draft-simple") -> PeerRun:
         """Run ``kind`` ("speculative" or "target") on a rendered prompt text; speculative
         drafts up to ``k`` tokens, stopping early where the draft's top probability < ``p_min``
-        (llama.cpp's default is 0.75; 0 drafts k every round, as fly-cpp's fixed k does)."""
+        (llama.cpp's default is 0: k every round, as fly-cpp's fixed k does); ``spec_type``: its
+        --spec-type list ("ngram-mod,draft-simple": the n-gram lookup first)."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as f:
             f.write(prompt + "\n")  # llama.cpp drops one trailing newline of a prompt file
             path = f.name
         try:
             if kind == "speculative":
-                drafter = (["-md", self.draft, "-ngld", self.draft_gpu_layers, "--spec-type", "draft-simple"]
+                drafter = (["-md", self.draft, "-ngld", self.draft_gpu_layers, "--spec-type", spec_type]
                            if self.draft else ["--spec-type", "draft-mtp"])
                 argv = [str(self.speculative), *self._common(path, max_tokens), *drafter, "--spec-draft-n-max", str(k),
                         "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{p_min:g}"]

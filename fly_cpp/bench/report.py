@@ -127,7 +127,8 @@ def notes(result: dict[str, Any]) -> list[str]:
     if result.get("comparisons"):
         lines += ["", "fly-cpp vs llama.cpp (tokens/s ratio per prompt, geometric mean):", ""]
         for c in result["comparisons"]:
-            lines.append(f"- {c['ours']} / {c['peer']}: {_cell(c['tokens_per_second_ratio'], '{:.3f}')}")
+            best = " (llama.cpp's best here)" if c.get("best") else ""
+            lines.append(f"- {c['ours']} / {c['peer']}{best}: {_cell(c['tokens_per_second_ratio'], '{:.3f}')}")
     return lines
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from fly_cpp.bench import fidelity
 from fly_cpp.bench.checkers import CHECKERS
+from fly_cpp.bench.cold import generate_cold, record
 from fly_cpp.bench.datasets import Prompt
 from fly_cpp.bench.modes import REFERENCE, Mode
 from fly_cpp.bench.peer import Peer
@@ -43,6 +44,7 @@ class BenchConfig:
     warmup: bool = True
     fidelity: bool = True
     system: str | None = None  # a system message before every prompt (chat template only)
+    cold: bool = False  # every fly-cpp generation in a fresh process (fly_cpp.bench.cold)
 
 
 def _record(prompt: Prompt, rendered: Rendered, mode: Mode) -> dict[str, Any]:
@@ -64,19 +66,16 @@ class Runner:
         if mode.peer is not None:
             assert self.peer is not None
             # llama.cpp's binaries abort on characters a byteless vocabulary cannot spell
-            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k, mode.p_min)
+            run = self.peer.run(mode.peer, self.engine.spellable(rendered.text), max_tokens, mode.k, mode.p_min,
+                                 mode.spec_type)
             return {"stats": run.as_dict(), "text": run.text, "peer": True}
         assert mode.spec is not None
+        if self.config.cold:
+            return generate_cold(self.engine.target_settings, self.engine.draft_settings, mode.spec,
+                                 self.config.sampling, list(rendered.tokens), max_tokens)
         self.engine.prefill(rendered.tokens)
-        gen = self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
-                                   max_tokens=max_tokens)
-        steps = list(gen)
-        loose_at = [i for i, step in enumerate(steps) if step.loose]
-        stats = gen.stats.as_dict()
-        stats["accepted_lengths"] = list(gen.stats.accepted_lengths)  # per round, 1-based round i at i - 1
-        stats["loose_rounds"] = sorted({steps[i].round for i in loose_at})  # rounds that kept a token loosely
-        return {"stats": stats, "tokens": gen.tokens, "text": gen.text, "finish_reason": gen.finish_reason,
-                "loose_at": loose_at}
+        return record(self.engine.generate(rendered.tokens, spec=mode.spec, sampling=self.config.sampling,
+                                           max_tokens=max_tokens))
 
     def warm_up(self, rendered: Rendered) -> None:
         for mode in self.modes:
@@ -94,7 +93,7 @@ class Runner:
         for rec in done:
             kept.setdefault(rec["prompt_id"], {})[rec["mode"]] = rec
         todo = [[m for m in self.modes if m.label not in kept.get(p.id, {})] for p in prompts]
-        if self.config.warmup and any(todo):
+        if self.config.warmup and not self.config.cold and any(todo):  # a cold run has nothing to warm
             self.warm_up(rendered[0])
         records: list[dict[str, Any]] = []
         for i, (prompt, r, missing) in enumerate(zip(prompts, rendered, todo)):

@@ -183,10 +183,20 @@ def comparisons(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> li
         if row["peer"] and row["mode"] != "llama.cpp-target":
             suffix = row["mode"][len("llama.cpp-spd"):]
             pairs += [(f"{name}{suffix}", row["mode"]) for name in ("spd", "spd-plain", "fly")]
+    best = best_peer(rows)
+    if best is not None:
+        pairs += [(row["mode"], best) for row in rows if not row["peer"] and row["mode"] != REFERENCE]
     out = []
-    for ours, theirs in pairs:
+    for ours, theirs in dict.fromkeys(pairs):
         if ours in labels and theirs in labels:
             a, b = tps(ours), tps(theirs)
             ratio = geomean(_ratio(a[p], b[p]) for p in a if p in b)
-            out.append({"ours": ours, "peer": theirs, "tokens_per_second_ratio": ratio})
+            out.append({"ours": ours, "peer": theirs, "tokens_per_second_ratio": ratio, "best": theirs == best})
     return out
+
+
+def best_peer(rows: list[dict[str, Any]]) -> str | None:
+    """llama.cpp's best configuration on this prompt set: the peer mode (target-only included)
+    with the most tokens per second over all its prompts; None without peer rows."""
+    peers = [r for r in rows if r["peer"] and r.get("tokens_per_second")]
+    return max(peers, key=lambda r: r["tokens_per_second"])["mode"] if peers else None
