@@ -421,9 +421,10 @@ class ServerSettings:
         "does not implement; by default they are ignored and logged once per name"))
     cors_origins: str = field(default="*", metadata=_help(
         "origins web pages may call from: *, 'localhost' (pages on this machine only), or a comma-separated list"))
-    cors_methods: str = field(default="GET,POST", metadata=_help("methods allowed from other origins, comma-separated"))
+    cors_methods: str = field(default="GET,POST,DELETE,OPTIONS", metadata=_help("methods allowed from other origins, comma-separated"))
     cors_headers: str = field(default="*", metadata=_help("request headers allowed from other origins, comma-separated"))
-    cors_credentials: bool = field(default=False, metadata=_help("allow credentials (cookies) from other origins"))
+    cors_credentials: bool = field(default=True, metadata=_help(
+        "allow credentials (cookies) from the allowed origins (as llama-server does)"))
     max_body: int = field(default=8 * 2**20, metadata=_help("largest request body in bytes (HTTP 413 beyond)"))
     header_timeout: float = field(default=10.0, metadata=_help(
         "seconds a connection gets to send a request's headers, new or kept alive, before it is closed"))
