@@ -411,7 +411,8 @@ class ServerSettings:
     """``fly-cpp serve``: where it listens, who may call it, and the limits that keep it up
     under hostile or heavy traffic."""
 
-    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0: every interface)"))
+    host: str = field(default="127.0.0.1", metadata=_help(
+        "address to listen on (0.0.0.0: every interface); several, comma-separated"))
     port: int = field(default=8080, metadata=_help("TCP port (0: any free one)"))
     api_key: str | None = field(default=None, repr=False, metadata=_help(
         "require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every endpoint but /health and the chat page",
@@ -425,6 +426,12 @@ class ServerSettings:
     cors_headers: str = field(default="*", metadata=_help("request headers allowed from other origins, comma-separated"))
     cors_credentials: bool = field(default=True, metadata=_help(
         "allow credentials (cookies) from the allowed origins (as llama-server does)"))
+    ui: bool = field(default=True, metadata=_help("serve the chat page at / (--no-ui: the API only)"))
+    slots: bool = field(default=True, metadata=_help("answer /slots (--no-slots: HTTP 501, as llama-server)"))
+    alias: str | None = field(default=None, metadata=_help(
+        "the model name /v1/models and every response report; several, comma-separated, are all listed as "
+        "its aliases and the first in sorted order is its id [default: the target's file name]", aliases=("-a",)))
+    tags: str = field(default="", metadata=_help("comma-separated tags /v1/models reports for the model"))
     max_body: int = field(default=8 * 2**20, metadata=_help("largest request body in bytes (HTTP 413 beyond)"))
     header_timeout: float = field(default=10.0, metadata=_help(
         "seconds a connection gets to send a request's headers, new or kept alive, before it is closed"))
@@ -454,6 +461,19 @@ class ServerSettings:
         _integer("max_connections", self.max_connections, 4, 2**20)
         _integer("max_queue", self.max_queue, 0, 2**20)
         _number("grace", self.grace, 0, 86400)
+
+    @property
+    def hosts(self) -> list[str]:
+        """The addresses to listen on: ``host`` may name several, comma-separated."""
+        return [h.strip() for h in self.host.split(",") if h.strip()]
+
+    @property
+    def alias_list(self) -> list[str]:
+        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+
+    @property
+    def tag_list(self) -> list[str]:
+        return [t.strip() for t in self.tags.split(",") if t.strip()]
 
     @property
     def cors_origin_list(self) -> list[str]:

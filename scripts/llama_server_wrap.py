@@ -6,7 +6,9 @@ Flags ``fly-cpp serve`` knows pass through unchanged; the model flags point at t
 bundled stories260K pair where the suite asks for stories260K; flags it does not know are dropped
 with a note on stderr, so the tests about them fail on their own assertions. A model that is not
 available offline ends the process with exit status 3 and its name written to the file named by
-$FLY_SUITE_NOTE, which the suite's plugin turns into "not runnable".
+$FLY_SUITE_NOTE, which the suite's plugin turns into "not runnable". With $FLY_SUITE_SOURCE set
+to another source tree of fly-cpp (laid out as installed: fly_cpp/ with cli/ and models/ in it),
+that tree is served instead of the installed one, for before/after comparisons.
 """
 
 from __future__ import annotations
@@ -98,8 +100,16 @@ def translate(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    source = os.environ.get("FLY_SUITE_SOURCE")
+    if source:  # before translate(): the options known are that tree's
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+        sys.path.insert(0, source)
     args = translate(sys.argv[1:])
     print("llama_server_wrap: fly-cpp serve " + " ".join(args), file=sys.stderr, flush=True)
+    if source:
+        from fly_cpp.cli.main import main as fly_main
+
+        sys.exit(fly_main(["serve", *args]))
     exe = Path(sys.executable).parent / "fly-cpp"
     os.execv(str(exe), [str(exe), "serve", *args])
 

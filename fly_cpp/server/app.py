@@ -69,13 +69,14 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     app = FastAPI(title="fly-cpp", version=fly_cpp.__version__, lifespan=lifespan,
                   description="llama-server and OpenAI-compatible endpoints with FLy speculative decoding")
     errors.install(app, on_server_error=lambda: runs.metrics.count("errors"))
-    app.include_router(page.router())
-    app.include_router(llama.router(served, runs, compat))
-    app.include_router(oai.router(served, runs, compat))
+    if settings.ui:
+        app.include_router(page.router())
+    app.include_router(llama.router(served, runs, compat, slots=settings.slots))
+    app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key
     app.add_middleware(Bodies, max_body=settings.max_body, timeout=settings.body_timeout)
     if settings.api_key:
-        app.add_middleware(ApiKey, key=settings.api_key, open_path=lambda p: p in HEALTH or page.is_page(p))
+        app.add_middleware(ApiKey, key=settings.api_key, open_path=lambda p: p in HEALTH or (settings.ui and page.is_page(p)))
     app.add_middleware(Loading, served=served, open_paths=page.is_page)
     app.add_middleware(Cors, origins=settings.cors_origin_list,
                        methods=[m.strip() for m in settings.cors_methods.split(",") if m.strip()],

@@ -29,7 +29,7 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True) -> APIRouter:
     r = APIRouter()
 
     @r.get("/health")
@@ -57,8 +57,10 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
             "build_info": f"fly-cpp {fly_cpp.__version__}",
         }
 
-    @r.get("/slots")
-    async def slots() -> list[dict[str, Any]]:
+    @r.get("/slots", response_model=None)
+    async def slot_list() -> list[dict[str, Any]] | JSONResponse:
+        if not slots:
+            return errors.response(501, "this server does not answer /slots (started with --no-slots)")
         fly = served.ready
         return [{"id": 0, "n_ctx": fly.n_ctx, "is_processing": runs.worker.running > 0,
                  "speculative": fly.info.draft_name is not None or fly.spec.ngram}]

@@ -26,7 +26,8 @@ from fly_cpp.server.timings import timings
 Chunk = dict[str, Any]
 
 
-def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None = None,
+           tags: list[str] | None = None) -> APIRouter:
     r = APIRouter()
     created = int(time.time())
 
@@ -36,6 +37,7 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
         fly = served.ready
         return {"object": "list", "data": [{
             "id": fly.model, "object": "model", "created": created, "owned_by": "fly-cpp",
+            "aliases": list(aliases or [fly.model]), "tags": list(tags or ()),
             "meta": {"n_ctx": fly.n_ctx, "n_vocab": fly.info.n_vocab, "draft": fly.info.draft_name}}]}
 
     @r.post("/v1/completions")

@@ -1,0 +1,53 @@
+"""llama-server's server options, as its clients and its own test suite use them: --no-ui,
+--no-slots, --alias with several names, --tags, and several --host addresses."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from fly_cpp import Fly
+from fly_cpp.config import ServerSettings
+from fly_cpp.server import create_app
+from serving import Server
+
+
+@pytest.fixture(scope="module")
+def fly(stories, stories_draft):
+    with Fly(stories, stories_draft, n_ctx=256) as llm:
+        yield llm
+
+
+def test_no_ui_and_no_slots(fly):
+    with TestClient(create_app(fly, settings=ServerSettings(ui=False, slots=False))) as c:
+        assert c.get("/").status_code == 404
+        r = c.get("/slots")
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    with TestClient(create_app(fly)) as c:
+        assert c.get("/").status_code == 200 and c.get("/slots").status_code == 200
+
+
+def test_aliases_and_tags(fly):
+    settings = ServerSettings(alias="tinyllama-2,fim,code", tags="chat,small")
+    with TestClient(create_app(fly, settings=settings)) as c:
+        model = c.get("/v1/models").json()["data"][0]
+    assert set(model["aliases"]) == {"tinyllama-2", "fim", "code"} and model["tags"] == ["chat", "small"]
+    assert settings.alias_list[0] == "code"  # the id the served model takes (fly-cpp serve sets it)
+
+
+def test_several_hosts(tmp_path):
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    server = Server(tmp_path, "--host", "127.0.0.1,::1", "-a", "b,a", "-t", "1", "-c", "256")
+    try:
+        port = server.url.rsplit(":", 1)[1]
+        for host in ("127.0.0.1", "[::1]"):
+            assert httpx.get(f"http://{host}:{port}/v1/models", timeout=30).json()["data"][0]["id"] == "a"
+    finally:
+        server.stop()
