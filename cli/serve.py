@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from fly_cpp.chat_format import BUILTIN, is_builtin
+from fly_cpp.chat_format import BUILTIN, builtin, is_builtin
 from fly_cpp.cli.models_opt import model_options, model_settings
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, ServerSettings, SpecSettings
@@ -25,8 +25,9 @@ API_KEY_ENV = "FLY_CPP_API_KEY"
 
 @click.command()
 @settings_options(ServerSettings)
-@click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
-              "tokenizer.chat_template, else plain]")
+@click.option("--chat-format", "--chat-template", "--chat-template-file", "chat_format",
+              help=f"{', '.join(BUILTIN)}, a Jinja template file, or Jinja text [default: the model's "
+              "tokenizer.chat_template, else chatml, as llama-server]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="server log level (info logs each request)")
 @model_options
@@ -52,7 +53,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     if API_KEY_ENV in os.environ and options.get("api_key") is None:
         options["api_key"] = os.environ[API_KEY_ENV]  # set but empty: refused below, never "no key"
     settings = ServerSettings(**pick(options, ServerSettings))
-    if chat_format is not None and not is_builtin(chat_format):
+    if chat_format is not None and not is_builtin(chat_format) and "{" not in chat_format:
         try:
             with open(chat_format, encoding="utf-8") as f:
                 chat_format = f.read()
@@ -74,6 +75,8 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
 
     def load() -> Fly:
         fly = Fly.from_engine(Engine(target, draft), chat_format=chat_format, spec=spec, sampling=sampling)
+        if chat_format is None and fly.chat_format.name == "plain":  # no template in the GGUF
+            fly.chat_format = builtin("chatml", bos_token=fly.info.bos_text, eos_token=fly.info.eos_text)
         if settings.alias_list:
             fly.model = settings.alias_list[0]
         return fly

@@ -38,16 +38,33 @@ def test_aliases_and_tags(fly):
     assert settings.alias_list[0] == "code"  # the id the served model takes (fly-cpp serve sets it)
 
 
-def test_several_hosts(tmp_path):
+def test_fingerprint(fly):
+    with TestClient(create_app(fly)) as c:
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.json()["system_fingerprint"].startswith("b")
+
+
+def _ipv6() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as probe:
             probe.bind(("::1", 0))
+        return True
     except OSError:
-        pytest.skip("no IPv6 loopback here")
-    server = Server(tmp_path, "--host", "127.0.0.1,::1", "-a", "b,a", "-t", "1", "-c", "256")
+        return False
+
+
+def test_several_hosts_and_chatml_fallback(tmp_path):
+    """Several addresses, one port; a GGUF without a template is served with chatml, as
+    llama-server serves it."""
+    hosts = ["127.0.0.1", "::1"] if _ipv6() else ["127.0.0.1"]
+    server = Server(tmp_path, "--host", ",".join(hosts), "-a", "b,a", "-t", "1", "-c", "256")
     try:
         port = server.url.rsplit(":", 1)[1]
-        for host in ("127.0.0.1", "[::1]"):
-            assert httpx.get(f"http://{host}:{port}/v1/models", timeout=30).json()["data"][0]["id"] == "a"
+        for host in hosts:
+            url = f"http://{'[::1]' if host == '::1' else host}:{port}"
+            assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"] == "a"
+        shown = httpx.post(server.url + "/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]},
+                           timeout=30).json()["prompt"]
+        assert "<|im_start|>user\nHi<|im_end|>" in shown
     finally:
         server.stop()
