@@ -137,13 +137,14 @@ def chat_completion(gen: Generation, top: dict[str, Any], logprobs: int | None =
 
 def chat_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
                 piece: Piece | None = None) -> Iterator[Chunk]:
-    """``chat.completion.chunk`` dicts as the generation runs: the role first, then content
+    """``chat.completion.chunk`` dicts as the generation runs: the role first (its content null,
+    as OpenAI and llama-server send it), then content
     deltas, then one with ``finish_reason``, ``usage`` and ``fly``. Closing the stream closes
     the generation."""
     top = {**top, "object": "chat.completion.chunk"}
     pending: list[Step] = []
     try:
-        yield {**top, "choices": [_delta({"role": "assistant", "content": ""}, None)]}
+        yield {**top, "choices": [_delta({"role": "assistant", "content": None}, None)]}
         for step, text in answer_steps(gen):
             pending.append(step)
             if text:
