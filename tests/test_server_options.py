@@ -38,6 +38,14 @@ def test_aliases_and_tags(fly):
     assert settings.alias_list[0] == "code"  # the id the served model takes (fly-cpp serve sets it)
 
 
+def test_apply_template_without_generation_prompt(fly, tmp_path):
+    with TestClient(create_app(fly)) as c:
+        hi = {"messages": [{"role": "user", "content": "Hi"}]}
+        with_prompt = c.post("/apply-template", json=hi).json()["prompt"]
+        without = c.post("/apply-template", json={**hi, "add_generation_prompt": False}).json()["prompt"]
+    assert with_prompt.startswith(without) and with_prompt != without
+
+
 def test_fingerprint(fly):
     with TestClient(create_app(fly)) as c:
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})

@@ -105,7 +105,8 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True) -> AP
 
         def work() -> Response:
             extra = dict(body.chat_template_kwargs or {})
-            return JSONResponse({"prompt": fly.chat_format.render(body.messages, add_generation_prompt=True, **extra)})
+            return JSONResponse({"prompt": fly.chat_format.render(body.messages, **extra,
+                                                                  add_generation_prompt=body.add_generation_prompt)})
 
         return await prepare(work)
 
