@@ -426,6 +426,9 @@ class ServerSettings:
     cors_headers: str = field(default="*", metadata=_help("request headers allowed from other origins, comma-separated"))
     cors_credentials: bool = field(default=True, metadata=_help(
         "allow credentials (cookies) from the allowed origins (as llama-server does)"))
+    n_predict: int = field(default=-1, metadata=_help(
+        "tokens a request generates when it does not say (n_predict / max_tokens); -1 = until the end of the "
+        "text or a full context", aliases=("--predict",)))
     ui: bool = field(default=True, metadata=_help("serve the chat page at / (--no-ui: the API only)"))
     slots: bool = field(default=True, metadata=_help("answer /slots (--no-slots: HTTP 501, as llama-server)"))
     alias: str | None = field(default=None, metadata=_help(
@@ -454,6 +457,7 @@ class ServerSettings:
             _require(key.isascii() and key.isprintable() and " " not in key,
                      "the API key must be printable ASCII without spaces (HTTP headers carry it)")
             object.__setattr__(self, "api_key", key)
+        _integer("n_predict", self.n_predict, -1, 2**31 - 1)
         _integer("max_body", self.max_body, 1024, 2**40)
         _number("header_timeout", self.header_timeout, 0, 86400, above=True)
         _number("body_timeout", self.body_timeout, 0, 86400, above=True)

@@ -64,12 +64,13 @@ def wrapper(tmp: Path) -> Path:
     return exe
 
 
-def run_file(tests: Path, name: str, exe: Path, tmp: Path, timeout: float) -> dict[str, object]:
+def run_file(tests: Path, name: str, exe: Path, tmp: Path, timeout: float, port: int) -> dict[str, object]:
     xml = tmp / f"{name}.xml"
     start = time.monotonic()
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(exe), "FLY_SUITE_NOTE": str(tmp / "note.txt"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "LLAMA_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1", "FLY_CPP_THREADS": "1"}
+           "LLAMA_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1", "FLY_CPP_THREADS": "1",
+           "PORT": str(port)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "llama_server_suite_plugin", "-m", "not slow",
            "-p", "no:cacheprovider", f"--junitxml={xml}", f"unit/{name}.py"]
     try:
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("WORK", REPO.parent / "llama-cpp-src")))
     parser.add_argument("--version", default=importlib.metadata.version("llama_cpp_python"))
     parser.add_argument("--timeout", type=float, default=900, help="seconds per file")
+    parser.add_argument("--port", type=int, default=8080, help="the port the suite's servers take")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     try:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             if name in OUT_OF_SCOPE:
                 rows.append({"file": name, "out_of_scope": True})
             else:
-                rows.append(run_file(tests, name, exe, tmp, args.timeout))
+                rows.append(run_file(tests, name, exe, tmp, args.timeout, args.port))
             print(line(rows[-1]), flush=True)
     total = {k: sum(int(r.get(k, 0)) for r in rows) for k in ("passed", "failed", "not_runnable", "skipped")}
     runnable = total["passed"] + total["failed"]

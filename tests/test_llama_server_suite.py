@@ -35,7 +35,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, obj
         pytest.skip(f"llama-server's tests are not available offline: {exc}")
     out = tmp_path_factory.mktemp("suite") / "results.json"
     done = subprocess.run([sys.executable, str(SCRIPTS / "llama_server_suite.py"), "--work", str(work),
-                           "--json", str(out), *FLOORS], capture_output=True, text=True, timeout=1200)
+                           "--json", str(out), "--port", "8321", *FLOORS], capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr
     return {row["file"]: row for row in json.loads(out.read_text())["files"]}
 

@@ -46,6 +46,14 @@ def test_apply_template_without_generation_prompt(fly, tmp_path):
     assert with_prompt.startswith(without) and with_prompt != without
 
 
+def test_server_n_predict_default(fly):
+    with TestClient(create_app(fly, settings=ServerSettings(n_predict=5))) as c:
+        assert c.post("/completion", json={"prompt": "Once"}).json()["tokens_predicted"] == 5
+        assert c.post("/completion", json={"prompt": "Once", "n_predict": 3}).json()["tokens_predicted"] == 3
+        chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+        assert chat["usage"]["completion_tokens"] <= 5
+
+
 def test_fingerprint(fly):
     with TestClient(create_app(fly)) as c:
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})

@@ -16,7 +16,7 @@ from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import Prepared, generation, prepare
+from fly_cpp.server.prepare import Prepared, generation, limit, prepare
 from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
@@ -29,7 +29,7 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat, slots: bool = True) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1) -> APIRouter:
     r = APIRouter()
 
     @r.get("/health")
@@ -115,9 +115,9 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True) -> AP
     async def completion(body: CompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
         compat.check(body, "/completion")
         fly = served.ready
-        n_predict = next((n for n in (body.n_predict, body.max_tokens) if n is not None), -1)
+        max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
         prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, n_probs=body.n_probs,
-                                                    max_tokens=None if n_predict == -1 else n_predict))
+                                                    max_tokens=max_tokens))
         gen = prepared.gen
 
         def steps() -> Iterator[Step | None]:
