@@ -185,7 +185,7 @@ class _Result:
             "index": 0, "id_slot": 0, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
             "stop": True, "model": self.model,
             "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
-            "truncated": self.truncated,
+            "truncated": self.truncated, "has_new_line": "\n" in gen.text,
             "stop_type": finish.kind if finish is not None else "none",
             "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
             "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
