@@ -12,7 +12,8 @@ LOCAL_ORIGINS = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?")
 
 
 class Cors:
-    """Pure ASGI middleware (streams pass through untouched)."""
+    """Pure ASGI middleware (streams pass through untouched). Header names are sent spelled as
+    llama-server spells them: HTTP does not care, but some clients compare them exactly."""
 
     def __init__(self, app: Any, origins: list[str], methods: list[str], headers: list[str],
                  credentials: bool) -> None:
@@ -30,9 +31,9 @@ class Cors:
     def _cors_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
         if not self.allowed(origin):
             return []
-        out = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+        out = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")), (b"Vary", b"Origin")]
         if self.credentials:
-            out.append((b"access-control-allow-credentials", b"true"))
+            out.append((b"Access-Control-Allow-Credentials", b"true"))
         return out
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -43,9 +44,9 @@ class Cors:
         extra = self._cors_headers(origin)
         if scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method") is not None:
             if extra:
-                extra += [(b"access-control-allow-methods", self.methods.encode()),
-                          (b"access-control-allow-headers", self.headers.encode()),
-                          (b"access-control-max-age", b"600")]
+                extra += [(b"Access-Control-Allow-Methods", self.methods.encode()),
+                          (b"Access-Control-Allow-Headers", self.headers.encode()),
+                          (b"Access-Control-Max-Age", b"600")]
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*extra, (b"content-length", b"0"), (b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b""})
