@@ -83,6 +83,7 @@ def run_file(tests: Path, name: str, exe: Path, tmp: Path, timeout: float, port:
 def count(xml: Path) -> dict[str, object]:
     counts = {"passed": 0, "failed": 0, "not_runnable": 0, "skipped": 0}
     failures: list[str] = []
+    unrunnable: list[str] = []
     if not xml.is_file():
         return {**counts, "error": "no report (collection failed?)"}
     for case in ET.parse(xml).iter("testcase"):
@@ -93,9 +94,11 @@ def count(xml: Path) -> dict[str, object]:
         elif "skipped" in kinds:
             message = kinds["skipped"].get("message", "")
             counts["not_runnable" if "not runnable" in message else "skipped"] += 1
+            if "not runnable" in message:
+                unrunnable.append(f"{case.get('name', '?')}: {message}")
         else:
             counts["passed"] += 1
-    return {**counts, "failures": failures}
+    return {**counts, "failures": failures, "not_runnable_why": unrunnable}
 
 
 def main(argv: list[str] | None = None) -> int:
