@@ -20,6 +20,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -73,9 +74,14 @@ def run_file(tests: Path, name: str, exe: Path, tmp: Path, timeout: float, port:
            "PORT": str(port)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "llama_server_suite_plugin", "-m", "not slow",
            "-p", "no:cacheprovider", f"--junitxml={xml}", f"unit/{name}.py"]
+    # its own process group: a file that runs past the limit is ended with the servers it started
+    proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return {"file": name, "error": f"timed out after {timeout:.0f}s"}
     return {"file": name, **count(xml), "seconds": round(time.monotonic() - start)}
 
