@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from fly_cpp.chat_format import BUILTIN, is_builtin
+from fly_cpp.chat_format import BUILTIN, builtin, is_builtin
 from fly_cpp.cli.models_opt import model_options, model_settings
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import SamplingSettings, ServerSettings, SpecSettings
@@ -25,16 +25,15 @@ API_KEY_ENV = "FLY_CPP_API_KEY"
 
 @click.command()
 @settings_options(ServerSettings)
-@click.option("--chat-format", help=f"{', '.join(BUILTIN)}, or a Jinja template file [default: the model's "
-              "tokenizer.chat_template, else plain]")
-@click.option("-a", "--alias", help="the model name /v1/models and every response report [default: the target's "
-              "file name]")
+@click.option("--chat-format", "--chat-template", "--chat-template-file", "chat_format",
+              help=f"{', '.join(BUILTIN)}, a Jinja template file, or Jinja text [default: the model's "
+              "tokenizer.chat_template, else chatml, as llama-server]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="server log level (info logs each request)")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
-def serve(chat_format: str | None, alias: str | None, log_level: str, **options: Any) -> None:
+def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     """Serve a target/draft pair over HTTP: llama-server's /completion, /tokenize, /detokenize,
     /apply-template, /props, /slots, /health, /metrics, OpenAI's /v1/completions,
     /v1/chat/completions, /v1/models, and a chat page at / (open it in a browser).
@@ -54,7 +53,7 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     if API_KEY_ENV in os.environ and options.get("api_key") is None:
         options["api_key"] = os.environ[API_KEY_ENV]  # set but empty: refused below, never "no key"
     settings = ServerSettings(**pick(options, ServerSettings))
-    if chat_format is not None and not is_builtin(chat_format):
+    if chat_format is not None and not is_builtin(chat_format) and "{" not in chat_format:
         try:
             with open(chat_format, encoding="utf-8") as f:
                 chat_format = f.read()
@@ -66,15 +65,21 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     Engine.preflight(target, draft)  # files, context size and memory, from the GGUF headers
     cap, backlog = limits(settings.max_connections)
     _log_to_stderr(log_level)
-    sock = _listen(settings.host, settings.port, backlog)
+    socks: list[socket.socket] = []
+    for host in settings.hosts:  # the first binds the port (0: any free one), the others the same
+        socks.append(_listen(host, socks[0].getsockname()[1] if socks else settings.port, backlog))
+    sock = socks[0]
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{_url_host(bound_host)}:{bound_port}"
     failure: list[BaseException] = []
 
     def load() -> Fly:
-        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.kv_unified), chat_format=chat_format, spec=spec, sampling=sampling)
-        if alias:
-            fly.model = alias
+        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.kv_unified),
+                              chat_format=chat_format, spec=spec, sampling=sampling)
+        if chat_format is None and fly.chat_format.name == "plain":  # no template in the GGUF
+            fly.chat_format = builtin("chatml", bos_token=fly.info.bos_text, eos_token=fly.info.eos_text)
+        if settings.alias_list:
+            fly.model = settings.alias_list[0]
         return fly
 
     def ready(fly: Fly) -> None:
@@ -96,11 +101,12 @@ def serve(chat_format: str | None, alias: str | None, log_level: str, **options:
     # must not turn into KeyboardInterrupt or a kill, so the process exits with status 0
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        sock.close()
+        for each in socks:
+            each.close()
         served = app.state.served
         if served.fly is not None:
             served.fly.close()  # the lifespan closes it too (closing twice is fine)

@@ -432,7 +432,8 @@ class ServerSettings:
     """``fly-cpp serve``: where it listens, who may call it, and the limits that keep it up
     under hostile or heavy traffic."""
 
-    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0: every interface)"))
+    host: str = field(default="127.0.0.1", metadata=_help(
+        "address to listen on (0.0.0.0: every interface); several, comma-separated"))
     port: int = field(default=8080, metadata=_help("TCP port (0: any free one)"))
     api_key: str | None = field(default=None, repr=False, metadata=_help(
         "require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every endpoint but /health and the chat page",
@@ -442,9 +443,19 @@ class ServerSettings:
         "does not implement; by default they are ignored and logged once per name"))
     cors_origins: str = field(default="*", metadata=_help(
         "origins web pages may call from: *, 'localhost' (pages on this machine only), or a comma-separated list"))
-    cors_methods: str = field(default="GET,POST", metadata=_help("methods allowed from other origins, comma-separated"))
+    cors_methods: str = field(default="GET,POST,DELETE,OPTIONS", metadata=_help("methods allowed from other origins, comma-separated"))
     cors_headers: str = field(default="*", metadata=_help("request headers allowed from other origins, comma-separated"))
-    cors_credentials: bool = field(default=False, metadata=_help("allow credentials (cookies) from other origins"))
+    cors_credentials: bool = field(default=True, metadata=_help(
+        "allow credentials (cookies) from the allowed origins (as llama-server does)"))
+    n_predict: int = field(default=-1, metadata=_help(
+        "tokens a request generates when it does not say (n_predict / max_tokens); -1 = until the end of the "
+        "text or a full context", aliases=("--predict",)))
+    ui: bool = field(default=True, metadata=_help("serve the chat page at / (--no-ui: the API only)"))
+    slots: bool = field(default=True, metadata=_help("answer /slots (--no-slots: HTTP 501, as llama-server)"))
+    alias: str | None = field(default=None, metadata=_help(
+        "the model name /v1/models and every response report; several, comma-separated, are all listed as "
+        "its aliases and the first in sorted order is its id [default: the target's file name]", aliases=("-a",)))
+    tags: str = field(default="", metadata=_help("comma-separated tags /v1/models reports for the model"))
     max_body: int = field(default=8 * 2**20, metadata=_help("largest request body in bytes (HTTP 413 beyond)"))
     header_timeout: float = field(default=10.0, metadata=_help(
         "seconds a connection gets to send a request's headers, new or kept alive, before it is closed"))
@@ -476,6 +487,7 @@ class ServerSettings:
             _require(key.isascii() and key.isprintable() and " " not in key,
                      "the API key must be printable ASCII without spaces (HTTP headers carry it)")
             object.__setattr__(self, "api_key", key)
+        _integer("n_predict", self.n_predict, -1, 2**31 - 1)
         _integer("max_body", self.max_body, 1024, 2**40)
         _number("header_timeout", self.header_timeout, 0, 86400, above=True)
         _number("body_timeout", self.body_timeout, 0, 86400, above=True)
@@ -491,6 +503,19 @@ class ServerSettings:
     def n_slots(self) -> int:
         """The slots ``parallel`` asks for ('auto': 4, as llama-server)."""
         return AUTO_SLOTS if self.parallel == AUTO else int(self.parallel)
+
+    @property
+    def hosts(self) -> list[str]:
+        """The addresses to listen on: ``host`` may name several, comma-separated."""
+        return [h.strip() for h in self.host.split(",") if h.strip()]
+
+    @property
+    def alias_list(self) -> list[str]:
+        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+
+    @property
+    def tag_list(self) -> list[str]:
+        return [t.strip() for t in self.tags.split(",") if t.strip()]
 
     @property
     def cors_origin_list(self) -> list[str]:

@@ -12,6 +12,7 @@ colours it), and ``logprobs`` come from the target's own pass (``Step.probs``): 
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,11 +25,19 @@ Chunk = dict[str, Any]
 Piece = Callable[[int], bytes]
 
 
+try:
+    FINGERPRINT = f"b{importlib.metadata.version('fly-cpp')}-fly-cpp"
+except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+    FINGERPRINT = "b0-fly-cpp"
+
+
 def head(kind: str, model: str) -> dict[str, Any]:
-    """``id``, ``object``, ``created`` and ``model`` of one response. kind: "text_completion"
-    or "chat.completion" (its chunks say "chat.completion.chunk")."""
+    """``id``, ``object``, ``created``, ``model`` and ``system_fingerprint`` (the build that
+    answered, "b" and fly-cpp's version, as llama-server spells its build) of one response.
+    kind: "text_completion" or "chat.completion" (its chunks say "chat.completion.chunk")."""
     prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model,
+            "system_fingerprint": FINGERPRINT}
 
 
 def tail(gen: Generation) -> dict[str, Any]:
@@ -128,13 +137,14 @@ def chat_completion(gen: Generation, top: dict[str, Any], logprobs: int | None =
 
 def chat_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
                 piece: Piece | None = None) -> Iterator[Chunk]:
-    """``chat.completion.chunk`` dicts as the generation runs: the role first, then content
+    """``chat.completion.chunk`` dicts as the generation runs: the role first (its content null,
+    as OpenAI and llama-server send it), then content
     deltas, then one with ``finish_reason``, ``usage`` and ``fly``. Closing the stream closes
     the generation."""
     top = {**top, "object": "chat.completion.chunk"}
     pending: list[Step] = []
     try:
-        yield {**top, "choices": [_delta({"role": "assistant", "content": ""}, None)]}
+        yield {**top, "choices": [_delta({"role": "assistant", "content": None}, None)]}
         for step, text in answer_steps(gen):
             pending.append(step)
             if text:

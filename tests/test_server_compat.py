@@ -219,15 +219,21 @@ def test_cors_preflight_without_the_key(fly):
         pre = c.options("/v1/chat/completions", headers={"Origin": "http://example.com",
                                                          "Access-Control-Request-Method": "POST",
                                                          "Access-Control-Request-Headers": "authorization,content-type"})
-        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "*"
-        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://example.com"
+        assert pre.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert pre.headers["access-control-allow-credentials"] == "true"
         r = c.get("/props", headers={"Origin": "http://example.com", "Authorization": "Bearer k"})
-        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.com"
+        for path in ("/sw.js", "/manifest.webmanifest", "/_app/version.json"):  # page assets: no key
+            assert c.get(path).status_code == 200, path
     local = ServerSettings(cors_origins="localhost")
     with TestClient(create_app(fly, settings=local)) as c:
         ok = c.get("/health", headers={"Origin": "http://localhost:5173"})
         assert ok.headers["access-control-allow-origin"] == "http://localhost:5173"
         assert "access-control-allow-origin" not in c.get("/health", headers={"Origin": "http://evil.example"}).headers
+        refused = c.options("/completions", headers={"Origin": "http://localhost.evil.com",
+                                                     "Access-Control-Request-Method": "POST"})
+        assert refused.status_code == 200 and "access-control-allow-origin" not in refused.headers
 
 
 def test_body_limit(fly):

@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 import fly_cpp
 from fly_cpp.api import Fly
@@ -20,13 +19,13 @@ from fly_cpp.server import errors, llama, oai, page
 from fly_cpp.server.auth import ApiKey
 from fly_cpp.server.bodies import Bodies
 from fly_cpp.server.compat import Compat
+from fly_cpp.server.cors import Cors
 from fly_cpp.server.metrics import CountErrors, Metrics
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Loading, Served
 from fly_cpp.server.worker import Worker
 
 log = logging.getLogger("fly_cpp.server")
-LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 HEALTH = ("/health", "/v1/health")
 
 
@@ -70,20 +69,20 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     app = FastAPI(title="fly-cpp", version=fly_cpp.__version__, lifespan=lifespan,
                   description="llama-server and OpenAI-compatible endpoints with FLy speculative decoding")
     errors.install(app, on_server_error=lambda: runs.metrics.count("errors"))
-    app.include_router(page.router())
-    app.include_router(llama.router(served, runs, compat))
-    app.include_router(oai.router(served, runs, compat))
+    if settings.ui:
+        app.include_router(page.router())
+    app.include_router(llama.router(served, runs, compat, slots=settings.slots, n_predict=settings.n_predict))
+    app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,
+                                  n_predict=settings.n_predict))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key
     app.add_middleware(Bodies, max_body=settings.max_body, timeout=settings.body_timeout)
     if settings.api_key:
-        app.add_middleware(ApiKey, key=settings.api_key, open_path=lambda p: p in HEALTH or page.is_page(p))
+        app.add_middleware(ApiKey, key=settings.api_key, open_path=lambda p: p in HEALTH or (settings.ui and page.is_page(p)))
     app.add_middleware(Loading, served=served, open_paths=page.is_page)
-    origins = settings.cors_origin_list
-    app.add_middleware(CORSMiddleware, allow_origins=[o for o in origins if o != "localhost"],
-                       allow_origin_regex=LOCAL_ORIGINS if "localhost" in origins else None,
-                       allow_methods=[m.strip() for m in settings.cors_methods.split(",") if m.strip()],
-                       allow_headers=[h.strip() for h in settings.cors_headers.split(",") if h.strip()],
-                       allow_credentials=settings.cors_credentials)  # preflights answered before the key
+    app.add_middleware(Cors, origins=settings.cors_origin_list,
+                       methods=[m.strip() for m in settings.cors_methods.split(",") if m.strip()],
+                       headers=[h.strip() for h in settings.cors_headers.split(",") if h.strip()],
+                       credentials=settings.cors_credentials)  # preflights answered before the key
     app.add_middleware(CountErrors, metrics=runs.metrics)  # outermost: 401s count too
     app.state.served, app.state.runs, app.state.stop_generations = served, runs, runs.worker.stop
     app.state.settings = settings

@@ -18,7 +18,7 @@ from fly_cpp.errors import FlyError, RpcServerLost
 from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 500: "server_error",
+         405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 500: "server_error", 501: "not_supported_error",
          503: "unavailable_error"}
 
 

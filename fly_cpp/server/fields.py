@@ -185,6 +185,8 @@ class _ChatCompletion(_OpenAI):
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")
     reasoning_effort: str | None = Field(None, description="passed to the chat template (templates that read it "
                                                            "use it)")
+    add_generation_prompt: bool = Field(True, description="/apply-template: end the prompt with the opening of the "
+                                                          "assistant's turn")
 
 
 CompletionRequest = _body("CompletionRequest", _Completion)

@@ -16,7 +16,7 @@ from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import Prepared, generation, prepare
+from fly_cpp.server.prepare import Prepared, generation, limit, prepare
 from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
@@ -30,7 +30,7 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1) -> APIRouter:
     r = APIRouter()
 
     @r.get("/health")
@@ -58,8 +58,10 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
             "build_info": f"fly-cpp {fly_cpp.__version__}",
         }
 
-    @r.get("/slots")
-    async def slots() -> list[dict[str, Any]]:
+    @r.get("/slots", response_model=None)
+    async def slot_list() -> list[dict[str, Any]] | JSONResponse:
+        if not slots:
+            return errors.response(501, "this server does not answer /slots (started with --no-slots)")
         fly = served.ready
         return slot_states(fly)
 
@@ -103,7 +105,8 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
 
         def work() -> Response:
             extra = dict(body.chat_template_kwargs or {})
-            return JSONResponse({"prompt": fly.chat_format.render(body.messages, add_generation_prompt=True, **extra)})
+            return JSONResponse({"prompt": fly.chat_format.render(body.messages, **extra,
+                                                                  add_generation_prompt=body.add_generation_prompt)})
 
         return await prepare(work)
 
@@ -112,9 +115,9 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
     async def completion(body: CompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
         compat.check(body, "/completion")
         fly = served.ready
-        n_predict = next((n for n in (body.n_predict, body.max_tokens) if n is not None), -1)
+        max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
         prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, n_probs=body.n_probs,
-                                                    max_tokens=None if n_predict == -1 else n_predict))
+                                                    max_tokens=max_tokens))
         gen = prepared.gen
 
         def steps() -> Iterator[Step | None]:
@@ -182,7 +185,7 @@ class _Result:
             "index": 0, "id_slot": gen.stats.slot, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
             "stop": True, "model": self.model,
             "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
-            "truncated": self.truncated,
+            "truncated": self.truncated, "has_new_line": "\n" in gen.text,
             "stop_type": finish.kind if finish is not None else "none",
             "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
             "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,

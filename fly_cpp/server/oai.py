@@ -18,7 +18,7 @@ from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest, TextCompletionRequest
-from fly_cpp.server.prepare import generation, prepare
+from fly_cpp.server.prepare import generation, limit, prepare
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -26,7 +26,8 @@ from fly_cpp.server.timings import timings
 Chunk = dict[str, Any]
 
 
-def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None = None,
+           tags: list[str] | None = None, n_predict: int = -1) -> APIRouter:
     r = APIRouter()
     created = int(time.time())
 
@@ -36,6 +37,7 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
         fly = served.ready
         return {"object": "list", "data": [{
             "id": fly.model, "object": "model", "created": created, "owned_by": "fly-cpp",
+            "aliases": list(aliases or [fly.model]), "tags": list(tags or ()),
             "meta": {"n_ctx": fly.n_ctx, "n_vocab": fly.info.n_vocab, "draft": fly.info.draft_name}}]}
 
     @r.post("/v1/completions")
@@ -43,7 +45,7 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
         compat.check(body, "/v1/completions")
         fly = served.ready
         shown = body.logprobs
-        max_tokens = _limit(body.n_predict, body.max_tokens)
+        max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
         prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, max_tokens=max_tokens,
                                                     n_probs=0 if shown is None else max(shown, 1)))
         gen, piece = prepared.gen, fly.engine.piece
@@ -59,7 +61,7 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
         if body.top_logprobs is not None and not body.logprobs:
             raise FlyError("top_logprobs needs logprobs: true")
         shown = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = _limit(body.n_predict, body.max_completion_tokens, body.max_tokens)
+        max_tokens = limit(body.n_predict, body.max_completion_tokens, body.max_tokens, default=n_predict)
         prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
                                                     n_probs=0 if shown is None else max(shown, 1)))
         gen, piece = prepared.gen, fly.engine.piece
@@ -68,13 +70,6 @@ def router(served: Served, runs: Runs, compat: Compat) -> APIRouter:
                              lambda: oai.chat_completion(gen, top, shown, piece))
 
     return r
-
-
-def _limit(*given: int | None) -> int | None:
-    """The first limit given (llama-server's n_predict wins, as there); -1 or none: no limit
-    (until end of text or the context is full)."""
-    n = next((n for n in given if n is not None), None)
-    return None if n == -1 else n
 
 
 async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chunks: Callable[[], Iterator[Chunk]],

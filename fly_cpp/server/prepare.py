@@ -34,6 +34,13 @@ class Prepared:
     truncated: bool  # the prompt lost a middle part to fit (n_keep)
 
 
+def limit(*given: int | None, default: int = -1) -> int | None:
+    """The first limit given (llama-server's n_predict wins, as there), else the server's
+    default; -1: no limit (until end of text or the context is full)."""
+    n = next((n for n in given if n is not None), default)
+    return None if n == -1 else n
+
+
 def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int | None,
                n_probs: int = 0) -> Prepared:
