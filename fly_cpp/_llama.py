@@ -441,6 +441,18 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def _rows_wanted(held: int, n: int, n_ctx: int, n_batch: int, logits: str | int) -> int:
+    """How many of ``n`` new tokens a decode returns logits for (``logits``: "none", "last",
+    "all" or a number), after checking that they fit the context (``held`` there already) and
+    that the rows asked for fit one batch."""
+    if held + n > n_ctx:
+        raise FlyError(f"context full: {held + n} tokens do not fit in n_ctx={n_ctx}")
+    want = {"none": 0, "last": 1, "all": n}[logits] if isinstance(logits, str) else min(logits, n)
+    if want > n_batch:
+        raise ValueError("logits for every row need the tokens to fit one batch")
+    return want
+
+
 class Context:
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch.
 
@@ -581,11 +593,7 @@ class Context:
         logits, so that one call can both catch up and verify (deferred tokens go first)."""
         if not tokens:
             return None
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise FlyError(f"context full: {len(self.tokens) + len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
-        want = {"none": 0, "last": 1, "all": len(tokens)}[logits] if isinstance(logits, str) else min(logits, len(tokens))
-        if want > self.n_batch:
-            raise ValueError("logits for every row need the tokens to fit one batch")
+        want = _rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits)
         start = len(self.tokens)
         if want > 1 and self._intent is None and self._needs_checkpoint(len(tokens)):
             self._intent = (start, False)  # a decode that checks several rows may be rolled back into
@@ -1109,11 +1117,7 @@ class Seq:
         shared decode (other sequences' rounds run between them)."""
         if not tokens:
             return None
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise FlyError(f"context full: {len(self.tokens) + len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
-        want = {"none": 0, "last": 1, "all": len(tokens)}[logits] if isinstance(logits, str) else min(logits, len(tokens))
-        if want > self.n_batch:
-            raise ValueError("logits for every row need the tokens to fit one batch")
+        want = _rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits)
         start, rows = len(self.tokens), None
         # the last chunk holds every row with logits
         cuts = [*range(0, max(len(tokens) - self.n_batch, 0), self.n_batch), max(len(tokens) - self.n_batch, 0)]
