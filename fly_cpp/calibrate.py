@@ -96,6 +96,12 @@ def _entry(curve: Curve | None) -> dict[str, object] | None:
                                        "per_token": curve.per_token}
 
 
+def pair_key(target: Context, target_settings: ModelSettings, draft: Context | None,
+             draft_settings: ModelSettings | None) -> str:
+    """The pair's key in the cost cache, as its contexts were loaded."""
+    return costcache.cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
+
+
 def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,
               draft_settings: ModelSettings | None, token: int, *, refresh: bool = False) -> Costs:
     """The pair's cost model: from the cache when this pair, loaded this way on this machine,
@@ -103,7 +109,7 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
     cached."""
     if not refresh and (known := cached(target, target_settings, draft, draft_settings)) is not None:
         return known
-    key = costcache.cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
+    key = pair_key(target, target_settings, draft, draft_settings)
     rollbacks = Rollbacks.of(target, draft)
     t, t_ok = _measure_plausibly(target, TARGET_ROWS, token, on_cpu(target_settings))
     d, d_ok = (_measure_plausibly(draft, DRAFT_ROWS, token, draft_settings is None or on_cpu(draft_settings))
@@ -118,7 +124,7 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
            draft_settings: ModelSettings | None) -> Costs | None:
     """The pair's cost model from the cache, or None when it was never measured (nothing is
     measured here)."""
-    key = costcache.cache_key(target_settings, target.n_threads, draft_settings, draft.n_threads if draft is not None else 0)
+    key = pair_key(target, target_settings, draft, draft_settings)
     entry = costcache.load().get(key)
     if entry is None:
         return None

@@ -21,7 +21,7 @@ from fly_cpp import rollback as rb
 from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.batchloop import Slots, Throttled
-from fly_cpp.calibrate import cached, calibrate
+from fly_cpp.calibrate import cached, calibrate, pair_key
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
@@ -363,9 +363,7 @@ class Engine:
 
     def cost_key(self) -> str:
         """The pair's key in the cost cache (and the evidence kept beside it)."""
-        d = self.draft_ctx
-        return costcache.cache_key(self.target_settings, self.target.n_threads, self.draft_settings,
-                                   d.n_threads if d is not None else 0)
+        return pair_key(self.target, self.target_settings, self.draft_ctx, self.draft_settings)
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
