@@ -6,6 +6,7 @@ Unicode, absurd contexts) is a test here. Real server processes on loopback, the
 from __future__ import annotations
 
 import json
+import re
 import resource
 import signal
 import socket
@@ -180,45 +181,69 @@ def test_absurd_thread_counts_are_refused(threads):
 
 # 4. shutdown with work in flight
 
-def test_shutdown_ends_every_request_cleanly(tmp_path):
-    s = Server(tmp_path, "-t", "1", "-c", "2048", "--grace", "20")
+# a generation that cannot end on its own before the test signals: no EOS, a limit past its
+# slot's context (SLOT_CTX positions: minutes of decoding at this size, even unloaded)
+SLOT_CTX = 16384
+ENDLESS = {"prompt": PROMPT, "n_predict": SLOT_CTX, "ignore_eos": True, "mode": "target"}
+
+
+def gauges(url: str) -> dict[str, int]:
+    """The server's own count of requests generating now and of those waiting for a slot."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {name: int(float(v)) for name, v in re.findall(r"^llamacpp:requests_(processing|deferred) (\S+)$", text, re.M)}
+
+
+def await_gauges(url: str, **want: int) -> None:
+    deadline = time.monotonic() + 60
+    while (now := gauges(url)) != want:
+        assert time.monotonic() < deadline, f"the server never reached {want}: {now}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_shutdown_ends_every_request_cleanly(tmp_path, slots):
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--grace", "20")
     results: dict[str, object] = {}
+    first = {f"running_stream_{i}": threading.Event() for i in range(slots)}  # its first token came
 
     def call(name: str, path: str, body: dict, stream: bool) -> None:
         try:
             if stream:
                 with httpx.stream("POST", s.url + path, json=body, timeout=60) as r:
-                    results[name] = (r.status_code, [line[6:] for line in r.iter_lines() if line.startswith("data: ")])
+                    events = []
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+                            first.get(name, threading.Event()).set()
+                    results[name] = (r.status_code, events)
             else:
                 r = httpx.post(s.url + path, json=body, timeout=60)
                 results[name] = (r.status_code, r.json())
         except httpx.HTTPError as e:
             results[name] = e
 
-    long = {"prompt": PROMPT, "n_predict": 1800, "mode": "target"}
-    calls = [("running_stream", "/completion", {**long, "stream": True}, True),
-             ("queued_plain", "/completion", {"prompt": "The cat", "n_predict": 40}, False),
-             ("queued_oai_stream", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                            "stream": True, "max_tokens": 20}, True),
-             ("queued_oai_plain", "/v1/completions", {"prompt": "hi", "max_tokens": 20}, False)]
-    threads = [threading.Thread(target=call, args=c) for c in calls]
-    for t in threads:
-        t.start()
-        time.sleep(0.3)
-    deadline = time.monotonic() + 30
-    while httpx.get(s.url + "/metrics").text.count("fly_cpp_requests_deferred 3") == 0:
-        assert time.monotonic() < deadline, "the requests did not queue"
-        time.sleep(0.05)
+    running = [(f"running_stream_{i}", "/completion", {**ENDLESS, "stream": True}, True) for i in range(slots)]
+    queued = [("queued_plain", "/completion", {"prompt": "The cat", "n_predict": 40}, False),
+              ("queued_oai_stream", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                             "stream": True, "max_tokens": 20}, True),
+              ("queued_oai_plain", "/v1/completions", {"prompt": "hi", "max_tokens": 20}, False)]
+    threads = []
+    for n, c in enumerate(running + queued, 1):  # each one in place before the next is sent
+        threads.append(threading.Thread(target=call, args=c))
+        threads[-1].start()
+        await_gauges(s.url, processing=min(n, slots), deferred=max(n - slots, 0))
+    assert all(e.wait(60) for e in first.values())
     s.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(60)
     assert s.proc.wait(timeout=60) == 0, s.stderr()
     assert "Traceback" not in s.stderr()
 
-    status, events = results["running_stream"]  # type: ignore[misc]
-    last = json.loads(events[-1])
-    assert status == 200 and last["stop"] is True and last["fly"]["interrupted"] is True
-    assert last["stop_type"] == "limit" and 0 < last["tokens_predicted"] < 1800
+    for name, *_ in running:
+        status, events = results[name]  # type: ignore[misc]
+        last = json.loads(events[-1])
+        assert status == 200 and last["stop"] is True and last["fly"]["interrupted"] is True
+        assert last["stop_type"] == "limit" and 0 < last["tokens_predicted"] < SLOT_CTX
     status, body = results["queued_plain"]  # type: ignore[misc]
     assert status == 503 and "shutting down" in body["error"]["message"]
     status, events = results["queued_oai_stream"]  # type: ignore[misc]
@@ -227,26 +252,24 @@ def test_shutdown_ends_every_request_cleanly(tmp_path):
     assert status == 503
 
 
-def test_shutdown_during_a_plain_request_says_it_was_cut(tmp_path):
-    s = Server(tmp_path, "-t", "1", "-c", "2048")
+@pytest.mark.parametrize("slots", [1, 4])
+def test_shutdown_during_a_plain_request_says_it_was_cut(tmp_path, slots):
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots))
     result: dict[str, httpx.Response] = {}
 
     def call() -> None:
-        result["r"] = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1800, "mode": "target"},
-                                 timeout=60)
+        body = {"prompt": PROMPT, "max_tokens": SLOT_CTX, "ignore_eos": True, "mode": "target"}
+        result["r"] = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
 
     t = threading.Thread(target=call)
     t.start()
-    deadline = time.monotonic() + 30
-    while "fly_cpp_requests_processing 1" not in httpx.get(s.url + "/metrics").text:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    await_gauges(s.url, processing=1, deferred=0)
     s.proc.send_signal(signal.SIGTERM)
     t.join(60)
     assert s.proc.wait(timeout=60) == 0, s.stderr()
     out = result["r"].json()
     assert result["r"].status_code == 200 and out["choices"][0]["finish_reason"] == "length"
-    assert out["fly"]["interrupted"] is True and out["usage"]["completion_tokens"] < 1800
+    assert out["fly"]["interrupted"] is True and out["usage"]["completion_tokens"] < SLOT_CTX
 
 
 def test_new_requests_during_load_get_503_loading(tmp_path):
