@@ -28,6 +28,7 @@ from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
+from fly_cpp.ledger import Ledger, SlotView
 from fly_cpp.mtp import MtpDrafter
 from fly_cpp.output import Output
 from fly_cpp.paced import PacedDrafter
@@ -131,6 +132,7 @@ class Engine:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
         self.slots: Slots | None = None
+        self.ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
@@ -333,6 +335,19 @@ class Engine:
             return [self._lock.locked()]
         return list(self.slots.busy)
 
+    def slot_views(self) -> list[SlotView]:
+        """Each slot's generation (running, else its last) and its counters (``fly_cpp.ledger``)."""
+        return self.ledger.view()
+
+    @property
+    def generations_running(self) -> int:
+        return self.ledger.running
+
+    @property
+    def generations_waiting(self) -> int:
+        """Generations started (iterated) that wait for a slot, or for the engine with one slot."""
+        return self.ledger.waiting
+
     def _pair(self, slot: int = 0) -> tuple[Context | Seq, Context | Seq | None]:
         """The target's and the draft's caches a generation in ``slot`` runs on."""
         if self.slots is None:
@@ -382,8 +397,13 @@ class Engine:
                                           token, refresh=refresh)
         return self._costs
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
+    @contextmanager
+    def _engine_held(self) -> Iterator[int]:
         with self._lock:
+            yield 0
+
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
+        with self.ledger.hold(self._engine_held(), stats):
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
             if fresh:  # cache_prompt off: nothing carried over from earlier generations
@@ -411,7 +431,7 @@ class Engine:
         """A generation in one of several slots (``slot``, or the free one whose cache shares
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None
-        with self.slots.take(slot, list(request.prompt)) as at:
+        with self.ledger.hold(self.slots.take(slot, list(request.prompt)), stats) as at:
             stats.slot = at
             steps, pacer = start(at)
             if pacer is not None:

@@ -63,3 +63,22 @@ def test_parallel_setting():
     with pytest.raises(FlyError, match="parallel"):
         ServerSettings(parallel=0)
 
+
+
+def test_slots_and_metrics_count_each_slots_speculation(client):
+    before = client.get("/slots").json()[1]["totals"]
+    out = complete(client, PROMPTS[1], id_slot=1)
+    slot = client.get("/slots").json()[1]
+    t = out["timings"]
+    assert not slot["is_processing"] and slot["next_token"] == [{"has_next_token": False, "n_decoded": 24}]
+    assert slot["timings"]["draft_n"] == t["draft_n"] > 0 and slot["n_prompt_tokens"] == out["tokens_evaluated"]
+    fly = slot["fly"]
+    assert (fly["drafted"], fly["accepted"], fly["loosely_accepted"]) == (t["draft_n"], t["draft_n_accepted"], 0)
+    assert fly["rounds"] == out["fly"]["n_rounds"] and fly["drafts"] == out["fly"]["n_drafts"]
+    grew = {name: slot["totals"][name] - before[name] for name in before}
+    assert grew == {"generations": 1, "tokens_predicted": 24, "rounds": fly["rounds"], "drafts": fly["drafts"],
+                    "drafted": fly["drafted"], "accepted": fly["accepted"], "loosely_accepted": 0}
+    metrics = client.get("/metrics").text
+    for name, n in slot["totals"].items():
+        assert f'fly_cpp_slot_{name}_total{{slot="1"}} {n}\n' in metrics
+    assert "llamacpp:requests_processing 0\n" in metrics and "llamacpp:requests_deferred 0\n" in metrics

@@ -67,10 +67,13 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
 
     @r.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        worker = runs.worker
+        engine = served.ready.engine
         text = runs.metrics.render({
-            "requests_processing": ("Number of requests processing (at most -np/--parallel).", worker.running),
-            "requests_deferred": ("Number of requests deferred (waiting for the engine).", worker.waiting)})
+            "requests_processing": ("Number of requests processing (at most -np/--parallel).",
+                                    engine.generations_running),
+            "requests_deferred": ("Number of requests deferred (waiting for a slot).",
+                                  runs.worker.waiting + engine.generations_waiting)},
+            [view.totals for view in engine.slot_views()])
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @r.post("/tokenize")

@@ -8,8 +8,10 @@ aborted requests, errors, ...).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
+from fly_cpp.ledger import COUNTERS as SLOT_COUNTERS
 from fly_cpp.step import Stats
 
 COUNTERS = {
@@ -76,7 +78,9 @@ class Metrics:
                 for i in range(length - 1):
                     self.per_position[i] += 1
 
-    def render(self, gauges: dict[str, tuple[str, float]]) -> str:
+    def render(self, gauges: dict[str, tuple[str, float]], slots: Sequence[dict[str, int]] = ()) -> str:
+        """``gauges``: name -> (help, value); ``slots``: each slot's counters over its life
+        (``fly_cpp.ledger``), as ``fly_cpp_slot_<name>_total{slot="i"}``."""
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, value: float) -> None:
@@ -101,6 +105,10 @@ class Metrics:
         for name, (help_text, value) in gauges.items():
             metric(f"llamacpp:{name}", "gauge", help_text, value)
             metric(f"fly_cpp_{name}", "gauge", help_text, value)
+        for name, (help_text, _) in SLOT_COUNTERS.items() if slots else ():
+            family = f"fly_cpp_slot_{name}_total"
+            lines += [f"# HELP {family} {help_text}, per slot (-np/--parallel)", f"# TYPE {family} counter"]
+            lines += [f'{family}{{slot="{i}"}} {counters[name]}' for i, counters in enumerate(slots)]
         return "\n".join(lines) + "\n"
 
 
