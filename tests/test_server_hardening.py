@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -55,6 +56,38 @@ def closed(sock: socket.socket, within: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+# a generation that cannot end on its own before the test signals: no EOS, a limit past its
+# slot's context (SLOT_CTX positions: minutes of decoding at this size, even unloaded)
+SLOT_CTX = 16384
+ENDLESS = {"prompt": PROMPT, "n_predict": SLOT_CTX, "ignore_eos": True, "mode": "target"}
+
+
+def gauges(url: str) -> dict[str, int]:
+    """The server's own count of requests generating now and of those waiting for a slot."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {name: int(float(v)) for name, v in re.findall(r"^llamacpp:requests_(processing|deferred) (\S+)$", text, re.M)}
+
+
+def await_gauges(url: str, **want: int) -> None:
+    """Wait until the server says it is generating ``processing`` requests and holding
+    ``deferred`` ones (its own state: no guessing with sleeps)."""
+    deadline = time.monotonic() + 60
+    while (now := gauges(url)) != want:
+        assert time.monotonic() < deadline, f"the server never reached {want}: {now}"
+        time.sleep(0.02)
+
+
+def holder(url: str, stack: ExitStack, **body: object) -> httpx.Response:
+    """An endless stream whose first token has come: it holds a slot until the test closes it
+    (the client going away)."""
+    client = stack.enter_context(httpx.Client(timeout=60))
+    r = stack.enter_context(client.stream("POST", url + "/completion", json={**ENDLESS, "stream": True, **body}))
+    lines = r.iter_lines()
+    stack.callback(lines.close)  # kept alive: dropping the iterator would close the stream
+    assert r.status_code == 200 and next(line for line in lines if line.startswith("data: "))
+    return r
 
 
 # 1. idle and half-sent connections, at the open-file limit
@@ -107,30 +140,80 @@ def test_idle_connection_times_out_and_slow_body_gets_408(tmp_path):
         assert s.stop() == 0, s.stderr()
 
 
-def test_connection_cap_and_queue_limit(tmp_path):
-    s = Server(tmp_path, "-t", "1", "-c", "2048", "--max-connections", "4", "--max-queue", "1")
+@pytest.mark.parametrize("slots", [1, 4])
+def test_queue_limit_cancellation_and_connection_cap(tmp_path, slots):
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--max-connections",
+               str(slots + 3), "--max-queue", "1")
     try:
-        statuses: list[int] = []
-
-        def ask() -> None:
-            r = httpx.post(s.url + "/completion", json={"prompt": PROMPT, "n_predict": 1500, "mode": "target"},
-                           timeout=120)
-            statuses.append(r.status_code)
-            if r.status_code == 503 and r.headers["content-type"].startswith("application/json"):
-                assert "--max-queue" in r.json()["error"]["message"]  # (else: past the connection cap)
-
-        threads = [threading.Thread(target=ask) for _ in range(6)]  # one runs, one waits, the rest are refused
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert 503 in statuses and 200 in statuses and set(statuses) <= {200, 503}
+        with ExitStack() as stack:
+            held = [holder(s.url, stack) for _ in range(slots)]  # every slot busy
+            await_gauges(s.url, processing=slots, deferred=0)
+            answer: dict[str, httpx.Response] = {}
+            queued = threading.Thread(target=lambda: answer.update(r=httpx.post(
+                s.url + "/completion", json={"prompt": PROMPT, "n_predict": 8}, timeout=120)))
+            queued.start()
+            await_gauges(s.url, processing=slots, deferred=1)
+            r = httpx.post(s.url + "/completion", json={"prompt": PROMPT, "n_predict": 8}, timeout=60)
+            assert r.status_code == 503 and "--max-queue" in r.json()["error"]["message"]
+            for h in held:  # the clients go away: their slots are freed, the queued request runs
+                h.close()
+        queued.join(120)
+        assert answer["r"].status_code == 200 and answer["r"].json()["tokens_predicted"] == 8
+        await_gauges(s.url, processing=0, deferred=0)
+        metrics = httpx.get(s.url + "/metrics").text
+        assert f"fly_cpp_requests_aborted_total {slots}\n" in metrics and "fly_cpp_requests_refused_total 1\n" in metrics
         # at the connection cap: idle connections make room for new ones, which are served
-        idle = [socket.create_connection(("127.0.0.1", int(s.url.rsplit(":", 1)[1]))) for _ in range(6)]
+        idle = [socket.create_connection(("127.0.0.1", int(s.url.rsplit(":", 1)[1]))) for _ in range(slots + 5)]
         time.sleep(1.5)  # past connections.SETTLE: they count as idle now
         assert httpx.get(s.url + "/health", timeout=30).status_code == 200
         for c in idle:
             c.close()
+    finally:
+        assert s.stop() == 0, s.stderr()
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_waiting_requests_start_in_arrival_order(tmp_path, slots):
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots))
+    try:
+        # each prompt extends the one before: the cache a request finds shows which ran before it
+        prompts = ["The cat", "The cat sat", "The cat sat on the mat"]
+        cached: dict[int, int] = {}
+        with ExitStack() as stack:
+            held = [holder(s.url, stack) for _ in range(slots)]
+            threads = []
+            for i, prompt in enumerate(prompts):
+                body = {"prompt": prompt, "n_predict": 4, "mode": "target"}
+                threads.append(threading.Thread(target=lambda i=i, body=body: cached.update({i: httpx.post(
+                    s.url + "/completion", json=body, timeout=120).json()["timings"]["cache_n"]})))
+                threads[-1].start()
+                await_gauges(s.url, processing=slots, deferred=i + 1)
+            held[0].close()  # one slot frees: the waiting ones run there one after another
+            for t in threads:
+                t.join(120)
+        assert cached[0] < cached[1] < cached[2]
+    finally:
+        assert s.stop() == 0, s.stderr()
+
+
+def test_a_request_for_a_busy_slot_waits_for_it(tmp_path):
+    s = Server(tmp_path, "-t", "1", "-np", "2", "-c", str(SLOT_CTX * 2))
+    try:
+        short = {"prompt": "The cat", "n_predict": 16, "mode": "target", "id_slot": 0}
+        alone = httpx.post(s.url + "/completion", json=short, timeout=60).json()["content"]
+        answer: dict[str, httpx.Response] = {}
+        with ExitStack() as stack:
+            held = holder(s.url, stack, id_slot=0)
+            pinned = threading.Thread(target=lambda: answer.update(r=httpx.post(s.url + "/completion", json=short,
+                                                                                timeout=120)))
+            pinned.start()
+            await_gauges(s.url, processing=1, deferred=1)  # slot 1 is free, yet it waits for slot 0
+            slots = httpx.get(s.url + "/slots").json()
+            assert [slot["is_processing"] for slot in slots] == [True, False]
+            held.close()
+            pinned.join(120)
+        out = answer["r"].json()
+        assert answer["r"].status_code == 200 and out["id_slot"] == 0 and out["content"] == alone
     finally:
         assert s.stop() == 0, s.stderr()
 
@@ -180,25 +263,6 @@ def test_absurd_thread_counts_are_refused(threads):
 
 
 # 4. shutdown with work in flight
-
-# a generation that cannot end on its own before the test signals: no EOS, a limit past its
-# slot's context (SLOT_CTX positions: minutes of decoding at this size, even unloaded)
-SLOT_CTX = 16384
-ENDLESS = {"prompt": PROMPT, "n_predict": SLOT_CTX, "ignore_eos": True, "mode": "target"}
-
-
-def gauges(url: str) -> dict[str, int]:
-    """The server's own count of requests generating now and of those waiting for a slot."""
-    text = httpx.get(url + "/metrics", timeout=30).text
-    return {name: int(float(v)) for name, v in re.findall(r"^llamacpp:requests_(processing|deferred) (\S+)$", text, re.M)}
-
-
-def await_gauges(url: str, **want: int) -> None:
-    deadline = time.monotonic() + 60
-    while (now := gauges(url)) != want:
-        assert time.monotonic() < deadline, f"the server never reached {want}: {now}"
-        time.sleep(0.02)
-
 
 @pytest.mark.parametrize("slots", [1, 4])
 def test_shutdown_ends_every_request_cleanly(tmp_path, slots):
