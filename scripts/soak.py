@@ -5,6 +5,7 @@ run of the same request (so answers mixed up between requests would show), and t
 memory is sampled over time.
 
     nice -n 5 python scripts/soak.py --clients 16 --minutes 10            # starts a server: bundled pair, -t 1
+    nice -n 5 python scripts/soak.py --clients 8 --minutes 3 --parallel 4 # the same server with -np 4
     nice -n 5 python scripts/soak.py --clients 4 --minutes 5 --prompts 8 --max-tokens 32 \\
         -- -m target.gguf -d draft.gguf
     python scripts/soak.py --url http://127.0.0.1:8080 --pid 1234 --api-key KEY
@@ -15,7 +16,11 @@ with the same bodies the clients then send (``cache_prompt: false`` in both phas
 ``--cold`` is given; by default the caches are reused, as clients use them). Arguments after
 ``--`` go to ``fly-cpp serve``. The report (stdout, and ``--json FILE``) gives requests by kind,
 errors by kind (the deliberate malformed ones apart), answers checked, mismatched and mixed,
-and RSS over time.
+and RSS over time. ``--parallel N`` starts the server with ``-np N`` slots (and ``--n-ubatch 1``,
+unless given after ``--``: with larger micro-batches a row's last bits may depend on the other
+slots' rows, and a near-tied greedy answer could then differ from its reference); the report then
+adds the slots seen busy at once (``/metrics``: requests_processing, requests_deferred) and each
+slot's counters (``/slots`` totals).
 """
 
 from __future__ import annotations
@@ -236,6 +241,28 @@ async def sample_rss(pid: int | None, every: float, deadline: float, start: floa
         await asyncio.sleep(every)
 
 
+async def sample_load(http: httpx.AsyncClient, every: float, deadline: float, out: list[tuple[int, int]]) -> None:
+    """(requests_processing, requests_deferred) as the server counts them, every ``every`` s."""
+    while time.monotonic() < deadline:
+        try:
+            text = (await http.get("/metrics")).text
+        except httpx.HTTPError:
+            text = ""
+        found = dict(re.findall(r"^llamacpp:requests_(processing|deferred) (\S+)$", text, re.M))
+        if len(found) == 2:
+            out.append((int(float(found["processing"])), int(float(found["deferred"]))))
+        await asyncio.sleep(every)
+
+
+def load_summary(samples: list[tuple[int, int]], slots: list[dict[str, Any]]) -> dict[str, Any]:
+    busy = collections.Counter(p for p, _ in samples)
+    return {"slots": len(slots), "samples": len(samples),
+            "processing_max": max((p for p, _ in samples), default=None),
+            "processing_histogram": {str(n): busy[n] for n in sorted(busy)},
+            "deferred_max": max((d for _, d in samples), default=None),
+            "per_slot_totals": [s.get("totals") for s in slots]}
+
+
 async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     pool = prompts(args.prompts)
@@ -253,13 +280,17 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         rng = random.Random(args.seed)
         tasks = [client(http, random.Random(rng.random()), deadline, pool, modes, refs, args, tally)
                  for _ in range(args.clients)]
-        await asyncio.gather(sample_rss(pid, args.rss_every, deadline, start, rss), *tasks)
+        load: list[tuple[int, int]] = []
+        await asyncio.gather(sample_rss(pid, args.rss_every, deadline, start, rss),
+                             sample_load(http, 0.5, deadline, load), *tasks)
         wall = time.monotonic() - start
         rss.append((round(time.monotonic() - start, 1), round(rss_mb(pid) or 0.0, 1)))
         # after the storm: the same references again, one at a time (nothing left behind)
         again = await references(http, pool, modes, args.max_tokens, args.cold, args.k)
         after = (await http.get("/metrics")).text
         health = (await http.get("/health")).status_code
+        r = await http.get("/slots")
+        slots = r.json() if r.status_code == 200 else []
     drift = sum(1 for k in refs if refs[k] != again[k])
     done = sum(tally.completed.values())
     return {
@@ -272,7 +303,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         "references_changed_after": drift, "health_after": health,
         "rss_mb": {"start": rss[0][1] if rss else None, "end": rss[-1][1] if rss else None,
                    "max": max((v for _, v in rss), default=None), "samples": rss},
-        "server_counters": _deltas(before, after), "examples": tally.examples,
+        "server_counters": _deltas(before, after), "load": load_summary(load, slots), "examples": tally.examples,
     }
 
 
@@ -322,11 +353,20 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--rss-every", type=float, default=15)
+    p.add_argument("--parallel", "-np", type=int, default=1,
+                   help="slots of the server this script starts (-np N, with --n-ubatch 1 unless given after --)")
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
+    if args.parallel < 1:
+        p.error("--parallel must be >= 1")
+    if args.url is not None and args.parallel != 1:
+        p.error("--parallel sets the slots of a server this script starts; give -np to the one at --url")
     proc, url, pid = None, args.url, args.pid
     if url is None:
-        proc, url = start_server(["-t", "1", *serve_args])
+        slots = ["-np", str(args.parallel)] if args.parallel > 1 else []
+        if slots and not any(a.startswith(("--n-ubatch", "-ub")) for a in serve_args):
+            slots += ["--n-ubatch", "1"]
+        proc, url = start_server(["-t", "1", *slots, *serve_args])
         pid = proc.pid
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below stops the server
     try:
