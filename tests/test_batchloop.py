@@ -171,3 +171,29 @@ def test_each_slot_has_its_share_of_the_context(slots):
     assert slots.n_ctx == 256  # n_ctx 1024 over 4 slots, as llama-server's slots
     with pytest.raises(FlyError, match="longer than the context"):
         slots.generate(list(range(1, 300)), max_tokens=2)
+
+
+def test_each_slot_counts_its_generations(slots):
+    """``slot_views``: the running (else last) generation of each slot and counters over its
+    life; a generation pinned to a busy slot counts as waiting until the slot frees."""
+    before = slots.slot_views()[2].totals
+    gen = slots.generate(PROMPTS[2], spec=spec("spd"), max_tokens=N, slot=2)
+    it = iter(gen)
+    next(it)
+    view = slots.slot_views()[2]
+    assert view.running and view.last is not None and view.last.n_tokens >= 1 and slots.generations_running == 1
+    pinned = slots.generate(PROMPTS[0], spec=spec("target"), max_tokens=4, slot=2)
+    waiter = threading.Thread(target=pinned.run)
+    waiter.start()
+    while slots.generations_waiting == 0:
+        waiter.join(0.01)
+    assert slots.generations_running == 1 and waiter.is_alive()
+    stats = gen.run().stats  # the rest of it; then the pinned one runs in slot 2
+    waiter.join()
+    assert slots.generations_running == 0 and slots.generations_waiting == 0
+    view = slots.slot_views()[2]
+    assert not view.running and view.last is not None and view.last.n_tokens == 4 and view.last.mode == "target"
+    grew = {name: view.totals[name] - before[name] for name in before}
+    assert grew == {"generations": 2, "tokens_predicted": N + 4, "rounds": stats.n_rounds + view.last.n_rounds,
+                    "drafts": stats.n_drafts, "drafted": stats.n_drafted,
+                    "accepted": stats.n_exact + stats.n_loose, "loosely_accepted": stats.n_loose}
