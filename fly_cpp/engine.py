@@ -132,7 +132,7 @@ class Engine:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
         self.slots: Slots | None = None
-        self.ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
+        self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
         self._lock = threading.Lock()
@@ -337,16 +337,16 @@ class Engine:
 
     def slot_views(self) -> list[SlotView]:
         """Each slot's generation (running, else its last) and its counters (``fly_cpp.ledger``)."""
-        return self.ledger.view()
+        return self._ledger.view()
 
     @property
     def generations_running(self) -> int:
-        return self.ledger.running
+        return self._ledger.running
 
     @property
     def generations_waiting(self) -> int:
         """Generations started (iterated) that wait for a slot, or for the engine with one slot."""
-        return self.ledger.waiting
+        return self._ledger.waiting
 
     def _pair(self, slot: int = 0) -> tuple[Context | Seq, Context | Seq | None]:
         """The target's and the draft's caches a generation in ``slot`` runs on."""
@@ -403,7 +403,7 @@ class Engine:
             yield 0
 
     def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
-        with self.ledger.hold(self._engine_held(), stats):
+        with self._ledger.hold(self._engine_held(), stats):
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
             if fresh:  # cache_prompt off: nothing carried over from earlier generations
@@ -431,7 +431,7 @@ class Engine:
         """A generation in one of several slots (``slot``, or the free one whose cache shares
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None
-        with self.ledger.hold(self.slots.take(slot, list(request.prompt)), stats) as at:
+        with self._ledger.hold(self.slots.take(slot, list(request.prompt)), stats) as at:
             stats.slot = at
             steps, pacer = start(at)
             if pacer is not None:

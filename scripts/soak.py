@@ -74,6 +74,7 @@ class Tally:
     examples: dict[str, str] = field(default_factory=dict)
     checked: int = 0
     mismatched: int = 0
+    mismatched_by_mode: collections.Counter[str] = field(default_factory=collections.Counter)
     mixed: int = 0
     tokens: int = 0
 
@@ -203,11 +204,12 @@ async def client(http: httpx.AsyncClient, rng: random.Random, deadline: float, p
             got, want = normalise(kind, text), refs[(shape(kind), i, mode)]
             if got != want:
                 tally.mismatched += 1
+                tally.mismatched_by_mode[mode] += 1
                 own = _common(got, want)
                 others = [key for key, ref in refs.items() if key != (shape(kind), i, mode) and _common(got, ref) > own]
                 if others:
                     tally.mixed += 1
-                tally.examples.setdefault("mismatch", f"{kind} {i} {mode}: got {got[:120]!r} want {want[:120]!r}"
+                tally.examples.setdefault(f"mismatch_{mode}", f"{kind} {i} {mode}: got {got[:120]!r} want {want[:120]!r}"
                                           f"{' (closer to ' + str(others[:2]) + ')' if others else ''}")
 
 
@@ -299,7 +301,8 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         "wall_seconds": round(wall, 1), "requests": sum(tally.requests.values()), "requests_by_kind": dict(tally.requests),
         "completed": done, "completed_by_kind": dict(tally.completed), "deliberate_disconnects": sum(tally.disconnects.values()),
         "deliberate_malformed_by_status": dict(tally.malformed), "errors_by_kind": dict(tally.errors),
-        "answers_checked": tally.checked, "answers_mismatched": tally.mismatched, "answers_mixed": tally.mixed,
+        "answers_checked": tally.checked, "answers_mismatched": tally.mismatched,
+        "answers_mismatched_by_mode": dict(tally.mismatched_by_mode), "answers_mixed": tally.mixed,
         "references_changed_after": drift, "health_after": health,
         "rss_mb": {"start": rss[0][1] if rss else None, "end": rss[-1][1] if rss else None,
                    "max": max((v for _, v in rss), default=None), "samples": rss},

@@ -41,7 +41,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     model" (then ``on_ready(fly)`` is called; a failure goes to ``on_load_failure``).
     ``settings``: the server's limits, CORS and API key (``api_key`` overrides its key).
     ``close_fly``: close the models when the app shuts down (the app owns ``fly``).
-    Generations run on one worker thread, one at a time; its state lives in this app only.
+    Generations run on the worker's threads, one per slot (-np); its state lives in this app only.
     ``app.state.stop_generations()`` ends every request cleanly when shutdown begins: the
     running generation stops after its round with a final event, waiting ones get 503."""
     settings = settings or ServerSettings()

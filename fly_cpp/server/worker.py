@@ -52,8 +52,7 @@ class Worker:
         self._cancels: set[threading.Event] = set()
         self._interrupts: dict[int, Callable[[], None]] = {}  # the running job's, by job id
         self.max_queue = max_queue
-        self.waiting = 0  # jobs queued, not started
-        self.running = 0  # 0..slots
+        self.waiting = 0  # jobs queued, not started (the engine counts those running and waiting for a slot)
         self.closed = False
 
     def submit(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None) -> Job[T]:
@@ -77,7 +76,6 @@ class Worker:
                 if self.closed:
                     post(_ERROR, ShuttingDown("the server is shutting down; the request was not started"))
                     return
-                self.running += 1
                 if interrupt is not None:
                     self._interrupts[id(cancel)] = interrupt
             it = None
@@ -97,7 +95,6 @@ class Worker:
                 if close is not None:
                     close()
                 with self._lock:
-                    self.running -= 1
                     self._interrupts.pop(id(cancel), None)
 
         with self._lock:
