@@ -307,7 +307,7 @@ class Engine:
 
         if self.slots is None:
             steps, pacer = start(0)
-            gen = Generation(request, out, self._locked(steps, out.stats, pacer, fresh=not cache_prompt))
+            gen = Generation(request, out, self._locked(steps, out.stats, pacer, max_tokens, fresh=not cache_prompt))
         else:
             gen = Generation(request, out, self._in_slot(start, request, out.stats, not cache_prompt, slot))
         self._open.add(gen)
@@ -402,8 +402,9 @@ class Engine:
         with self._lock:
             yield 0
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, fresh: bool = False) -> Iterator[Step]:
-        with self._ledger.hold(self._engine_held(), stats):
+    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, limit: int,
+                fresh: bool = False) -> Iterator[Step]:
+        with self._ledger.hold(self._engine_held(), stats, limit):
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
             if fresh:  # cache_prompt off: nothing carried over from earlier generations
@@ -431,7 +432,7 @@ class Engine:
         """A generation in one of several slots (``slot``, or the free one whose cache shares
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None
-        with self._ledger.hold(self.slots.take(slot, list(request.prompt)), stats) as at:
+        with self._ledger.hold(self.slots.take(slot, list(request.prompt)), stats, request.max_tokens) as at:
             stats.slot = at
             steps, pacer = start(at)
             if pacer is not None:

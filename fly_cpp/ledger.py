@@ -35,6 +35,7 @@ class SlotView:
 
     running: bool
     last: Stats | None  # the generation running here, else the last one (None: none yet)
+    limit: int = 0  # that generation's max_tokens
     totals: dict[str, int] = field(default_factory=dict)
 
 
@@ -43,13 +44,15 @@ class Ledger:
         self._lock = threading.Lock()
         self._running: list[Stats | None] = [None] * n
         self._last: list[Stats | None] = [None] * n
+        self._limit = [0] * n
         self._done = [dict.fromkeys(COUNTERS, 0) for _ in range(n)]
         self.waiting = 0  # generations waiting for a slot
 
     @contextmanager
-    def hold(self, take: AbstractContextManager[int], stats: Stats) -> Iterator[int]:
+    def hold(self, take: AbstractContextManager[int], stats: Stats, limit: int) -> Iterator[int]:
         """Enter ``take`` (which may wait, and yields the slot it got) for the generation
-        counted by ``stats``: waiting until it has a slot, running there until it ends."""
+        counted by ``stats`` (``limit``: its max_tokens): waiting until it has a slot, running
+        there until it ends."""
         with self._lock:
             self.waiting += 1
         got = False
@@ -59,6 +62,7 @@ class Ledger:
                     self.waiting -= 1
                     got = True
                     self._running[at] = self._last[at] = stats
+                    self._limit[at] = limit
                 try:
                     yield at
                 finally:
@@ -80,11 +84,11 @@ class Ledger:
     def view(self) -> list[SlotView]:
         with self._lock:
             out = []
-            for running, last, done in zip(self._running, self._last, self._done):
+            for running, last, limit, done in zip(self._running, self._last, self._limit, self._done):
                 totals = dict(done)
                 if running is not None:
                     for name, (_, of) in COUNTERS.items():
                         totals[name] += of(running)
                 out.append(SlotView(running is not None, dataclasses.replace(last) if last is not None else None,
-                                    totals))
+                                    limit, totals))
             return out

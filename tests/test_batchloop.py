@@ -181,7 +181,8 @@ def test_each_slot_counts_its_generations(slots):
     it = iter(gen)
     next(it)
     view = slots.slot_views()[2]
-    assert view.running and view.last is not None and view.last.n_tokens >= 1 and slots.generations_running == 1
+    assert view.running and view.limit == N and view.last is not None and view.last.n_tokens >= 1
+    assert slots.generations_running == 1
     pinned = slots.generate(PROMPTS[0], spec=spec("target"), max_tokens=4, slot=2)
     waiter = threading.Thread(target=pinned.run)
     waiter.start()

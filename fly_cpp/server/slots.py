@@ -22,7 +22,10 @@ def slot_states(fly: Fly) -> list[dict[str, Any]]:
             slot.update({
                 "n_prompt_tokens": s.n_prompt, "n_prompt_tokens_processed": s.n_prompt - s.n_cached,
                 "n_prompt_tokens_cache": s.n_cached,
-                "next_token": [{"has_next_token": view.running, "n_decoded": s.n_tokens}],
+                # as llama-server: an idle slot shows no budget left over from its last task
+                "next_token": [{"has_next_token": view.running,
+                                "n_remain": view.limit - s.n_tokens if view.running else -1,
+                                "n_decoded": s.n_tokens if view.running else 0}],
                 "timings": timings(s),
                 "fly": {"mode": s.mode, "rounds": s.n_rounds, "drafts": s.n_drafts, "drafted": s.n_drafted,
                         "accepted": s.n_exact + s.n_loose, "loosely_accepted": s.n_loose,
