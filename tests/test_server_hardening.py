@@ -210,6 +210,11 @@ def test_a_request_for_a_busy_slot_waits_for_it(tmp_path):
             await_gauges(s.url, processing=1, deferred=1)  # slot 1 is free, yet it waits for slot 0
             slots = httpx.get(s.url + "/slots").json()
             assert [slot["is_processing"] for slot in slots] == [True, False]
+            # meanwhile the free slot serves the others (the waiting request holds no place of theirs)
+            for _ in range(3):
+                other = httpx.post(s.url + "/completion", json={"prompt": "hi", "n_predict": 4}, timeout=60)
+                assert other.status_code == 200 and other.json()["id_slot"] == 1
+            await_gauges(s.url, processing=1, deferred=1)
             held.close()
             pinned.join(120)
         out = answer["r"].json()

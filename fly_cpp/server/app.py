@@ -48,7 +48,8 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     if api_key is not None:
         settings = dataclasses.replace(settings, api_key=api_key)  # validated: an empty key is refused
     served = Served(fly)
-    runs = Runs(Worker(settings.max_queue, settings.n_slots), Metrics())
+    runs = Runs(Worker(settings.max_queue, settings.n_slots,
+                       lambda: served.fly.engine.generations_waiting if served.fly is not None else 0), Metrics())
     compat = Compat(settings.strict)
 
     @asynccontextmanager

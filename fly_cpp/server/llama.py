@@ -16,7 +16,7 @@ from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import Prepared, generation, limit, prepare
+from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
 from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
@@ -132,7 +132,7 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
             yield None  # the end: the final result follows
 
         try:
-            items = runs.start(steps, gen.interrupt)
+            items = runs.start(steps, gen.interrupt, pinned=slot_of(body) is not None)
         except BaseException:
             gen.close()
             raise

@@ -18,7 +18,7 @@ from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest, TextCompletionRequest
-from fly_cpp.server.prepare import generation, limit, prepare
+from fly_cpp.server.prepare import generation, limit, prepare, slot_of
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -87,7 +87,7 @@ async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chun
             yield {**whole(), "timings": timings(gen.stats)}
 
     try:
-        items = runs.start(job, gen.interrupt)
+        items = runs.start(job, gen.interrupt, pinned=slot_of(body) is not None)
     except BaseException:
         gen.close()
         raise

@@ -64,11 +64,11 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
         tokens = list(prompt or [])
     tokens, truncated = keep(tokens, fly.n_ctx, body.n_keep)
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
-                       slot=_slot(body), **settings)
+                       slot=slot_of(body), **settings)
     return Prepared(gen, truncated)
 
 
-def _slot(body: Any) -> int | None:
+def slot_of(body: Any) -> int | None:
     """The slot a body asks for (llama-server's ``id_slot``; -1 or absent: any)."""
     slot = getattr(body, "id_slot", -1)
     return None if slot is None or slot < 0 else slot

@@ -21,12 +21,14 @@ class Runs:
         self.worker = worker
         self.metrics = metrics
 
-    def start(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None) -> Job[T]:
+    def start(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None, *,
+              pinned: bool = False) -> Job[T]:
         """Queue a generation (``make`` runs on the worker; ``interrupt`` ends it early and
-        cleanly at shutdown); its items arrive through the Job. A refusal (queue full,
-        shutting down) raises ``Unavailable`` here, before any response is sent."""
+        cleanly at shutdown; ``pinned``: it asked for one slot); its items arrive through the
+        Job. A refusal (queue full, shutting down) raises ``Unavailable`` here, before any
+        response is sent."""
         try:
-            job = self.worker.submit(make, interrupt)
+            job = self.worker.submit(make, interrupt, pinned=pinned)
         except Unavailable:
             self.metrics.count("requests_refused")
             raise

@@ -43,10 +43,13 @@ class QueueFull(Unavailable):
 
 
 class Worker:
-    def __init__(self, max_queue: int = 128, slots: int = 1) -> None:
+    def __init__(self, max_queue: int = 128, slots: int = 1, waiting_inside: Callable[[], int] = lambda: 0) -> None:
         """``slots``: generations run at once, one thread each (the engine's slots, which
-        share their decodes: ``fly_cpp.batchloop``)."""
+        share their decodes: ``fly_cpp.batchloop``). ``waiting_inside``: how many started jobs
+        wait inside the engine for a slot (they count against ``max_queue`` too)."""
         self.slots = slots
+        self._waiting_inside = waiting_inside
+        self._own: set[threading.Thread] = set()  # pinned jobs' threads
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="fly-cpp-engine")
         self._lock = threading.Lock()
         self._cancels: set[threading.Event] = set()
@@ -55,11 +58,15 @@ class Worker:
         self.waiting = 0  # jobs queued, not started (the engine counts those running and waiting for a slot)
         self.closed = False
 
-    def submit(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None) -> Job[T]:
+    def submit(self, make: Callable[[], Iterator[T]], interrupt: Callable[[], None] | None = None, *,
+               pinned: bool = False) -> Job[T]:
         """Queue ``make()`` for the worker (or raise ``Unavailable`` at once); iterate the
         returned ``Job`` for its items as they come. ``interrupt``: how to end the job early but
         cleanly at shutdown (it then still yields its last items). A Job that is dropped
-        without being read to its end abandons the work."""
+        without being read to its end abandons the work. ``pinned``: the job runs in one given
+        slot; with several slots it starts at once on a thread of its own and waits inside the
+        engine for that slot, so that it does not hold one of the N threads a request for a
+        free slot needs meanwhile."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         cancel = threading.Event()
@@ -100,19 +107,36 @@ class Worker:
         with self._lock:
             if self.closed:
                 raise ShuttingDown("the server is shutting down")
-            if self.waiting >= self.max_queue:
-                raise QueueFull(f"the server is busy: {self.waiting} requests are waiting for the engine "
+            waiting = self.waiting + self._waiting_inside()
+            if waiting >= self.max_queue:
+                raise QueueFull(f"the server is busy: {waiting} requests are waiting for the engine "
                                 f"(--max-queue {self.max_queue}); retry later")
             self.waiting += 1
             self._cancels.add(cancel)
         try:
-            self._pool.submit(job)
+            if pinned and self.slots > 1:
+                self._start_own(job)
+            else:
+                self._pool.submit(job)
         except RuntimeError:
             with self._lock:
                 self.waiting -= 1
                 self._cancels.discard(cancel)
             raise ShuttingDown("the server is shutting down") from None
         return Job(items, cancel, lambda: self._forget(cancel))
+
+    def _start_own(self, job: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                job()
+            finally:
+                with self._lock:
+                    self._own.discard(thread)
+
+        thread = threading.Thread(target=run, name="fly-cpp-engine-pinned", daemon=True)
+        with self._lock:
+            self._own.add(thread)
+        thread.start()
 
     def _forget(self, cancel: threading.Event) -> None:
         with self._lock:
@@ -134,6 +158,10 @@ class Worker:
             for cancel in self._cancels:
                 cancel.set()
         self._pool.shutdown(wait=True)
+        with self._lock:
+            own = list(self._own)
+        for thread in own:
+            thread.join()
 
 
 class Job(Generic[T]):
