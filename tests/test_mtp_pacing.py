@@ -58,17 +58,18 @@ def test_k_auto_prices_the_head_by_its_own_measured_curve_cached_under_the_pairs
         assert cached.cached and cached.draft_curve == costs.draft_curve
 
 
-@pytest.mark.parametrize("mode", ["spd", "fly"])
-def test_greedy_k_auto_with_mtp_drafts(qwen35_mtp, mode):
-    """spd under k auto is the target token for token; fly's guarded rule decides on the text
-    alone, so k auto's plans give fixed k's text, loose accepts included (its gate opened wide
-    so that random weights give some). Priced so that drafting pays, the head drafts."""
+@pytest.mark.parametrize("mode, ngram", [("spd", False), ("spd", True), ("fly", False)])
+def test_greedy_k_auto_with_mtp_drafts(qwen35_mtp, mode, ngram):
+    """spd under k auto is the target token for token (n-gram guesses chained in front or not);
+    fly's guarded rule decides on the text alone, so k auto's plans give fixed k's text, loose
+    accepts included (its gate opened wide so that random weights give some). Priced so that
+    drafting pays, the head drafts."""
     loose = dict(entropy_threshold=0.0, loose_min_ratio=0.0, loosen="on") if mode == "fly" else {}
     with engine(qwen35_mtp) as e:
         e._costs = priced(1e-3)
         drafted = kept_loosely = 0
         for prompt in PROMPTS:
-            auto = run(e, SpecSettings(mode=mode, ngram=False, **loose), prompt)
+            auto = run(e, SpecSettings(mode=mode, ngram=ngram, **loose), prompt)
             assert auto.stats.drafter == "mtp"
             drafted, kept_loosely = drafted + auto.stats.n_drafted, kept_loosely + auto.stats.n_loose
             if mode == "spd":
