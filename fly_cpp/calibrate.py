@@ -2,7 +2,9 @@
 second time ``SPAN`` tokens deeper), the sizes taking turns so that a burst of other work cannot
 bend one size alone; cached (``fly_cpp.costcache``) so that it happens once per pair and
 machine. A curve the machine's load bent (``Curve.plausible``) is measured again, and never
-cached."""
+cached. A target with its own MTP head and no draft model has the head's curve in the draft's
+place: one head decode of n rows (the catch-up of a round, then one row a drafted token),
+measured the same way and cached under the same key of the pair, beside the target's."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import statistics
 import time
 from collections.abc import Sequence
 from time import perf_counter
+from typing import Literal, Protocol
+
+import numpy as np
 
 from fly_cpp import costcache
-from fly_cpp._llama import Context
+from fly_cpp._llama import Context, MtpContext
 from fly_cpp.config import ModelSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.rollback_costs import Rollbacks
@@ -31,7 +36,52 @@ SPAN = 512  # tokens of context between a calibration's two curves (fewer in a s
 FLAT = 1.25  # on a CPU a batch of 4+ rows costs more than this many one-row decodes (stories260K: 1.4x at 4 rows)
 
 
-def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+class Decoder(Protocol):
+    """What ``measure`` times: a context's decodes at its cache's end, and going back."""
+
+    n_batch: int
+    tokens: list[int]
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def decode(self, tokens: Sequence[int], logits: Literal["all", "none"]) -> object: ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def checkpoint(self) -> object: ...
+
+
+class HeadDecodes:
+    """An MTP head's context as ``measure`` times it: each row paired with a zero state (what a
+    decode costs does not depend on the state's values); its plain KV cache goes back exactly."""
+
+    def __init__(self, ctx: MtpContext) -> None:
+        self.ctx, self.n_batch = ctx, ctx.n_batch
+        self._zeros = np.zeros((ctx.n_batch, ctx.n_embd), dtype=np.float32)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.ctx.tokens
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.target.n_ctx
+
+    def decode(self, tokens: Sequence[int], logits: Literal["all", "none"]) -> object:
+        for lo in range(0, len(tokens), self.n_batch):
+            part = tokens[lo:lo + self.n_batch]
+            self.ctx.decode(part, self._zeros[: len(part)])
+        return None
+
+    def truncate(self, n: int) -> None:
+        self.ctx.truncate(n)
+
+    def checkpoint(self) -> object:
+        return None
+
+
+def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
     """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
     after each (the cache is left as it was, but for room made at its end for the largest
     batch when the context is nearly full). The sizes take turns, pass after pass (the first
@@ -62,7 +112,7 @@ def measure(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEAT
     return Curve(tuple(sizes), tuple(seconds), depth=base)
 
 
-def measure_deep(ctx: Context, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+def measure_deep(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
     """``measure`` at the cache's end and again ``SPAN`` tokens deeper (filler tokens, removed
     after): one curve, linear in the depth, that prices a decode wherever the cache ends. The
     cache is left as it was, but for room made at its end when the context is nearly full."""
@@ -103,40 +153,46 @@ def pair_key(target: Context, target_settings: ModelSettings, draft: Context | N
 
 
 def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,
-              draft_settings: ModelSettings | None, token: int, *, refresh: bool = False) -> Costs:
+              draft_settings: ModelSettings | None, token: int, *, refresh: bool = False,
+              mtp: MtpContext | None = None) -> Costs:
     """The pair's cost model: from the cache when this pair, loaded this way on this machine,
     was measured before (unless ``refresh``), else measured now (a few seconds at most) and
-    cached."""
-    if not refresh and (known := cached(target, target_settings, draft, draft_settings)) is not None:
+    cached. ``mtp`` (with no draft model): the target's MTP head drafts, its curve is the draft's."""
+    if not refresh and (known := cached(target, target_settings, draft, draft_settings, mtp)) is not None:
         return known
     key = pair_key(target, target_settings, draft, draft_settings)
     rollbacks = Rollbacks.of(target, draft)
     t, t_ok = _measure_plausibly(target, TARGET_ROWS, token, on_cpu(target_settings))
     d, d_ok = (_measure_plausibly(draft, DRAFT_ROWS, token, draft_settings is None or on_cpu(draft_settings))
                if draft is not None else (None, True))
+    # a head's batch outputs one row of logits (over the whole vocabulary), as its catch-up does:
+    # a flat curve is what it is, not the mark of a busy machine
+    m, m_ok = (_measure_plausibly(HeadDecodes(mtp), DRAFT_ROWS, token, cpu=False)
+               if mtp is not None and draft is None else (None, True))
     when = _when()
-    if t_ok and d_ok:
-        _store(key, t, d, when)  # a curve the machine's load bent is used now but measured again next time
-    return Costs(t, d, rollbacks=rollbacks, measured=when)
+    if t_ok and d_ok and m_ok:
+        _store(key, t, d, m, when)  # a curve the machine's load bent is used now but measured again next time
+    return Costs(t, d if m is None else m, rollbacks=rollbacks, measured=when)
 
 
 def cached(target: Context, target_settings: ModelSettings, draft: Context | None,
-           draft_settings: ModelSettings | None) -> Costs | None:
+           draft_settings: ModelSettings | None, mtp: MtpContext | None = None) -> Costs | None:
     """The pair's cost model from the cache, or None when it was never measured (nothing is
-    measured here)."""
+    measured here); with ``mtp`` (and no draft model), None too when the head was not."""
     key = pair_key(target, target_settings, draft, draft_settings)
     entry = costcache.load().get(key)
     if entry is None:
         return None
     t = _curve(entry.get("target"))
-    d = _curve(entry.get("draft")) if draft is not None else None
-    if t is None or (draft is not None and d is None):
+    head = mtp is not None and draft is None
+    d = _curve(entry.get("draft")) if draft is not None else _curve(entry.get("mtp")) if head else None
+    if t is None or ((draft is not None or head) and d is None):
         return None
     when = entry.get("measured")
     return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft), measured=when if isinstance(when, str) else "")
 
 
-def _measure_plausibly(ctx: Context, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
+def _measure_plausibly(ctx: Decoder, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
     """``measure_deep``, again (up to MEASURE_TRIES times) while the curve is not plausible (a busy
     machine made some sizes far dearer than they are; no new try after RETRY_SECONDS); the last
     one bounded if it never is.
@@ -165,8 +221,9 @@ def on_cpu(settings: ModelSettings) -> bool:
     return settings.offloaded_layers == 0
 
 
-def _store(key: str, target: Curve, draft: Curve | None, when: str) -> None:
-    costcache.store(key, {"target": _entry(target), "draft": _entry(draft), "measured": when})
+def _store(key: str, target: Curve, draft: Curve | None, mtp: Curve | None, when: str) -> None:
+    entry = {"target": _entry(target), "draft": _entry(draft), "measured": when}
+    costcache.store(key, entry if mtp is None else {**entry, "mtp": _entry(mtp)})
 
 
 def _when() -> str:

@@ -37,7 +37,10 @@ class DraftModel:
     """The draft model's context, one decode at a time. Its cache keeps the loop's invariant on
     its own tokens: after a step it holds everything drafted but the last token. ``path``: the
     text it last drafted along, each token past the common prefix its own greedy choice, so
-    that its token after any prefix of that path is known without a decode."""
+    that its token after any prefix of that path is known without a decode. A step checks an
+    n-gram guess in the same decode (``checks_guesses``)."""
+
+    checks_guesses = True
 
     def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS) -> None:
         self.ctx = ctx
@@ -142,6 +145,10 @@ class ModelDrafter:
                 break
         out = out[:limit]
         return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
+
+    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
+        """The model's own draft (``draft``: the guesses it checks are its own choices too)."""
+        return self.draft(committed, limit, need, confident)
 
     def candidate(self, committed: Sequence[int]) -> int:
         return self.draft_model.candidate(committed)

@@ -297,7 +297,7 @@ class Engine:
         def start(at: int) -> tuple[Iterator[Step], Pacer | None]:
             """The loop in slot ``at`` (0 without slots), its drafter made there."""
             made = self.drafter(spec, bias, at) if own else drafter
-            if isinstance(made, MtpDrafter):
+            if isinstance(made.inner if isinstance(made, PacedDrafter) else made, MtpDrafter):
                 out.stats.drafter = "mtp"
             steady = Steady() if made is not None and self.steady_batches(spec) else None
             pacer = made.pacer if isinstance(made, PacedDrafter) else None
@@ -356,20 +356,22 @@ class Engine:
 
     def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
-        ``spec.ngram``), or n-gram lookup alone when there is no draft model; with k auto,
-        paced by the engine's cost-aware controller for this mode."""
-        if self.mtp_ctx is not None and self.draft_ctx is None:  # draft-mtp, or auto on a model with an MTP head
-            return MtpDrafter(self.mtp_ctx, spec, bias)  # k auto: llama.cpp's default k for now (mtp.DEFAULT_K)
-        base: ModelDrafter | NgramDrafter
+        ``spec.ngram``), else the target's MTP head (draft-mtp, or a model with one and no -d),
+        else n-gram lookup alone; with k auto, paced by the engine's cost-aware controller for
+        this mode (the head's steps priced by its own measured curve, its evidence its own)."""
+        base: ModelDrafter | MtpDrafter | NgramDrafter
         draft_ctx = self._pair(slot)[1]
-        if draft_ctx is not None:
+        if self.mtp_ctx is not None and draft_ctx is None:
+            base = MtpDrafter(self.mtp_ctx, spec, bias)
+        elif draft_ctx is not None:
             n_vocab = min(self.n_vocab, draft_ctx.model.n_vocab)
             base = ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec)  # type: ignore[arg-type]
         else:
             base = NgramDrafter(spec, bias)
         if not spec.auto:
             return base
-        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window)
+        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window,
+               *(("mtp",) if isinstance(base, MtpDrafter) else ()))  # the head learns apart from n-gram lookup on the same file
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
             self._pacers[key] = pacer = Pacer(self._cost_model, spec.k_max, recall.load(record))
@@ -394,7 +396,7 @@ class Engine:
             token = self.target_model.bos if self.target_model.bos >= 0 else 0
             target, draft = self._pair(slot)
             self._costs = calibrate(target, self.target_settings, draft, self.draft_settings,  # type: ignore[arg-type]
-                                          token, refresh=refresh)
+                                    token, refresh=refresh, mtp=self.mtp_ctx)
         return self._costs
 
     @contextmanager
@@ -481,7 +483,7 @@ class Engine:
         if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
             return None
         with self._lock:
-            model = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings)
+            model = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings, self.mtp_ctx)
         if model is None:
             return None
         return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)

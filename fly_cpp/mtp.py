@@ -11,6 +11,10 @@ token is one more decode, paired with the head's own state from the row before (
 past the first see its own states, not the target's: the next round decodes those positions
 again with the target's). This is llama.cpp's ``draft-mtp`` for a single head.
 
+``MtpHead`` is that context one decode at a time, shaped as ``DraftModel`` is for a draft
+model, so that k auto's drafter (``fly_cpp.paced``) drives the head as it drives a draft model:
+step by step while one more is worth its measured cost. ``MtpDrafter`` drafts a fixed k.
+
 n-gram lookup chains in front, as before the draft model: where the text so far repeats an
 earlier stretch, the continuation found there is the draft (the head cannot check a guess in
 one pass: each of its rows needs the state the row before produced).
@@ -25,95 +29,145 @@ import numpy as np
 from fly_cpp import ngram, rows
 from fly_cpp._llama import MtpContext, common_prefix
 from fly_cpp.config import SpecSettings
-from fly_cpp.draft_model import cut_at_end
+from fly_cpp.draft_model import Stepped, cut_at_end
 from fly_cpp.drafters import Draft, Report
 from fly_cpp.errors import FlyError
 from fly_cpp.sampling import NO_BIAS, LogitBias
 
-DEFAULT_K = 3  # llama.cpp's --spec-draft-n-max default, what k auto drafts with the head for now
+
+class MtpHead:
+    """The head's context one decode at a time (``DraftModel``'s shape): ``start`` a round
+    after ``committed``, then each ``step`` drafts one token, the first one's decode catching
+    the cache up on what the target decoded since the last round. It checks no n-gram guess
+    (``checks_guesses``): each of its rows needs the state the row before produced."""
+
+    checks_guesses = False
+
+    def __init__(self, ctx: MtpContext, bias: LogitBias = NO_BIAS) -> None:
+        self.ctx = ctx
+        self.n_batch = ctx.n_batch
+        self.n_vocab = ctx.model.n_vocab
+        self.bias = bias
+        self.decodes = 0
+        self._state: np.ndarray | None = None  # the head's state after its last row (None: catch up first)
+
+    def is_eog(self, token: int) -> bool:
+        return self.ctx.model.is_eog(token)
+
+    def lag(self, committed: Sequence[int]) -> int:
+        """Tokens the head's cache must catch up on before drafting after ``committed``."""
+        return len(committed) - 1 - min(self.ctx.exact, common_prefix(self.ctx.tokens, committed[:-1]))
+
+    def start(self, committed: Sequence[int]) -> list[int]:
+        """A round after ``committed``: its first step catches up (the tokens returned, with the
+        last committed token, in one batch)."""
+        self._state = None
+        keep = min(self.ctx.exact, common_prefix(self.ctx.tokens, committed), len(committed) - 1)
+        return list(committed[keep:-1])
+
+    def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
+             confident: bool = False) -> Stepped:
+        """The head's greedy token after ``history``: the round's first step catches the cache
+        up to it (``catchup`` is implied by ``history``), a later one decodes ``history[-1]``
+        with the head's own state. ``guess`` must be empty."""
+        if guess:
+            raise ValueError("the MTP head checks no n-gram guess")
+        if self._state is None:
+            logits, self._state, decoded = self._catch_up(history)
+        else:
+            logits, self._state = self.ctx.decode(history[-1:], self._state[None, :])
+            decoded = 1
+        self.decodes += 1
+        row = logits[None, : self.n_vocab]
+        if self.bias:
+            row = self.bias.apply(row)
+        sure = [float(rows.top_probability(row)[0])] if confident else []
+        return Stepped(rows.argmax(row), 0, sure, decoded)
+
+    def _catch_up(self, committed: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Bring the head's cache to ``committed`` (token p with the target's state after p - 1),
+        the last committed token decoded in the final batch; that row's logits and state, and
+        the rows decoded. A FlyError where the target has not decoded ``committed[:-1]`` (the
+        loop's invariant rules it out)."""
+        ctx, target = self.ctx, self.ctx.target
+        n = len(committed)
+        keep = min(ctx.exact, common_prefix(ctx.tokens, committed), n - 1)
+        states = target.hidden(max(keep - 1, 0), n - 1)
+        if keep == 0:  # position 0 follows no state: zeros, as llama.cpp starts
+            states = np.vstack([np.zeros((1, ctx.n_embd), dtype=np.float32), states])
+        ctx.truncate(keep)
+        tokens = list(committed[keep:])
+        for lo in range(0, len(tokens), ctx.n_batch):
+            logits, state = ctx.decode(tokens[lo:lo + ctx.n_batch], states[lo:lo + ctx.n_batch])
+        ctx.exact = n
+        return logits, state, len(tokens)
 
 
 class MtpDrafter:
-    """Greedy drafting with the target's MTP head, up to the round's limit; it stops after an
-    end-of-generation token, or where the head's top probability falls under ``p_min`` once
-    ``need`` tokens are drafted. The head's choices see the generation's logit bias."""
+    """Greedy drafting with the target's MTP head, up to the round's limit (a fixed k; under k
+    auto ``fly_cpp.paced`` drives ``head`` step by step); it stops after an end-of-generation
+    token, or where the head's top probability falls under ``p_min`` once ``need`` tokens are
+    drafted. The head's choices see the generation's logit bias."""
 
     def __init__(self, ctx: MtpContext, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.ctx = ctx
         self.spec = spec
-        self.bias = bias
-        self.n_vocab = ctx.model.n_vocab
+        self.draft_model = MtpHead(ctx, bias)  # the name k auto's drafter drives a model's steps by
         self.index = ngram.Index(spec.ngram_max)
-        self.steps = 0  # head decodes
+
+    @property
+    def bias(self) -> LogitBias:
+        return self.draft_model.bias
+
+    @property
+    def steps(self) -> int:
+        """The head's decodes so far."""
+        return self.draft_model.decodes
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
-        if self.spec.auto:
-            limit = min(limit, max(DEFAULT_K, need))
         if limit <= 0:
             return Draft()
         if self.spec.ngram and need == 0:  # an open window is completed by the head's own tokens
             guess = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
             if guess:
                 return Draft(guess, [None] * len(guess))
-        return self.head(committed, limit, need, confident)
+        return self.own(committed, limit, need, confident)
 
     def lag(self, committed: Sequence[int]) -> int:
-        """Tokens the head's cache must catch up on before drafting after ``committed``."""
-        return len(committed) - 1 - min(self.ctx.exact, common_prefix(self.ctx.tokens, committed[:-1]))
+        return self.draft_model.lag(committed)
 
-    def head(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
+    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
         """Up to ``limit`` of the head's own tokens after ``committed`` (empty where the target has
         not decoded ``committed[:-1]``, which the loop's invariant rules out)."""
-        spec, ctx = self.spec, self.ctx
+        spec, head = self.spec, self.draft_model
         n = len(committed)
-        first = self._catch_up(committed)
-        if first is None:
-            return Draft()
-        logits, state = first
+        want_confidence = confident or spec.p_min > 0
+        history = list(committed)
         out: list[int] = []
         confidences: list[float | None] = []
-        want_confidence = confident or spec.p_min > 0
-        while True:
-            row = self.bias.apply(logits[None, : self.n_vocab]) if self.bias else logits[None, : self.n_vocab]
-            token = int(rows.argmax(row)[0])
-            sure = float(rows.top_probability(row)[0]) if want_confidence else None
+        head.start(committed)
+        while len(out) < limit and n + len(out) <= self.ctx.target.n_ctx - 1:
+            try:
+                s = head.step([], history, [], want_confidence)
+            except FlyError:  # the target has not decoded that far (cannot happen within the loop)
+                break
+            sure = s.sure[0] if s.sure else None
             if spec.p_min > 0 and len(out) >= need and sure is not None and sure < spec.p_min:
                 break
-            out.append(token)
+            out.append(s.token)
+            history.append(s.token)
             confidences.append(sure)
-            if cut_at_end(out, [token], ctx.model.is_eog) or len(out) >= limit or n + len(out) > ctx.target.n_ctx - 1:
+            if cut_at_end(out, [s.token], head.is_eog):
                 break
-            logits, state = ctx.decode([token], state[None, :])
-            self.steps += 1
         return Draft(out, confidences, by_model=True)
-
-    def _catch_up(self, committed: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Bring the head's cache to ``committed`` (token p with the target's state after p - 1),
-        the last committed token decoded in the final batch; that row's logits and state."""
-        ctx, target = self.ctx, self.ctx.target
-        n = len(committed)
-        keep = min(ctx.exact, common_prefix(ctx.tokens, committed), n - 1)
-        try:
-            states = target.hidden(max(keep - 1, 0), n - 1)
-        except FlyError:  # the target has not decoded that far (cannot happen within the loop)
-            return None
-        if keep == 0:  # position 0 follows no state: zeros, as llama.cpp starts
-            states = np.vstack([np.zeros((1, ctx.n_embd), dtype=np.float32), states])
-        ctx.truncate(keep)
-        tokens = list(committed[keep:])
-        for lo in range(0, len(tokens), ctx.n_batch):
-            result = ctx.decode(tokens[lo:lo + ctx.n_batch], states[lo:lo + ctx.n_batch])
-            self.steps += 1
-        ctx.exact = n
-        return result
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         """The head's greedy token after ``committed`` (FLy's rule asks for it where no draft of
         the head's reached): one catch-up decode."""
-        found = self.head(committed, 1, 1)
+        found = self.own(committed, 1, 1)
         return found.tokens[0] if found.tokens else None
 
     def accept(self, report: Report) -> None:

@@ -1,8 +1,8 @@
 """k auto's drafter: what the pacer (``fly_cpp.pacer``) plans each round, drafted.
 
-With the draft model it drives the model one ``DraftModel.step`` at a time, asking the pacer
-after each step whether one more is worth its cost, and leaves out trailing tokens not worth
-verifying. It tells the pacer how each round went (``accept``), with what the round wrote: the
+With the draft model, or the target's own MTP head (``fly_cpp.mtp.MtpHead``, the same
+shape), it drives the model one ``step`` at a time, asking the pacer after each step whether
+one more is worth its measured cost, and leaves out trailing tokens not worth verifying. It tells the pacer how each round went (``accept``), with what the round wrote: the
 token trimming left out and an n-gram guess it looked up but did not verify are judged by it.
 """
 
@@ -14,23 +14,24 @@ from time import perf_counter
 from fly_cpp import ngram
 from fly_cpp.draft_model import ModelDrafter, cut_at_end
 from fly_cpp.drafters import Draft, NgramDrafter, Report
+from fly_cpp.mtp import MtpDrafter
 from fly_cpp.pacer import Pacer
 
 
 class PacedDrafter:
-    """Drafts what the pacer plans each round, with the draft model (when there is one) or
-    n-gram lookup, and tells the pacer how each round went (``accept``). Drafting with the draft
+    """Drafts what the pacer plans each round, with the draft model or the MTP head (when there
+    is one) or n-gram lookup, and tells the pacer how each round went (``accept``). Drafting with the draft
     model it drives the model one step at a time (``DraftModel.step``), asking the pacer after
     each step whether one more is worth its cost, and leaves out trailing tokens not worth
     verifying."""
 
-    def __init__(self, inner: ModelDrafter | NgramDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
+    def __init__(self, inner: ModelDrafter | MtpDrafter | NgramDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
                  use_ngram: bool, now: Callable[[], float] = perf_counter) -> None:
         """One per generation; the pacer carries over from one to the next. ``now``: the clock
         draft steps are timed by (a replay's simulated one)."""
         self.inner, self.pacer, self.now = inner, pacer, now
         pacer.begin()
-        self.model = inner if isinstance(inner, ModelDrafter) else None
+        self.model = inner if isinstance(inner, (ModelDrafter, MtpDrafter)) else None
         self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
         index = inner.index  # the drafter's own, over the same text: indexed once
         self.index = index if index.max_n == ngram_max else ngram.Index(ngram_max)
@@ -72,13 +73,13 @@ class PacedDrafter:
             if self.kind == "draft":
                 found = self._paced(model, committed, n, need)
             else:
-                found = model.draft(committed, n, need, confident=True)
+                found = model.own(committed, n, need, confident=True)
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
             self.confidences = list(found.confidences)
             return found
         return Draft()
 
-    def _paced(self, drafter: ModelDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
+    def _paced(self, drafter: ModelDrafter | MtpDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
         """The draft model's tokens, step by step while one more is worth its cost (and while
         ``need`` are owed); then the prefix worth verifying."""
         pacer, model, spec = self.pacer, drafter.draft_model, drafter.spec
@@ -90,7 +91,8 @@ class PacedDrafter:
         while len(out) < limit:
             t0 = self.now()
             room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
-            found = drafter.index.match(history, room)[1] if spec.ngram and room > 0 else []
+            checks = spec.ngram and room > 0 and model.checks_guesses
+            found = drafter.index.match(history, room)[1] if checks else []
             guess = found[: pacer.guess_length(len(found), len(catchup))] if found else found  # as much as pays
             s = model.step(catchup, history, guess, confident=True)
             catchup = []

@@ -113,6 +113,7 @@ class TraceModel:
 
     n_batch = 1 << 30
     bias = NO_BIAS
+    checks_guesses = True
 
     def __init__(self, trace: Trace, clock: Clock) -> None:
         self.t, self.clock = trace, clock
