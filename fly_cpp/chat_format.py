@@ -215,6 +215,8 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         if not isinstance(m, Mapping):
             raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
         role, content = m.get("role"), m.get("content")
+        if content is None and role == "assistant" and m.get("tool_calls"):
+            content = ""  # OpenAI's null content beside tool calls
         if role not in ROLES:
             raise FlyError(f"messages[{i}]: role must be one of {', '.join(ROLES)}, got {role!r}")
         if isinstance(content, list):
