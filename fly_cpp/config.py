@@ -482,9 +482,17 @@ class ServerSettings:
     cont_batching: bool = field(default=True, metadata=_help(
         "a new request joins the running slots between rounds (always so; accepted for llama-server's spelling)",
         aliases=("-cb",)))
+    reasoning: str = field(default="auto", metadata=_help(
+        "on|off|auto: the chat template's enable_thinking (auto: the template's own default); a request's "
+        "chat_template_kwargs win", aliases=("-rea",)))
+    reasoning_format: str = field(default="auto", metadata=_help(
+        "auto|deepseek: a reasoning model's <think> block goes to reasoning_content; none: it stays in the content"))
 
     def __post_init__(self) -> None:
         _require(isinstance(self.host, str) and bool(self.host.strip()), "host must not be empty")
+        _require(self.reasoning in ("on", "off", "auto"), f"reasoning must be on, off or auto, got {self.reasoning!r}")
+        _require(self.reasoning_format in ("auto", "deepseek", "none"),
+                 f"reasoning_format must be auto, deepseek or none, got {self.reasoning_format!r}")
         _integer("port", self.port, 0, 65535)
         if self.api_key is not None:
             key = self.api_key.strip()

@@ -23,6 +23,7 @@ from fly_cpp.server.served import Served
 from fly_cpp.server.slots import slot_states
 from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
+from fly_cpp.tools import template_messages
 
 SERVING = ("{n} at a time per model pair (-np/--parallel), in arrival order: other requests wait in a queue "
            "(a request whose client disconnects is dropped, and a stream it leaves is aborted)")
@@ -105,7 +106,9 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
 
         def work() -> Response:
             extra = dict(body.chat_template_kwargs or {})
-            return JSONResponse({"prompt": fly.chat_format.render(body.messages, **extra,
+            if body.tools and body.tool_choice != "none":
+                extra.setdefault("tools", body.tools)
+            return JSONResponse({"prompt": fly.chat_format.render(template_messages(body.messages), **extra,
                                                                   add_generation_prompt=body.add_generation_prompt)})
 
         return await prepare(work)
