@@ -120,11 +120,12 @@ def test_lazy_grammar_starts_after_the_trigger(fly):
     assert lazy.on
     ok, bad = (next(i for i in range(model.n_vocab) if model.piece(i) == s) for s in (b"t", b"x"))
     assert lazy.allows(ok) and not lazy.allows(bad)
-    # a trigger followed by text the grammar refuses does not start it
-    other = Lazy(Grammar(model, gbnf), trigger, model.tokenize)
-    for t in model.tokenize("<tool_call> nope", add_special=False):
+    # a token that completes the trigger and carries text the grammar refuses does not start it
+    # (llama.cpp's own lazy grammar would abort the process there): "all" completes "<tool_c"
+    other = Lazy(Grammar(model, gbnf), "<tool_c", model.tokenize)
+    for t in model.tokenize("Hi <tool_call", add_special=False):
         other.accept(t)
-    assert not other.on
+    assert model.piece(t) == b"all" and not other.on
 
 
 def test_round_trip_messages_render(fly):
