@@ -51,6 +51,7 @@ class Lazy:
         return self.grammar.allows(token) if self.on else 0 <= token < self.grammar.model.n_vocab
 
     def accept(self, token: int) -> None:
+        """Advance past ``token`` (once the grammar has started, one it allows, as ``Grammar.accept``)."""
         if self.on:
             self.grammar.accept(token)
             return
@@ -62,20 +63,29 @@ class Lazy:
             return
         rest = text[at + len(self.trigger):]
         probe = self.grammar.copy()
-        for t in self.tokenize(rest.decode("utf-8", "replace"), add_special=False) if rest else []:
-            if not probe.allows(t):
-                probe.close()
-                self.tail = rest[-keep:]
-                return
-            probe.accept(t)
-        self.grammar.close()
-        self.grammar, self.on = probe, True
+        tokens = self.tokenize(rest.decode("utf-8", "replace"), add_special=False) if rest else []
+        piece = self.grammar.model.piece
+        # the tokens must spell exactly the rest (a tokenizer may add a space in front)
+        if b"".join(piece(t) for t in tokens) == rest and all(_fed(probe, t) for t in tokens):
+            self.grammar.close()
+            self.grammar, self.on = probe, True
+        else:
+            probe.close()
+            self.tail = rest[-keep:]
 
     def copy(self) -> Lazy:
         return Lazy(self.grammar.copy(), self.trigger, self.tokenize, _tail=self.tail, _on=self.on)
 
     def close(self) -> None:
         self.grammar.close()
+
+
+def _fed(state: Grammar, token: int) -> bool:
+    """Feed ``token`` if the grammar allows it; whether it did."""
+    if not state.allows(token):
+        return False
+    state.accept(token)
+    return True
 
 
 class Constraint:

@@ -121,8 +121,8 @@ def test_lazy_grammar_starts_after_the_trigger(fly):
     ok, bad = (next(i for i in range(model.n_vocab) if model.piece(i) == s) for s in (b"t", b"x"))
     assert lazy.allows(ok) and not lazy.allows(bad)
     # a token that completes the trigger and carries text the grammar refuses does not start it
-    # (llama.cpp's own lazy grammar would abort the process there): "all" completes "<tool_c"
-    other = Lazy(Grammar(model, gbnf), "<tool_c", model.tokenize)
+    # (llama.cpp's own lazy grammar would abort the process there): "all" completes "<tool_ca"
+    other = Lazy(Grammar(model, gbnf), "<tool_ca", model.tokenize)
     for t in model.tokenize("Hi <tool_call", add_special=False):
         other.accept(t)
     assert model.piece(t) == b"all" and not other.on
