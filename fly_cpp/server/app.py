@@ -75,7 +75,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     app.include_router(llama.router(served, runs, compat, slots=settings.slots, n_predict=settings.n_predict))
     app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,
                                   n_predict=settings.n_predict,
-                                  chat=ChatDefaults(settings.reasoning, settings.reasoning_format)))
+                                  defaults=ChatDefaults(settings.reasoning, settings.reasoning_format)))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key
     app.add_middleware(Bodies, max_body=settings.max_body, timeout=settings.body_timeout)
     if settings.api_key:
