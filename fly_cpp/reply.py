@@ -42,7 +42,7 @@ class Reply:
     def message(self) -> dict[str, Any]:
         """The assistant message of a ``chat.completion`` (content null beside tool calls)."""
         out: dict[str, Any] = {"role": "assistant", "content": self.content or (None if self.calls else "")}
-        if self.reasoning is not None:
+        if self.reasoning:  # as llama-server: an empty block adds nothing
             out["reasoning_content"] = self.reasoning
         if self.calls:
             out["tool_calls"] = self.calls

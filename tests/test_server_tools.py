@@ -70,8 +70,11 @@ def test_none_and_template_variables(client):
     assert "<tools>" in shown and "<tools>" not in hidden["prompt"]
     out = post(client, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0)
     assert out["choices"][0]["finish_reason"] == "length" and "tool_calls" not in out["choices"][0]["message"]
-    # --reasoning off: the template gets enable_thinking false (this one then closes an empty block,
-    # which the answer's split leaves out of the content)
+    # --reasoning off: the template gets enable_thinking false (this one then closes an empty
+    # block), unless the request's chat_template_kwargs say otherwise
+    assert shown.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    on = client.post("/apply-template", json={"messages": CHAT, "chat_template_kwargs": {"enable_thinking": True}})
+    assert on.json()["prompt"].endswith("<|im_start|>assistant\n")
     out = post(client, max_tokens=8, temperature=0)
     assert "<think>" not in out["choices"][0]["message"]["content"]
 

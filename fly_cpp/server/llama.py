@@ -16,7 +16,7 @@ from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import Prepared, generation, limit, prepare
+from fly_cpp.server.prepare import ChatDefaults, Prepared, generation, limit, prepare, template_vars
 from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
@@ -31,7 +31,8 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1,
+           defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
     r = APIRouter()
 
     @r.get("/health")
@@ -105,7 +106,7 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
         fly = served.ready
 
         def work() -> Response:
-            extra = dict(body.chat_template_kwargs or {})
+            extra = template_vars(body, defaults)  # enable_thinking from --reasoning, as the chat endpoint
             if body.tools and body.tool_choice != "none":
                 extra.setdefault("tools", body.tools)
             return JSONResponse({"prompt": fly.chat_format.render(template_messages(body.messages), **extra,
