@@ -199,18 +199,19 @@ class Fly:
         ``fly_cpp.tools``) and how to read the answer (``fly_cpp.reply``). ``tools``,
         ``tool_choice``, ``parallel_tool_calls``: OpenAI's; ``reasoning_format``: llama-server's
         (auto, deepseek: ``<think>`` goes to reasoning_content; none: it stays in the content)."""
-        spec = tool_calls.check(tools, tool_choice, parallel_tool_calls)
-        active = spec is not None and spec.active
-        if active:
+        found = tool_calls.check(tools, tool_choice, parallel_tool_calls)
+        spec = found if found is not None and found.active else None
+        if spec is not None:
             tool_calls.check_template(self.chat_format.template, self.chat_format.name)
-            template_vars = {**template_vars, "tools": list(spec.tools)}  # type: ignore[union-attr]
+            template_vars = {**template_vars, "tools": list(spec.tools)}
         text = self._chat_text(messages, template_vars)
         opened = tool_calls.think_open(text)
         settings: dict[str, Any] = {}
-        if active:
-            gbnf, trigger = tool_calls.grammar(spec, opened)  # type: ignore[arg-type]
+        if spec is not None:
+            gbnf, trigger = tool_calls.grammar(spec, opened)
             settings = {"grammar": gbnf, "grammar_trigger": trigger}
-        opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), tools=active, think_open=opened)
+        opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), tools=spec is not None,
+                             think_open=opened)
         return self._prompt_tokens(text), settings, opts
 
     def _prompt_tokens(self, text: str) -> list[int]:

@@ -128,6 +128,33 @@ def test_lazy_grammar_starts_after_the_trigger(fly):
     assert model.piece(t) == b"all" and not other.on
 
 
+def feeds(grammar, model, text):
+    """Whether ``grammar`` takes ``text``, one single-character token at a time."""
+    by_piece = {model.piece(i): i for i in range(model.n_vocab)}
+    for ch in text.encode():
+        token = by_piece[bytes([ch])]
+        if not grammar.allows(token):
+            return False
+        grammar.accept(token)
+    return True
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_forced_grammar_after_an_opened_reasoning_block(fly, opened):
+    """A template whose generation prompt opens <think> gets a grammar that lets the reasoning
+    close first; without one the call starts the answer."""
+    model = fly.engine.target_model
+    gbnf, trigger = tool_calls.grammar(tool_calls.check(TOOLS, {"type": "function", "function": {"name": "pet"}}),
+                                       opened)
+    assert trigger == ""
+    call = '<tool_call>\n{"name": "pet", "arguments": {"kind": "dog", "good": true}}\n</tool_call>'
+    thought = "Dogs are good.\n</think>\n\n"
+    assert feeds(Grammar(model, gbnf), model, thought + call) == opened
+    assert feeds(Grammar(model, gbnf), model, call) == (not opened)
+    assert not feeds(Grammar(model, gbnf), model, call.replace("dog", "cow"))
+    assert tool_calls.think_open("<|im_start|>assistant\n<think>\n") and not tool_calls.think_open("x</think>\n")
+
+
 def test_round_trip_messages_render(fly):
     call = {"id": "call_1", "type": "function", "function": {"name": "pet", "arguments": '{"kind": "cat", "good": true}'}}
     messages = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [call]},
