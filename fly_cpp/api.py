@@ -209,7 +209,7 @@ class Fly:
         settings: dict[str, Any] = {}
         if spec is not None:
             gbnf, trigger = tool_calls.grammar(spec, opened)
-            settings = {"grammar": gbnf, "grammar_trigger": trigger}
+            settings = {"grammar": gbnf, "grammar_trigger": trigger, "json_schema": ""}  # over any default
         opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), tools=spec is not None,
                              think_open=opened)
         return self._prompt_tokens(text), settings, opts

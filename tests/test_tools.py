@@ -181,6 +181,13 @@ def test_bad_tools_are_refused(fly, kwargs, says):
         fly.create_chat_completion(CHAT, max_tokens=5, **kwargs)
 
 
+def test_a_default_schema_gives_way_to_a_forced_call(stories):
+    with Fly(stories, n_ctx=1024, chat_format=TEMPLATE, json_schema=json.dumps(DAY)) as f:
+        assert calls(f.create_chat_completion(CHAT, max_tokens=120, temperature=0, tools=TOOLS, tool_choice="required"))
+        out = f.create_chat_completion(CHAT, max_tokens=40, temperature=0, tools=TOOLS, tool_choice="none")
+        assert out["choices"][0]["message"]["content"].startswith("{")  # the default schema holds without tools
+
+
 def test_a_template_without_tool_calls_is_refused(stories):
     with Fly(stories, chat_format="chatml", n_ctx=256) as f:
         with pytest.raises(FlyError, match="no <tool_call> format"):
