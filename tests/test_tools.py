@@ -128,6 +128,16 @@ def test_lazy_grammar_starts_after_the_trigger(fly):
     assert model.piece(t) == b"all" and not other.on
 
 
+@pytest.mark.parametrize("mode", ["target", "spd", "fly"])
+def test_a_lazy_grammar_in_the_loop(fly, mode):
+    """The text is free until the trigger word, then the grammar's, across drafts and rollbacks."""
+    for temperature in (0, 0.8):
+        gen = fly.generate("Once upon a time", max_tokens=80, mode=mode, temperature=temperature, seed=3,
+                           grammar='root ::= ", THE END."', grammar_trigger=" named")
+        text = gen.run().text
+        assert text.endswith(" named, THE END.") and text.count(" named") == 1, text
+
+
 def feeds(grammar, model, text):
     """Whether ``grammar`` takes ``text``, one single-character token at a time."""
     by_piece = {model.piece(i): i for i in range(model.n_vocab)}
