@@ -198,6 +198,19 @@ def test_a_default_schema_gives_way_to_a_forced_call(stories):
         assert out["choices"][0]["message"]["content"].startswith("{")  # the default schema holds without tools
 
 
+def test_a_reasoning_block_the_prompt_opens_goes_to_reasoning_content(stories):
+    thinking = TEMPLATE + "{% if add_generation_prompt %}{{- '<think>\\n' }}{% endif %}"
+    with Fly(stories, n_ctx=512, chat_format=thinking) as f:
+        out = f.create_chat_completion(CHAT, max_tokens=12, temperature=0)["choices"][0]
+        assert out["message"]["reasoning_content"] and out["message"]["content"] == ""  # cut inside the block
+        kept = f.create_chat_completion(CHAT, max_tokens=12, temperature=0, reasoning_format="none")["choices"][0]
+        assert kept["message"]["content"] == out["message"]["reasoning_content"]
+        assert "reasoning_content" not in kept["message"]
+        deltas = [c["choices"][0]["delta"] for c in f.create_chat_completion(CHAT, max_tokens=12, temperature=0,
+                                                                             stream=True)]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == out["message"]["reasoning_content"]
+
+
 def test_a_template_without_tool_calls_is_refused(stories):
     with Fly(stories, chat_format="chatml", n_ctx=256) as f:
         with pytest.raises(FlyError, match="no <tool_call> format"):
