@@ -483,7 +483,7 @@ class ServerSettings:
         "a new request joins the running slots between rounds (always so; accepted for llama-server's spelling)",
         aliases=("-cb",)))
     reasoning: str = field(default="auto", metadata=_help(
-        "on|off|auto: the chat template's enable_thinking (auto: the template's own default); a request's "
+        "on|off|auto: the chat template's enable_thinking (false only with off, as llama-server); a request's "
         "chat_template_kwargs win", aliases=("-rea",)))
     reasoning_format: str = field(default="auto", metadata=_help(
         "auto|deepseek: a reasoning model's <think> block goes to reasoning_content; none: it stays in the content"))

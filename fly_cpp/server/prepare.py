@@ -38,7 +38,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class ChatDefaults:
-    """The server's ``--reasoning`` (on, off, auto: the template's enable_thinking) and
+    """The server's ``--reasoning`` (on, off, auto: the template's enable_thinking, false only
+    for off) and
     ``--reasoning-format`` (auto, deepseek, none), which requests may override."""
 
     reasoning: str = "auto"
@@ -47,15 +48,16 @@ class ChatDefaults:
 
 def template_vars(body: Any, defaults: ChatDefaults) -> dict[str, Any]:
     """The chat template's extra variables, as llama-server sets them: ``enable_thinking`` from
-    ``--reasoning`` unless ``chat_template_kwargs`` sets it; ``reasoning_effort`` passed on
-    ("none": thinking off)."""
+    ``--reasoning`` (on and auto: true; off: false) unless ``chat_template_kwargs`` sets it;
+    ``reasoning_effort`` passed on ("none": thinking off)."""
     extra = dict(getattr(body, "chat_template_kwargs", None) or {})
     if (clash := RESERVED & extra.keys()):
         raise FlyError(f"chat_template_kwargs may not set {sorted(clash)[0]!r}")
     if "enable_thinking" in extra and not isinstance(extra["enable_thinking"], bool):
         raise FlyError("chat_template_kwargs: enable_thinking must be true or false")
-    if defaults.reasoning != "auto":
-        extra.setdefault("enable_thinking", defaults.reasoning == "on")
+    # llama-server always sets it: true unless --reasoning off (its auto turns thinking on where
+    # the template knows the variable; a template that does not read it is unchanged either way)
+    extra.setdefault("enable_thinking", defaults.reasoning != "off")
     effort = getattr(body, "reasoning_effort", None)
     if effort == "none":
         extra["enable_thinking"] = False
