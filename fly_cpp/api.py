@@ -22,7 +22,8 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fly_cpp import oai, structured
+from fly_cpp import oai, reply, structured
+from fly_cpp import tools as tool_calls
 from fly_cpp.chat_format import ChatFormat, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp._llama import set_verbose
@@ -185,7 +186,35 @@ class Fly:
         """The prompt tokens of a conversation: the chat format rendered (``template_vars``:
         extra variables for its template), special tokens parsed, BOS added when the model
         wants one and the template did not write it."""
-        text = self.chat_format.render(messages, add_generation_prompt=True, **template_vars)
+        return self._prompt_tokens(self._chat_text(messages, template_vars))
+
+    def _chat_text(self, messages: Sequence[Mapping[str, Any]], template_vars: Mapping[str, Any]) -> str:
+        return self.chat_format.render(tool_calls.template_messages(messages), add_generation_prompt=True,
+                                       **template_vars)
+
+    def chat_turn(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None, tool_choice: Any = None,
+                  parallel_tool_calls: bool | None = None, reasoning_format: str | None = None,
+                  **template_vars: Any) -> tuple[list[int], dict[str, Any], reply.Options]:
+        """A conversation's prompt tokens, the settings its tools add (the grammar a call obeys:
+        ``fly_cpp.tools``) and how to read the answer (``fly_cpp.reply``). ``tools``,
+        ``tool_choice``, ``parallel_tool_calls``: OpenAI's; ``reasoning_format``: llama-server's
+        (auto, deepseek: ``<think>`` goes to reasoning_content; none: it stays in the content)."""
+        found = tool_calls.check(tools, tool_choice, parallel_tool_calls)
+        spec = found if found is not None and found.active else None
+        if spec is not None:
+            tool_calls.check_template(self.chat_format.template, self.chat_format.name)
+            template_vars = {**template_vars, "tools": list(spec.tools)}
+        text = self._chat_text(messages, template_vars)
+        opened = tool_calls.think_open(text)
+        settings: dict[str, Any] = {}
+        if spec is not None:
+            gbnf, trigger = tool_calls.grammar(spec, opened)
+            settings = {"grammar": gbnf, "grammar_trigger": trigger, "json_schema": ""}  # over any default
+        opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), tools=spec is not None,
+                             think_open=opened)
+        return self._prompt_tokens(text), settings, opts
+
+    def _prompt_tokens(self, text: str) -> list[int]:
         tokens = self.tokenize(text, add_special=False, parse_special=True)
         info = self.info
         if info.add_bos and info.bos >= 0 and tokens[:1] != [info.bos]:
@@ -270,6 +299,9 @@ class Fly:
                                entropy_threshold: float | None = None,
                                fly: SpecSettings | Mapping[str, Any] | None = None,
                                response_format: Mapping[str, Any] | None = None,
+                               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+                               parallel_tool_calls: bool | None = None, reasoning_format: str | None = None,
+                               chat_template_kwargs: Mapping[str, Any] | None = None,
                                **settings: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Answer a conversation (OpenAI-style ``messages``) through the chat format. Returns a
         ``chat.completion`` dict, or with ``stream=True`` ``chat.completion.chunk`` dicts: the
@@ -277,16 +309,27 @@ class Fly:
         The answer's leading whitespace is dropped. ``response_format``: OpenAI's
         (``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
         enforced; ``grammar=`` (GBNF) and ``json_schema=`` (text) are taken as settings.
+        ``tools`` / ``tool_choice`` (auto, none, required, ``{"type": "function", "function":
+        {"name": ...}}``) / ``parallel_tool_calls``: OpenAI's, through a Hermes-style template
+        (docs/structured-output.md); calls come back as ``message.tool_calls``. A reasoning
+        model's ``<think>`` block comes back as ``reasoning_content`` (``reasoning_format="none"``
+        keeps it in the content); ``chat_template_kwargs``: extra template variables
+        (``{"enable_thinking": False}``).
         Resending the whole conversation each turn is cheap: both KV caches keep the common
         prefix, so only the new turn is decoded."""
         if (schema := structured.response_format(None if response_format is None else dict(response_format))):
             settings = {**settings, "json_schema": schema}
-        gen = self.generate_chat(messages, max_tokens=max_tokens, stop=stop, fly=fly, **settings, **_given(
+        tokens, extra, opts = self.chat_turn(messages, tools=tools, tool_choice=tool_choice,
+                                             parallel_tool_calls=parallel_tool_calls,
+                                             reasoning_format=reasoning_format, **dict(chat_template_kwargs or {}))
+        settings = with_tool_grammar(settings, extra)
+        gen = self.generate(tokens, max_tokens=max_tokens, stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly,
+                            **settings, **_given(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed, mode=mode, k=k,
             window=window, entropy_threshold=entropy_threshold))
         top = oai.head("chat.completion", self.model)
-        return oai.chat_chunks(gen, top) if stream else oai.chat_completion(gen.run(), top)
+        return oai.chat_chunks(gen, top, opts=opts) if stream else oai.chat_completion(gen.run(), top, opts=opts)
 
     __call__ = create_completion
 
@@ -309,6 +352,17 @@ class Fly:
     def __repr__(self) -> str:
         return (f"Fly(target={self.model!r}, draft={self.info.draft_name!r}, n_ctx={self.n_ctx}, "
                 f"chat_format={self.chat_format.name!r})")
+
+
+def with_tool_grammar(settings: dict[str, Any], tool_settings: dict[str, Any]) -> dict[str, Any]:
+    """A request's settings with its tools' grammar; a request that constrains the answer both
+    ways is refused (the two grammars cannot both hold)."""
+    if not tool_settings:
+        return settings
+    if settings.get("grammar") or settings.get("json_schema"):
+        raise FlyError("tools (unless tool_choice is none) and grammar, json_schema or response_format cannot be "
+                       "combined: both constrain the answer")
+    return {**settings, **tool_settings}
 
 
 def _given(**values: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A model's ``tokenizer.chat_template`` is rendered the way llama.cpp ``--jinja`` and Hugging
 Face transformers render it: a sandboxed, immutable Jinja environment with ``messages``,
 ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception`` and
-``strftime_now``, and a ``tojson`` filter that writes plain JSON.
+``strftime_now`` (and, as llama.cpp adds them, today's ``date_string`` and ``datetime``), and a
+``tojson`` filter that writes plain JSON.
 
 Models without a template (base models such as the bundled story model) get ``PLAIN``::
 
@@ -170,6 +171,8 @@ class ChatFormat:
                **extra: Any) -> str:
         """The prompt text for ``messages`` (checked with :func:`check_messages`)."""
         messages = check_messages(messages)
+        now = datetime.now()  # llama.cpp's extra context: templates of the Llama 3.x family read it
+        extra = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), **extra}
         try:
             return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,  # type: ignore[attr-defined]
                                          bos_token=self.bos_token, eos_token=self.eos_token, **extra)
@@ -215,6 +218,8 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         if not isinstance(m, Mapping):
             raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
         role, content = m.get("role"), m.get("content")
+        if content is None and role == "assistant" and m.get("tool_calls"):
+            content = ""  # OpenAI's null content beside tool calls
         if role not in ROLES:
             raise FlyError(f"messages[{i}]: role must be one of {', '.join(ROLES)}, got {role!r}")
         if isinstance(content, list):

@@ -383,11 +383,17 @@ class SamplingSettings:
         "GBNF grammar (llama.cpp's) every generated token obeys, exact, loosely accepted or the target's own"))
     json_schema: str = field(default="", metadata=_help(
         "JSON schema the answer follows (converted to a grammar); {} = any JSON object", aliases=("-j",)))
+    grammar_trigger: str = field(default="", metadata=_help(
+        "a lazy grammar: the text is free until it writes this word, and the grammar (or schema) constrains "
+        "what follows the word (tool calls use <tool_call>)"))
 
     def __post_init__(self) -> None:
         for name in ("grammar", "json_schema"):
             _require(isinstance(getattr(self, name), str), f"{name} must be a string, got {getattr(self, name)!r}")
         _require(not (self.grammar and self.json_schema), "give grammar or json_schema, not both")
+        _require(isinstance(self.grammar_trigger, str), f"grammar_trigger must be a string, got {self.grammar_trigger!r}")
+        _require(not self.grammar_trigger or (self.constrained and len(self.grammar_trigger) >= 2),
+                 "grammar_trigger needs a grammar or json_schema, and at least 2 characters")
         _number("temperature", self.temperature, 0)
         _integer("top_k", self.top_k, 0)
         _number("top_p", self.top_p, 0.0, 1.0, above=True)
@@ -476,9 +482,17 @@ class ServerSettings:
     cont_batching: bool = field(default=True, metadata=_help(
         "a new request joins the running slots between rounds (always so; accepted for llama-server's spelling)",
         aliases=("-cb",)))
+    reasoning: str = field(default="auto", metadata=_help(
+        "on|off|auto: the chat template's enable_thinking (false only with off, as llama-server); a request's "
+        "chat_template_kwargs win", aliases=("-rea",)))
+    reasoning_format: str = field(default="auto", metadata=_help(
+        "auto|deepseek: a reasoning model's <think> block goes to reasoning_content; none: it stays in the content"))
 
     def __post_init__(self) -> None:
         _require(isinstance(self.host, str) and bool(self.host.strip()), "host must not be empty")
+        _require(self.reasoning in ("on", "off", "auto"), f"reasoning must be on, off or auto, got {self.reasoning!r}")
+        _require(self.reasoning_format in ("auto", "deepseek", "none"),
+                 f"reasoning_format must be auto, deepseek or none, got {self.reasoning_format!r}")
         _integer("port", self.port, 0, 65535)
         if self.api_key is not None:
             key = self.api_key.strip()

@@ -11,7 +11,8 @@ exact, loosely accepted, correction or bonus, greedy or sampled, is one the gram
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -19,13 +20,81 @@ from fly_cpp._llama import Grammar, common_prefix
 from fly_cpp.errors import FlyError
 
 
+class Rules(Protocol):
+    """One state of a grammar (``_llama.Grammar``, or ``Lazy`` around one)."""
+
+    def mask(self, row: np.ndarray) -> None: ...
+    def allows(self, token: int) -> bool: ...
+    def accept(self, token: int) -> None: ...
+    def copy(self) -> Rules: ...
+    def close(self) -> None: ...
+
+
+class Lazy:
+    """A lazy grammar: the text is free until it writes ``trigger``; what follows the word obeys
+    ``grammar``. The word may straddle tokens, and the token that completes it may carry text
+    after it: that text is fed to the grammar (tokenized), and if the grammar refuses it the
+    word does not start the grammar (the text stays free). llama.cpp's own lazy grammar replays
+    such a token and aborts the process on text it refuses; this one never feeds it a refused token."""
+
+    def __init__(self, grammar: Grammar, trigger: str | bytes, tokenize: Callable[..., list[int]], *,
+                 _tail: bytes = b"", _on: bool = False) -> None:
+        self.grammar, self.tokenize = grammar, tokenize
+        self.trigger = trigger.encode() if isinstance(trigger, str) else trigger
+        self.tail, self.on = _tail, _on  # tail: the last bytes written while waiting
+
+    def mask(self, row: np.ndarray) -> None:
+        if self.on:
+            self.grammar.mask(row)
+
+    def allows(self, token: int) -> bool:
+        return self.grammar.allows(token) if self.on else 0 <= token < self.grammar.model.n_vocab
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token`` (once the grammar has started, one it allows, as ``Grammar.accept``)."""
+        if self.on:
+            self.grammar.accept(token)
+            return
+        text = self.tail + self.grammar.model.piece(token)
+        at = text.find(self.trigger)
+        keep = len(self.trigger) - 1
+        if at < 0:
+            self.tail = text[-keep:]
+            return
+        rest = text[at + len(self.trigger):]
+        probe = self.grammar.copy()
+        tokens = self.tokenize(rest.decode("utf-8", "replace"), add_special=False) if rest else []
+        piece = self.grammar.model.piece
+        # the tokens must spell exactly the rest (a tokenizer may add a space in front)
+        if b"".join(piece(t) for t in tokens) == rest and all(_fed(probe, t) for t in tokens):
+            self.grammar.close()
+            self.grammar, self.on = probe, True
+        else:
+            probe.close()
+            self.tail = rest[-keep:]
+
+    def copy(self) -> Lazy:
+        return Lazy(self.grammar.copy(), self.trigger, self.tokenize, _tail=self.tail, _on=self.on)
+
+    def close(self) -> None:
+        self.grammar.close()
+
+
+def _fed(state: Grammar, token: int) -> bool:
+    """Feed ``token`` if the grammar allows it; whether it did."""
+    if not state.allows(token):
+        return False
+    state.accept(token)
+    return True
+
+
 class Constraint:
     """``grammar``: its state before the first generated token; ``start``: the prompt's length;
     ``banned``: tokens the sampler never picks (``ignore_eos``, -inf logit_bias)."""
 
-    def __init__(self, grammar: Grammar, start: int, banned: frozenset[int] = frozenset()) -> None:
+    def __init__(self, grammar: Rules, start: int, banned: frozenset[int] = frozenset()) -> None:
         self.start, self.banned = start, banned
-        self.states = [grammar]  # states[i]: after the first i generated tokens
+        self.states: list[Rules] = [grammar]  # states[i]: after the first i generated tokens
         self.tokens: list[int] = []  # the generated tokens the states follow
 
     def sync(self, committed: Sequence[int]) -> None:
@@ -39,7 +108,7 @@ class Constraint:
             self.states.append(_after(self.states[-1], token))
             self.tokens.append(token)
 
-    def ahead(self, committed: Sequence[int], drafted: Sequence[int]) -> list[Grammar]:
+    def ahead(self, committed: Sequence[int], drafted: Sequence[int]) -> list[Rules]:
         """The states after ``committed`` and each allowed prefix of ``drafted``: [s_0, .., s_j]
         where d_1..d_j are allowed and d_{j+1} (if any) is not."""
         self.sync(committed)
@@ -65,7 +134,7 @@ class Constraint:
                                "at the grammar's end?)")
 
 
-def _after(state: Grammar, token: int) -> Grammar:
+def _after(state: Rules, token: int) -> Rules:
     if not state.allows(token):  # llama.cpp aborts on a forbidden token: refuse it here
         raise FlyError(f"the grammar forbids token {token} here (nothing it allows could be chosen)")
     nxt = state.copy()

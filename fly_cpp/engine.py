@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fly_cpp import costcache, loop, recall, scoring, worth
 from fly_cpp import rollback as rb
+from fly_cpp.constrain import Lazy, Rules
 from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.batchloop import Slots, Throttled
@@ -281,7 +282,9 @@ class Engine:
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
         if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self._loosening_pays():
             spec = dataclasses.replace(spec, loosen="off")
-        rules = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
+        rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
+        if rules is not None and sampling.grammar_trigger:
+            rules = Lazy(rules, sampling.grammar_trigger, self.target_model.tokenize)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt)

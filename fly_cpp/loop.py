@@ -25,8 +25,8 @@ from time import perf_counter
 
 import numpy as np
 
-from fly_cpp._llama import Context, Grammar, common_prefix
-from fly_cpp.constrain import Constraint
+from fly_cpp._llama import Context, common_prefix
+from fly_cpp.constrain import Constraint, Rules
 from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
@@ -39,7 +39,7 @@ from fly_cpp.verify import Verifier
 
 
 def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
-        steady: Steady | None = None, grammar: Grammar | None = None) -> Iterator[Step]:
+        steady: Steady | None = None, grammar: Rules | None = None) -> Iterator[Step]:
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
     tokens through ``out`` (which keeps the stats and records how the text ends). ``steady``:
     pad the verification batches to its width (``fly_cpp.shape``). ``grammar``: its state

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from fly_cpp import reply
 from fly_cpp.generation import Generation
 from fly_cpp.step import Step, TokenProbs
 
@@ -126,32 +127,45 @@ def _text_lp(steps: list[Step], n: int | None, piece: Piece | None, offset: int)
 # -- chat -----------------------------------------------------------------------------------
 
 def chat_completion(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
-                    piece: Piece | None = None) -> Chunk:
-    """A finished chat generation as a ``chat.completion`` (the answer's leading whitespace
-    dropped, as ``answer_text`` drops it when streaming; ``logprobs``: top-n per token)."""
-    message = {"role": "assistant", "content": gen.text.lstrip()}
+                    piece: Piece | None = None, opts: reply.Options = reply.Options()) -> Chunk:
+    """A finished chat generation as a ``chat.completion``: its text split by ``opts``
+    (``fly_cpp.reply``: reasoning_content, content, tool_calls; the answer's leading whitespace
+    dropped, as the stream drops it); ``logprobs``: top-n per token."""
+    got = reply.split(gen.text, opts)
     lp = chat_logprobs(gen.tokens, gen.probs, logprobs, piece) if logprobs is not None and piece else None
-    return {**top, "choices": [{"index": 0, "message": message, "logprobs": lp,
-                                "finish_reason": gen.finish_reason}], **tail(gen)}
+    return {**top, "choices": [{"index": 0, "message": got.message(), "logprobs": lp,
+                                "finish_reason": _finish(gen, got)}], **tail(gen)}
+
+
+def _finish(gen: Generation, got: reply.Reply) -> str | None:
+    """OpenAI's ``tool_calls`` when an answer that ended by itself made calls."""
+    return "tool_calls" if got.calls and gen.finish_reason == "stop" else gen.finish_reason
 
 
 def chat_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
-                piece: Piece | None = None) -> Iterator[Chunk]:
+                piece: Piece | None = None, opts: reply.Options = reply.Options()) -> Iterator[Chunk]:
     """``chat.completion.chunk`` dicts as the generation runs: the role first (its content null,
-    as OpenAI and llama-server send it), then content
-    deltas, then one with ``finish_reason``, ``usage`` and ``fly``. Closing the stream closes
-    the generation."""
+    as OpenAI and llama-server send it), then ``reasoning_content`` and ``content`` deltas (text
+    that can still turn out to be a tag is held back), then each tool call whole in one
+    ``delta.tool_calls`` chunk, then one with ``finish_reason``, ``usage`` and ``fly``.
+    Closing the stream closes the generation."""
     top = {**top, "object": "chat.completion.chunk"}
     pending: list[Step] = []
+    splitter = reply.Splitter(opts)
     try:
         yield {**top, "choices": [_delta({"role": "assistant", "content": None}, None)]}
-        for step, text in answer_steps(gen):
+        for step in gen:
             pending.append(step)
-            if text:
-                yield {**top, "choices": [_delta({"content": text}, None, _chat_lp(pending, logprobs, piece))],
+            if (delta := splitter.feed(step.text)):
+                yield {**top, "choices": [_delta(delta, None, _chat_lp(pending, logprobs, piece))],
                        "fly_token": step_flags(step)}
                 pending = []
-        yield {**top, "choices": [_delta({}, gen.finish_reason, _chat_lp(pending, logprobs, piece))], **tail(gen)}
+        delta, got = splitter.finish()
+        if delta:
+            yield {**top, "choices": [_delta(delta, None)]}
+        if got.calls:
+            yield {**top, "choices": [_delta({"tool_calls": reply.call_deltas(got.calls)}, None)]}
+        yield {**top, "choices": [_delta({}, _finish(gen, got), _chat_lp(pending, logprobs, piece))], **tail(gen)}
     finally:
         gen.close()
 
@@ -184,5 +198,5 @@ def _text_choice(text: str, finish: str | None, logprobs: dict[str, Any] | None 
     return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
 
 
-def _delta(delta: dict[str, str], finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def _delta(delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

@@ -73,3 +73,12 @@ def test_check_messages():
         check_messages([{"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(TypeError, match="messages must be a list"):
         check_messages("hi")  # type: ignore[arg-type]
+
+
+def test_todays_date_as_llama_cpp_gives_it():
+    from datetime import datetime
+
+    fmt = ChatFormat("{{ date_string }}|{{ datetime }}")
+    today = datetime.now()
+    assert fmt.render([{"role": "user", "content": "x"}]) == f"{today:%d %b %Y}|{today:%b %d %Y}"
+    assert fmt.render([{"role": "user", "content": "x"}], date_string="1 Jan 2025").startswith("1 Jan 2025|")

@@ -64,7 +64,9 @@ def test_strict_refuses_unused_fields(fly):
         r = c.post("/completion", json={"prompt": PROMPT, "bogus": 1})
         assert r.status_code == 400 and "unknown field 'bogus'" in r.json()["error"]["message"]
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "tools": [{"x": 1}]})
-        assert r.status_code == 400 and "field 'tools' is not supported" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "tools[0] must be" in r.json()["error"]["message"]  # checked, not ignored
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "functions": [{}]})
+        assert r.status_code == 400 and "field 'functions' is not supported" in r.json()["error"]["message"]
         # honoured and neutral fields are fine under --strict too
         ok = c.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "cache_prompt": True, "mirostat": 0})
         assert ok.status_code == 200

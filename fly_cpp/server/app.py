@@ -15,6 +15,7 @@ from fastapi import FastAPI
 import fly_cpp
 from fly_cpp.api import Fly
 from fly_cpp.config import ServerSettings
+from fly_cpp.server.prepare import ChatDefaults
 from fly_cpp.server import errors, llama, oai, page
 from fly_cpp.server.auth import ApiKey
 from fly_cpp.server.bodies import Bodies
@@ -72,9 +73,11 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     errors.install(app, on_server_error=lambda: runs.metrics.count("errors"))
     if settings.ui:
         app.include_router(page.router())
-    app.include_router(llama.router(served, runs, compat, slots=settings.slots, n_predict=settings.n_predict))
+    defaults = ChatDefaults(settings.reasoning, settings.reasoning_format)
+    app.include_router(llama.router(served, runs, compat, slots=settings.slots, n_predict=settings.n_predict,
+                                    defaults=defaults))
     app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,
-                                  n_predict=settings.n_predict))
+                                  n_predict=settings.n_predict, defaults=defaults))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key
     app.add_middleware(Bodies, max_body=settings.max_body, timeout=settings.body_timeout)
     if settings.api_key:

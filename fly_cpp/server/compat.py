@@ -79,12 +79,10 @@ IGNORED: dict[str, Rule] = {
     "penalize_nl": Rule("penalties apply to every token alike", ANY),
     "samplers": Rule("fly-cpp's sampler chain has a fixed order (penalties, top-k, top-p, min-p, temperature)",
                      _same_chain),
-    # tools (grammar, json_schema and response_format are enforced: docs/structured-output.md)
-    "tools": Rule("no tool calling: the chat template is rendered without tools", (None, [])),
-    "tool_choice": Rule("no tool calling", (None, "none", "auto")),
-    "parallel_tool_calls": Rule("no tool calling", ANY),
-    "functions": Rule("no tool calling", (None, [])),
-    "function_call": Rule("no tool calling", (None, "none", "auto")),
+    # OpenAI's legacy function calling (tools, tool_choice, grammar, json_schema and response_format
+    # are enforced: docs/structured-output.md)
+    "functions": Rule("the legacy functions API: send tools", (None, [])),
+    "function_call": Rule("the legacy functions API: send tool_choice", (None, "none", "auto")),
     # llama-server's slots, extras and multimodal inputs
     "post_sampling_probs": Rule("probabilities are always the target's raw distribution (before sampling)",
                                 (None, False)),

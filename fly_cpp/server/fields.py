@@ -184,7 +184,14 @@ class _ChatCompletion(_OpenAI):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_N_PROBS, description="and its n most likely tokens")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template")
     reasoning_effort: str | None = Field(None, description="passed to the chat template (templates that read it "
-                                                           "use it)")
+                                                           "use it); none: enable_thinking false")
+    tools: list[Any] | None = Field(None, description="OpenAI's tools: functions the answer may call "
+                                                      "(docs/structured-output.md)")
+    tool_choice: str | dict[str, Any] | None = Field(None, description="auto, none, required, or "
+                                                     "{type: function, function: {name}}")
+    parallel_tool_calls: bool | None = Field(None, description="let the answer make several calls (default false)")
+    reasoning_format: str | None = Field(None, description="auto | deepseek: <think> goes to reasoning_content; "
+                                                           "none: it stays in the content (default: the server's)")
     add_generation_prompt: bool = Field(True, description="/apply-template: end the prompt with the opening of the "
                                                           "assistant's turn")
 

@@ -16,13 +16,14 @@ from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
+from fly_cpp.server.prepare import ChatDefaults, Prepared, generation, limit, prepare, slot_of, template_vars
 from fly_cpp.server.probs import entries
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.slots import slot_states
 from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
+from fly_cpp.tools import template_messages
 
 SERVING = ("{n} at a time per model pair (-np/--parallel), in arrival order: other requests wait in a queue "
            "(a request whose client disconnects is dropped, and a stream it leaves is aborted)")
@@ -30,7 +31,8 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1,
+           defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
     r = APIRouter()
 
     @r.get("/health")
@@ -107,8 +109,10 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
         fly = served.ready
 
         def work() -> Response:
-            extra = dict(body.chat_template_kwargs or {})
-            return JSONResponse({"prompt": fly.chat_format.render(body.messages, **extra,
+            extra = template_vars(body, defaults)  # enable_thinking from --reasoning, as the chat endpoint
+            if body.tools and body.tool_choice != "none":
+                extra.setdefault("tools", body.tools)
+            return JSONResponse({"prompt": fly.chat_format.render(template_messages(body.messages), **extra,
                                                                   add_generation_prompt=body.add_generation_prompt)})
 
         return await prepare(work)

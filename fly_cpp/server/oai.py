@@ -18,7 +18,7 @@ from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest, TextCompletionRequest
-from fly_cpp.server.prepare import generation, limit, prepare, slot_of
+from fly_cpp.server.prepare import ChatDefaults, generation, limit, prepare, slot_of
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -27,7 +27,7 @@ Chunk = dict[str, Any]
 
 
 def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None = None,
-           tags: list[str] | None = None, n_predict: int = -1) -> APIRouter:
+           tags: list[str] | None = None, n_predict: int = -1, defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
     r = APIRouter()
     created = int(time.time())
 
@@ -63,11 +63,11 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
         shown = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = limit(body.n_predict, body.max_completion_tokens, body.max_tokens, default=n_predict)
         prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
-                                                    n_probs=0 if shown is None else max(shown, 1)))
-        gen, piece = prepared.gen, fly.engine.piece
+                                                    n_probs=0 if shown is None else max(shown, 1), chat=defaults))
+        gen, piece, reading = prepared.gen, fly.engine.piece, prepared.reading
         top = oai.head("chat.completion", fly.model)
-        return await _answer(runs, request, gen, body, lambda: oai.chat_chunks(gen, top, shown, piece),
-                             lambda: oai.chat_completion(gen, top, shown, piece))
+        return await _answer(runs, request, gen, body, lambda: oai.chat_chunks(gen, top, shown, piece, reading),
+                             lambda: oai.chat_completion(gen, top, shown, piece, reading))
 
     return r
 

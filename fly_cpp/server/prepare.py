@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from fly_cpp.api import Fly
+from fly_cpp import reply
+from fly_cpp.api import Fly, with_tool_grammar
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.server.fields import GenerationBody, logit_bias
@@ -32,6 +33,37 @@ async def prepare(work: Callable[[], T]) -> T:
 class Prepared:
     gen: Generation
     truncated: bool  # the prompt lost a middle part to fit (n_keep)
+    reading: reply.Options = reply.Options()  # how a chat answer is split (reasoning, tool calls)
+
+
+@dataclass(frozen=True)
+class ChatDefaults:
+    """The server's ``--reasoning`` (on, off, auto: the template's enable_thinking, false only
+    for off) and
+    ``--reasoning-format`` (auto, deepseek, none), which requests may override."""
+
+    reasoning: str = "auto"
+    reasoning_format: str = "auto"
+
+
+def template_vars(body: Any, defaults: ChatDefaults) -> dict[str, Any]:
+    """The chat template's extra variables, as llama-server sets them: ``enable_thinking`` from
+    ``--reasoning`` (on and auto: true; off: false) unless ``chat_template_kwargs`` sets it;
+    ``reasoning_effort`` passed on ("none": thinking off)."""
+    extra = dict(getattr(body, "chat_template_kwargs", None) or {})
+    if (clash := RESERVED & extra.keys()):
+        raise FlyError(f"chat_template_kwargs may not set {sorted(clash)[0]!r}")
+    if "enable_thinking" in extra and not isinstance(extra["enable_thinking"], bool):
+        raise FlyError("chat_template_kwargs: enable_thinking must be true or false")
+    # llama-server always sets it: true unless --reasoning off (its auto turns thinking on where
+    # the template knows the variable; a template that does not read it is unchanged either way)
+    extra.setdefault("enable_thinking", defaults.reasoning != "off")
+    effort = getattr(body, "reasoning_effort", None)
+    if effort == "none":
+        extra["enable_thinking"] = False
+    elif effort is not None:
+        extra.setdefault("reasoning_effort", effort)
+    return extra
 
 
 def limit(*given: int | None, default: int = -1) -> int | None:
@@ -43,20 +75,21 @@ def limit(*given: int | None, default: int = -1) -> int | None:
 
 def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int | None,
-               n_probs: int = 0) -> Prepared:
+               n_probs: int = 0, chat: ChatDefaults = ChatDefaults()) -> Prepared:
     """The Generation a generation body asks for (``prompt`` or chat ``messages``)."""
     settings = body.settings()
     bias = logit_bias(body.logit_bias, lambda text: fly.tokenize(text, add_special=False, parse_special=True))
     if bias is not None:
         settings["logit_bias"] = bias
     stop: tuple[str, ...] = _stops(body.stop)
+    reading = reply.Options()
     if messages is not None:
-        extra = dict(getattr(body, "chat_template_kwargs", None) or {})
-        if (clash := RESERVED & extra.keys()):
-            raise FlyError(f"chat_template_kwargs may not set {sorted(clash)[0]!r}")
-        if getattr(body, "reasoning_effort", None) is not None:
-            extra.setdefault("reasoning_effort", body.reasoning_effort)
-        tokens = fly.chat_tokens(messages, **extra)
+        tokens, tool_settings, reading = fly.chat_turn(
+            messages, tools=getattr(body, "tools", None), tool_choice=getattr(body, "tool_choice", None),
+            parallel_tool_calls=getattr(body, "parallel_tool_calls", None),
+            reasoning_format=getattr(body, "reasoning_format", None) or chat.reasoning_format,
+            **template_vars(body, chat))
+        settings = with_tool_grammar(settings, tool_settings)
         stop = (*fly.chat_format.stop, *stop)
     elif isinstance(prompt, str):
         tokens = fly.tokenize(prompt)
@@ -65,7 +98,7 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
     tokens, truncated = keep(tokens, fly.n_ctx, body.n_keep)
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
                        slot=slot_of(body), **settings)
-    return Prepared(gen, truncated)
+    return Prepared(gen, truncated, reading)
 
 
 def slot_of(body: Any) -> int | None:
