@@ -511,6 +511,7 @@ class Context:
             raise FlyError(f"llama.cpp could not create a context for {model.name}" + (f": {reason}" if reason else ""))
         self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
+        self.n_ubatch: int = ll.llama_n_ubatch(self.ptr)
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
@@ -1070,6 +1071,14 @@ class _Batcher:
                 raise FlyError(f"{ctx.model.name}: llama.cpp refused to roll sequence {seq} back to {n} tokens")
 
     def _run(self, jobs: list[_Job]) -> None:
+        # One-row micro-batches promise a row's numbers independent of its batch, but llama.cpp
+        # puts one row of each of two sequences in one micro-batch even then (split_equal with
+        # a cache per sequence): such a context gives each sequence a llama_decode of its own.
+        groups = [[j] for j in jobs] if self.ctx.n_ubatch == 1 and len(jobs) > 1 else [jobs]
+        for group in groups:
+            self._run_one(group)
+
+    def _run_one(self, jobs: list[_Job]) -> None:
         ctx, batch, i = self.ctx, self.ctx._batch, 0
         for j in jobs:
             for k, token in enumerate(j.tokens):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
@@ -198,3 +199,30 @@ def test_each_slot_counts_its_generations(slots):
     assert grew == {"generations": 2, "tokens_predicted": N + 4, "rounds": stats.n_rounds + view.last.n_rounds,
                     "drafts": stats.n_drafts, "drafted": stats.n_drafted,
                     "accepted": stats.n_exact + stats.n_loose, "loosely_accepted": stats.n_loose}
+
+
+def test_one_row_micro_batches_give_each_sequence_its_own_numbers(slots):
+    """llama.cpp puts one row of each of two sequences in one micro-batch even at n_ubatch 1 (a
+    cache per sequence): a shared decode must still give every row the very numbers it gets
+    decoded alone, or FLy's decisions near a threshold follow the load (seen under -np 4)."""
+    from fly_cpp._llama import _Job
+
+    ctx = slots.target
+    prompts = [slots.tokenize(p) for p in PROMPTS[:3]]
+    seqs = [ctx.seq(i) for i in range(3)]
+    alone = []
+    for s, tokens in zip(seqs, prompts):
+        ctx._shared.edit(s.seq_id, 0)  # whatever an earlier test left there
+        s.tokens.clear()
+        s.decode(tokens[:-1], logits="none")
+        alone.append(s.decode(tokens[-1:]))
+        s.truncate(len(tokens) - 1)
+    jobs = [_Job(s.seq_id, len(tokens) - 1, tokens[-1:], 1) for s, tokens in zip(seqs, prompts)]
+    ctx._shared._run(jobs)
+    try:
+        for job, rows in zip(jobs, alone):
+            assert np.array_equal(job.rows, rows)
+    finally:
+        for s, tokens in zip(seqs, prompts):
+            ctx._shared.edit(s.seq_id, len(tokens) - 1)
+            s.truncate(0)
