@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from fly_cpp import oai
+from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.server import sse
@@ -50,32 +51,49 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
                                                     n_probs=0 if shown is None else max(shown, 1)))
         gen, piece = prepared.gen, fly.engine.piece
         top = oai.head("text_completion", fly.model)
-        return await _answer(runs, request, gen, body, lambda: oai.completion_chunks(gen, top, shown, piece),
-                             lambda: oai.completion(gen, top, shown, piece))
+        return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, shown, piece),
+                            lambda: {**oai.completion(gen, top, shown, piece), "timings": timings(gen.stats)},
+                            lambda items: _events(items, gen, body.timings_per_token))
 
     @r.post("/v1/chat/completions")
     @r.post("/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
-        compat.check(body, "/v1/chat/completions")
-        fly = served.ready
-        if body.top_logprobs is not None and not body.logprobs:
-            raise FlyError("top_logprobs needs logprobs: true")
-        shown = (body.top_logprobs or 0) if body.logprobs else None
-        max_tokens = limit(body.n_predict, body.max_completion_tokens, body.max_tokens, default=n_predict)
-        prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
-                                                    n_probs=0 if shown is None else max(shown, 1)))
-        gen, piece = prepared.gen, fly.engine.piece
+        fly, gen = await chat_generation(served, compat, body, "/v1/chat/completions", n_predict)
+        shown, piece = shown_logprobs(body), fly.engine.piece
         top = oai.head("chat.completion", fly.model)
-        return await _answer(runs, request, gen, body, lambda: oai.chat_chunks(gen, top, shown, piece),
-                             lambda: oai.chat_completion(gen, top, shown, piece))
+        return await answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top, shown, piece),
+                            lambda: {**oai.chat_completion(gen, top, shown, piece), "timings": timings(gen.stats)},
+                            lambda items: _events(items, gen, body.timings_per_token))
 
     return r
 
 
-async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chunks: Callable[[], Iterator[Chunk]],
-                  whole: Callable[[], Chunk]) -> Response:
-    """Run ``gen`` on the worker: streamed as ``chunks()``, or collected and answered ``whole()``."""
-    stream = body.stream
+def shown_logprobs(body: Any) -> int | None:
+    """How many top log-probabilities a chat body shows per token (None: no logprobs)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise FlyError("top_logprobs needs logprobs: true")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+async def chat_generation(served: Served, compat: Compat, body: Any, where: str, n_predict: int) -> tuple[Fly, Generation]:
+    """The generation a chat body asks for (OpenAI's chat, and the surfaces converted to it:
+    Anthropic's messages, OpenAI's Responses), checked and prepared off the event loop."""
+    compat.check(body, where)
+    fly = served.ready
+    shown = shown_logprobs(body)
+    max_tokens = limit(body.n_predict, body.max_completion_tokens, body.max_tokens, default=n_predict)
+    prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
+                                                n_probs=0 if shown is None else max(shown, 1)))
+    return fly, prepared.gen
+
+
+async def answer(runs: Runs, request: Request, gen: Generation, stream: bool, chunks: Callable[[], Iterator[Chunk]],
+                 whole: Callable[[], Chunk], events: Callable[[AsyncIterator[Chunk]], AsyncIterator[bytes]],
+                 after_error: bytes = sse.DONE) -> Response:
+    """Run ``gen`` on the worker: streamed as ``chunks()`` turned into SSE bytes by ``events``,
+    or collected and answered ``whole()`` (``after_error``: what ends a stream after an error
+    event). Every surface that answers a chat or text
+    generation (OpenAI's, Anthropic's, Responses) goes through here."""
 
     def job() -> Iterator[Any]:
         try:
@@ -84,7 +102,7 @@ async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chun
             gen.close()
             runs.metrics.record(gen.stats)
         if not stream:
-            yield {**whole(), "timings": timings(gen.stats)}
+            yield whole()
 
     try:
         items = runs.start(job, gen.interrupt)
@@ -92,7 +110,7 @@ async def _answer(runs: Runs, request: Request, gen: Generation, body: Any, chun
         gen.close()
         raise
     if stream:
-        return sse.response(runs.events(_events(items, gen, body.timings_per_token), after_error=sse.DONE))
+        return sse.response(runs.events(events(items), after_error=after_error))
     got = await runs.collect(request, items)
     if got is None:
         return Response(status_code=499)

@@ -51,12 +51,7 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
         settings["logit_bias"] = bias
     stop: tuple[str, ...] = _stops(body.stop)
     if messages is not None:
-        extra = dict(getattr(body, "chat_template_kwargs", None) or {})
-        if (clash := RESERVED & extra.keys()):
-            raise FlyError(f"chat_template_kwargs may not set {sorted(clash)[0]!r}")
-        if getattr(body, "reasoning_effort", None) is not None:
-            extra.setdefault("reasoning_effort", body.reasoning_effort)
-        tokens = fly.chat_tokens(messages, **extra)
+        tokens = chat_prompt(fly, body, messages)
         stop = (*fly.chat_format.stop, *stop)
     elif isinstance(prompt, str):
         tokens = fly.tokenize(prompt)
@@ -66,6 +61,18 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
                        slot=_slot(body), **settings)
     return Prepared(gen, truncated)
+
+
+def chat_prompt(fly: Fly, body: GenerationBody, messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt tokens of a chat body: its messages through the chat template, with the
+    body's template variables (what a generation would decode, and what the token-counting
+    endpoints count)."""
+    extra = dict(getattr(body, "chat_template_kwargs", None) or {})
+    if (clash := RESERVED & extra.keys()):
+        raise FlyError(f"chat_template_kwargs may not set {sorted(clash)[0]!r}")
+    if getattr(body, "reasoning_effort", None) is not None:
+        extra.setdefault("reasoning_effort", body.reasoning_effort)
+    return fly.chat_tokens(messages, **extra)
 
 
 def _slot(body: Any) -> int | None:
