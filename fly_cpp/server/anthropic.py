@@ -18,17 +18,15 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
 from fly_cpp import oai
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
-from fly_cpp.server import errors, sse
+from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
-from fly_cpp.server.fields import ChatCompletionRequest
-from fly_cpp.server.oai import answer, chat_generation
+from fly_cpp.server.oai import answer, chat_body, chat_generation
 from fly_cpp.server.prepare import chat_prompt, prepare
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
@@ -44,7 +42,7 @@ def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1) -> A
 
     @r.post("/v1/messages")
     async def messages(body: dict[str, Any], request: Request) -> Response:
-        chat = chat_body(body)
+        chat = chat_body(to_chat(body))
         fly, gen = await chat_generation(served, compat, chat, "/v1/messages", n_predict)
         model, stops = fly.model, (chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ())
         head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model}
@@ -55,20 +53,12 @@ def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1) -> A
 
     @r.post("/v1/messages/count_tokens")
     async def count_tokens(body: dict[str, Any]) -> dict[str, int]:
-        chat = chat_body(body)
+        chat = chat_body(to_chat(body))
         compat.check(chat, "/v1/messages/count_tokens")
         fly = served.ready
         return {"input_tokens": len(await prepare(lambda: chat_prompt(fly, chat, chat.messages)))}
 
     return r
-
-
-def chat_body(body: dict[str, Any]) -> Any:
-    """An Anthropic Messages body as a validated OpenAI chat body (a bad field: FlyError)."""
-    try:
-        return ChatCompletionRequest.model_validate(to_chat(body))
-    except ValidationError as e:
-        raise FlyError(errors.describe(list(e.errors()))) from None
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:

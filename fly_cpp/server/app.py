@@ -15,7 +15,7 @@ from fastapi import FastAPI
 import fly_cpp
 from fly_cpp.api import Fly
 from fly_cpp.config import ServerSettings
-from fly_cpp.server import anthropic, errors, llama, oai, page
+from fly_cpp.server import anthropic, errors, llama, oai, page, responses
 from fly_cpp.server.auth import ApiKey
 from fly_cpp.server.bodies import Bodies
 from fly_cpp.server.compat import Compat
@@ -34,7 +34,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
                on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
     """An ASGI app serving ``fly``: llama-server's /completion, /tokenize, /detokenize,
     /apply-template, /props, /slots, /health, /metrics, OpenAI's /v1/completions,
-    /v1/chat/completions, /v1/models, Anthropic's /v1/messages, and a chat page at /.
+    /v1/chat/completions, /v1/models, Anthropic's /v1/messages, OpenAI's /v1/responses, and a chat page at /.
 
     ``fly``: a loaded pair, or a function that loads one: it then runs in the background when
     the app starts, and until it is done every endpoint but the page answers 503 "Loading
@@ -75,6 +75,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,
                                   n_predict=settings.n_predict))
     app.include_router(anthropic.router(served, runs, compat, n_predict=settings.n_predict))
+    app.include_router(responses.router(served, runs, compat, n_predict=settings.n_predict))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key
     app.add_middleware(Bodies, max_body=settings.max_body, timeout=settings.body_timeout)
     if settings.api_key:

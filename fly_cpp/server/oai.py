@@ -11,12 +11,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from fly_cpp import oai
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
-from fly_cpp.server import sse
+from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest, TextCompletionRequest
 from fly_cpp.server.prepare import generation, limit, prepare
@@ -66,6 +67,14 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
                             lambda items: _events(items, gen, body.timings_per_token))
 
     return r
+
+
+def chat_body(converted: dict[str, Any]) -> Any:
+    """Another API's body, converted to a chat body, validated as one (a bad field: FlyError)."""
+    try:
+        return ChatCompletionRequest.model_validate(converted)
+    except ValidationError as e:
+        raise FlyError(errors.describe(list(e.errors()))) from None
 
 
 def shown_logprobs(body: Any) -> int | None:
