@@ -452,6 +452,8 @@ class ServerSettings:
         "text or a full context", aliases=("--predict",)))
     ui: bool = field(default=True, metadata=_help("serve the chat page at / (--no-ui: the API only)"))
     slots: bool = field(default=True, metadata=_help("answer /slots (--no-slots: HTTP 501, as llama-server)"))
+    metrics: bool = field(default=False, metadata=_help(
+        "answer /metrics (Prometheus counters; off: HTTP 501, as llama-server without --metrics)"))
     alias: str | None = field(default=None, metadata=_help(
         "the model name /v1/models and every response report; several, comma-separated, are all listed as "
         "its aliases and the first in sorted order is its id [default: the target's file name]", aliases=("-a",)))

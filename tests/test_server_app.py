@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fly_cpp import Fly
+from fly_cpp.config import ServerSettings
 from fly_cpp.server import create_app
 
 
@@ -20,7 +21,7 @@ def fly(stories, stories_draft):
 
 @pytest.fixture(scope="module")
 def client(fly):
-    with TestClient(create_app(fly, api_key="k")) as c:
+    with TestClient(create_app(fly, api_key="k", settings=ServerSettings(metrics=True))) as c:
         c.headers["Authorization"] = "Bearer k"
         yield c
 

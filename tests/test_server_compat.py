@@ -28,7 +28,7 @@ def fly(stories, stories_draft):
 
 @pytest.fixture(scope="module")
 def client(fly):
-    with TestClient(create_app(fly)) as c:
+    with TestClient(create_app(fly, settings=ServerSettings(metrics=True))) as c:
         yield c
 
 
@@ -181,6 +181,8 @@ def test_llamacpp_metrics_move(client):
     out = completion(client, n_predict=20, mode="fly")
     after = counters(client)
     t = out["timings"]
+    assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == t["cache_n"]
+    assert after["llamacpp:n_busy_slots_per_decode"] == 1
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 20
     assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == t["prompt_n"]
     assert after["llamacpp:spec_decode_num_draft_tokens_total"] - before["llamacpp:spec_decode_num_draft_tokens_total"] == t["draft_n"]
@@ -190,6 +192,14 @@ def test_llamacpp_metrics_move(client):
     assert after["llamacpp:n_decode_total"] > before["llamacpp:n_decode_total"]
     assert "llamacpp:requests_processing" in after and "llamacpp:predicted_tokens_seconds" in after
     assert after["fly_cpp_loosely_accepted_total"] - before["fly_cpp_loosely_accepted_total"] == t["draft_n_loose"]
+
+
+def test_metrics_only_with_the_option(fly, client):
+    r = client.get("/metrics")
+    assert r.status_code == 200 and int(r.headers["Process-Start-Time-Unix"]) > 0
+    with TestClient(create_app(fly)) as c:  # off by default, as llama-server without --metrics
+        r = c.get("/metrics")
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
 def test_health_during_a_slow_load(fly):

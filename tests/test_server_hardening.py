@@ -181,7 +181,7 @@ def test_absurd_thread_counts_are_refused(threads):
 # 4. shutdown with work in flight
 
 def test_shutdown_ends_every_request_cleanly(tmp_path):
-    s = Server(tmp_path, "-t", "1", "-c", "2048", "--grace", "20")
+    s = Server(tmp_path, "-t", "1", "-c", "2048", "--grace", "20", "--metrics")
     results: dict[str, object] = {}
 
     def call(name: str, path: str, body: dict, stream: bool) -> None:
@@ -228,7 +228,7 @@ def test_shutdown_ends_every_request_cleanly(tmp_path):
 
 
 def test_shutdown_during_a_plain_request_says_it_was_cut(tmp_path):
-    s = Server(tmp_path, "-t", "1", "-c", "2048")
+    s = Server(tmp_path, "-t", "1", "-c", "2048", "--metrics")
     result: dict[str, httpx.Response] = {}
 
     def call() -> None:

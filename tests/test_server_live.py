@@ -26,7 +26,7 @@ KEY = "test-key"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # -c 2048: greedy stories260K loops without an end-of-text token, so long streams are possible
-    s = Server(tmp_path_factory.mktemp("serve"), "-t", "1", "-c", "2048", "--api-key", KEY)
+    s = Server(tmp_path_factory.mktemp("serve"), "-t", "1", "-c", "2048", "--api-key", KEY, "--metrics")
     yield s
     assert s.stop() == 0, s.stderr()
 

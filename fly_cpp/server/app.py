@@ -71,7 +71,8 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     errors.install(app, on_server_error=lambda: runs.metrics.count("errors"))
     if settings.ui:
         app.include_router(page.router())
-    app.include_router(llama.router(served, runs, compat, slots=settings.slots, n_predict=settings.n_predict))
+    app.include_router(llama.router(served, runs, compat, slots=settings.slots, metrics=settings.metrics,
+                                    n_predict=settings.n_predict))
     app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,
                                   n_predict=settings.n_predict))
     app.include_router(anthropic.router(served, runs, compat, n_predict=settings.n_predict))

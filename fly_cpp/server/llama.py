@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -30,8 +31,10 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metrics: bool = True,
+           n_predict: int = -1) -> APIRouter:
     r = APIRouter()
+    started = str(int(time.time()))  # llama-server's Process-Start-Time-Unix header on /metrics
 
     @r.get("/health")
     @r.get("/v1/health")
@@ -65,13 +68,16 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
         fly = served.ready
         return slot_states(fly)
 
-    @r.get("/metrics")
-    async def metrics() -> PlainTextResponse:
+    @r.get("/metrics", response_model=None)
+    async def prometheus() -> PlainTextResponse | JSONResponse:
+        if not metrics:
+            return errors.response(501, "this server does not answer /metrics (start it with --metrics)")
         worker = runs.worker
         text = runs.metrics.render({
             "requests_processing": ("Number of requests processing (at most -np/--parallel).", worker.running),
             "requests_deferred": ("Number of requests deferred (waiting for the engine).", worker.waiting)})
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": started})
 
     @r.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> Response:

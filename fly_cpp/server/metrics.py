@@ -28,7 +28,8 @@ COUNTERS = {
 }
 
 LLAMACPP_COUNTERS = {
-    "prompt_tokens_total": "Number of prompt tokens processed.",
+    "prompt_tokens_total": "Number of prompt tokens processed, excluding cached tokens.",
+    "prompt_tokens_cached_total": "Number of prompt tokens reused from the cache.",
     "prompt_seconds_total": "Prompt process time",
     "tokens_predicted_total": "Number of generation tokens processed.",
     "tokens_predicted_seconds_total": "Predict process time",
@@ -62,6 +63,7 @@ class Metrics:
             processed = stats.n_prompt - stats.n_cached
             m = self.llamacpp
             m["prompt_tokens_total"] += processed
+            m["prompt_tokens_cached_total"] += stats.n_cached
             m["prompt_seconds_total"] += stats.prompt_seconds
             m["tokens_predicted_total"] += stats.n_tokens
             m["tokens_predicted_seconds_total"] += stats.seconds
@@ -98,6 +100,9 @@ class Metrics:
         metric("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate)
         metric("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
                predicted_rate)
+        # fly-cpp counts decodes per generation: each of them had one busy slot
+        metric("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call "
+               "(fly-cpp counts decodes per generation: 1 once any ran).", 1.0 if m["n_decode_total"] else 0.0)
         for name, (help_text, value) in gauges.items():
             metric(f"llamacpp:{name}", "gauge", help_text, value)
             metric(f"fly_cpp_{name}", "gauge", help_text, value)
