@@ -26,7 +26,7 @@ from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
-from fly_cpp.errors import FlyError
+from fly_cpp.errors import ContextExceeded, FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.mtp import MtpDrafter
 from fly_cpp.output import Output
@@ -257,7 +257,7 @@ class Engine:
         if not tokens:
             raise FlyError("the prompt is empty")
         if len(tokens) > self.n_ctx:
-            raise FlyError(f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={self.n_ctx})")
+            raise ContextExceeded(len(tokens), self.n_ctx)
         self.check_tokens(tokens)
         if max_tokens < 0:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")

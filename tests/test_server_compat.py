@@ -257,3 +257,13 @@ def test_apply_template_and_slots(client, fly):
     r = client.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
     assert r.json()["prompt"] == fly.chat_format.render([{"role": "user", "content": "Hi"}])
     assert client.get("/slots").json()[0]["id"] == 0
+
+
+def test_a_prompt_longer_than_the_context_says_both_sizes(client, fly):
+    for path, body in (("/completion", {"prompt": "Once upon a time " * 80}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Once upon a time " * 80}],
+                                                 "stream": True})):
+        r = client.post(path, json=body)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["type"] == "exceed_context_size_error", path
+        assert error["n_ctx"] == fly.n_ctx and error["n_prompt_tokens"] > fly.n_ctx

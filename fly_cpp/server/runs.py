@@ -64,7 +64,7 @@ class Runs:
         except Exception as e:  # the status line is gone already: say it in the stream
             ended = True
             self.metrics.count("errors")
-            yield sse.event(errors.body(errors.status_of(e), errors.one_line(e)))
+            yield sse.event(errors.of(e))
             if after_error:
                 yield after_error
         finally:
