@@ -214,8 +214,8 @@ class Engine:
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.target_model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.target_model.detokenize(tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self.target_model.detokenize(tokens, special)
 
     def piece(self, token: int) -> bytes:
         """The bytes one token stands for."""

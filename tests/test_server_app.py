@@ -162,7 +162,8 @@ def test_bad_requests_are_400_with_an_openai_error(client, path, body, message):
     r = client.post(path, **kwargs)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["code"] == 400 and message in error["message"]
+    kind = "exceed_context_size_error" if "longer than the context" in message else "invalid_request_error"
+    assert error["type"] == kind and error["code"] == 400 and message in error["message"]
 
 
 def test_not_found_is_json(client):

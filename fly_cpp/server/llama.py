@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,18 +11,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
 from fly_cpp import rpc
-from fly_cpp.oai import step_flags
-from fly_cpp.server import errors, sse
+from fly_cpp.server import errors
 from fly_cpp.server.compat import IGNORED, Compat
+from fly_cpp.server.completion import complete
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import Prepared, generation, limit, prepare
-from fly_cpp.server.probs import entries
+from fly_cpp.server.prepare import prepare
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.slots import slot_states
-from fly_cpp.server.timings import timings
-from fly_cpp.step import Step
 
 SERVING = ("{n} at a time per model pair (-np/--parallel), in arrival order: other requests wait in a queue "
            "(a request whose client disconnects is dropped, and a stream it leaves is aborted)")
@@ -120,90 +116,9 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
     @r.post("/completions")
     async def completion(body: CompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
         compat.check(body, "/completion")
-        fly = served.ready
-        max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
-        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, n_probs=body.n_probs,
-                                                    max_tokens=max_tokens))
-        gen = prepared.gen
-
-        def steps() -> Iterator[Step | None]:
-            try:
-                yield from gen
-            finally:
-                gen.close()
-                runs.metrics.record(gen.stats)
-            yield None  # the end: the final result follows
-
-        try:
-            items = runs.start(steps, gen.interrupt)
-        except BaseException:
-            gen.close()
-            raise
-        result = _Result(fly.model, fly.engine.piece, prepared, body)
-        if body.stream:
-            return sse.response(runs.events(result.stream(items)))
-        got = await runs.collect(request, items)
-        if got is None:
-            return Response(status_code=499)
-        return JSONResponse(result.final(gen.text, gen.tokens, gen.probs))
+        return await complete(served.ready, runs, request, body, n_predict)
 
     return r
-
-
-class _Result:
-    """llama-server's /completion answer: per-token stream events and the final result."""
-
-    def __init__(self, model: str, piece: Any, prepared: Prepared, body: Any) -> None:
-        self.model, self.piece, self.gen, self.truncated, self.body = model, piece, prepared.gen, prepared.truncated, body
-
-    async def stream(self, items: AsyncIterator[Step | None]) -> AsyncIterator[bytes]:
-        gen, body = self.gen, self.body
-        pending: list[Step] = []
-        sent = 0  # tokens so far (the generation itself may be ahead of this stream)
-        async for step in items:
-            if step is None:
-                break
-            pending.append(step)
-            sent += 1
-            if not step.text:
-                continue  # its text comes with a later token; so do its probabilities
-            event: dict[str, Any] = {
-                "index": 0, "content": step.text, "tokens": [s.token for s in pending], "stop": False,
-                "id_slot": gen.stats.slot, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
-                "fly_token": step_flags(step)}
-            if body.n_probs:
-                event["completion_probabilities"] = self._probs(pending)
-            if body.timings_per_token:
-                event["timings"] = timings(gen.stats)
-            pending = []
-            yield sse.event(event)
-        yield sse.event(self.final("", [s.token for s in pending], [s.probs for s in pending]))
-
-    def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
-        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs)
-
-    def final(self, content: str, tokens: list[int], probs: list[Any]) -> dict[str, Any]:
-        """The last answer: whole (``content``: the text) or a stream's last event (``content``
-        "", and the tokens not yet sent)."""
-        gen, body = self.gen, self.body
-        finish = gen.finish
-        out: dict[str, Any] = {
-            "index": 0, "id_slot": gen.stats.slot, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
-            "stop": True, "model": self.model,
-            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
-            "truncated": self.truncated, "has_new_line": "\n" in gen.text,
-            "stop_type": finish.kind if finish is not None else "none",
-            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
-            "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
-                                    "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
-                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt},
-            "timings": timings(gen.stats),
-            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
-                    "interrupted": finish is not None and finish.interrupted},
-        }
-        if body.n_probs:
-            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
-        return out
 
 
 def _generations(n: int) -> str:

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
+from fly_cpp.server import prompts
 from fly_cpp.server.fields import GenerationBody, logit_bias
 
 T = TypeVar("T")
@@ -41,10 +42,11 @@ def limit(*given: int | None, default: int = -1) -> int | None:
     return None if n == -1 else n
 
 
-def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None = None,
+def generation(fly: Fly, body: GenerationBody, *, prompt: Any = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int | None,
                n_probs: int = 0) -> Prepared:
-    """The Generation a generation body asks for (``prompt`` or chat ``messages``)."""
+    """The Generation a generation body asks for (one ``prompt`` of any shape ``prompts``
+    reads, or chat ``messages``)."""
     settings = body.settings()
     bias = logit_bias(body.logit_bias, lambda text: fly.tokenize(text, add_special=False, parse_special=True))
     if bias is not None:
@@ -53,10 +55,8 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
     if messages is not None:
         tokens = chat_prompt(fly, body, messages)
         stop = (*fly.chat_format.stop, *stop)
-    elif isinstance(prompt, str):
-        tokens = fly.tokenize(prompt)
     else:
-        tokens = list(prompt or [])
+        tokens = prompts.tokens(fly, prompt if prompt is not None else [])
     tokens, truncated = keep(tokens, fly.n_ctx, body.n_keep)
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
                        slot=_slot(body), **settings)
