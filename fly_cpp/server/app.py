@@ -23,6 +23,7 @@ from fly_cpp.server.cors import Cors
 from fly_cpp.server.metrics import CountErrors, Metrics
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Loading, Served
+from fly_cpp.server.sleep import Sleep, Waking
 from fly_cpp.server.worker import Worker
 
 log = logging.getLogger("fly_cpp.server")
@@ -41,6 +42,8 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     model" (then ``on_ready(fly)`` is called; a failure goes to ``on_load_failure``).
     ``settings``: the server's limits, CORS and API key (``api_key`` overrides its key).
     ``close_fly``: close the models when the app shuts down (the app owns ``fly``).
+    ``settings.sleep_idle_seconds`` frees the models while idle; only a ``fly`` given as a
+    function that loads it can sleep (it is called again to wake).
     Generations run on one worker thread, one at a time; its state lives in this app only.
     ``app.state.stop_generations()`` ends every request cleanly when shutdown begins: the
     running generation stops after its round with a final event, waiting ones get 503."""
@@ -50,6 +53,8 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     served = Served(fly)
     runs = Runs(Worker(settings.max_queue, settings.n_slots), Metrics())
     compat = Compat(settings.strict)
+    sleep = (Sleep(served, runs, settings.sleep_idle_seconds, page.is_page)
+             if settings.sleep_idle_seconds > 0 and served.can_sleep else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -58,9 +63,12 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
         loop.set_exception_handler(_quiet_accept_errors(previous))
         served.start(on_ready or (lambda fly: None),
                      on_load_failure or (lambda e: log.error("the models failed to load: %s", e)))
+        watch = asyncio.ensure_future(sleep.watch()) if sleep is not None else None
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             loop.set_exception_handler(previous)
             runs.worker.close()  # end open generations, wait for the engine thread
             if close_fly and served.fly is not None:
@@ -78,6 +86,8 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     app.include_router(anthropic.router(served, runs, compat, n_predict=settings.n_predict))
     app.include_router(responses.router(served, runs, compat, n_predict=settings.n_predict))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key
+    if sleep is not None:
+        app.add_middleware(Waking, sleep=sleep)  # a sleeping pair wakes for callers with the key only
     app.add_middleware(Bodies, max_body=settings.max_body, timeout=settings.body_timeout)
     if settings.api_key:
         app.add_middleware(ApiKey, key=settings.api_key, open_path=lambda p: p in HEALTH or (settings.ui and page.is_page(p)))

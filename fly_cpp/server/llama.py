@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
 from fly_cpp import rpc
+from fly_cpp.api import Fly
 from fly_cpp.server import errors
 from fly_cpp.server.compat import IGNORED, Compat
 from fly_cpp.server.completion import complete
@@ -42,20 +43,16 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
 
     @r.get("/props")
     async def props() -> dict[str, Any]:
-        fly = served.ready
-        info = fly.info
+        pair = served.snapshot["props"] if served.sleeping else _pair_props(served.ready)
         return {
-            "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
-            "draft_model_path": info.draft.path if info.draft is not None else None,
-            "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
-            "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
-            "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
-            "per_request_settings": list(SETTING_NAMES), "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)), "n_probs": N_PROBS,
-            "strict": compat.strict,
+            **pair, "is_sleeping": served.sleeping,
+            "per_request_settings": list(SETTING_NAMES), "n_probs": N_PROBS, "strict": compat.strict,
             "ignored_fields": {name: rule.why for name, rule in IGNORED.items()},
             "ignored_fields_seen": dict(compat.seen),
             "build_info": f"fly-cpp {fly_cpp.__version__}",
         }
+
+    served.snapshots["props"] = _pair_props
 
     @r.get("/slots", response_model=None)
     async def slot_list() -> list[dict[str, Any]] | JSONResponse:
@@ -72,8 +69,11 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
         text = runs.metrics.render({
             "requests_processing": ("Number of requests processing (at most -np/--parallel).", worker.running),
             "requests_deferred": ("Number of requests deferred (waiting for the engine).", worker.waiting)})
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4",
-                                 headers={"Process-Start-Time-Unix": started})
+        out = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        # spelled as llama-server spells it (clients that read headers as a plain dict look for
+        # this case); Starlette would lower-case a header given the usual way
+        out.raw_headers.append((b"Process-Start-Time-Unix", started.encode()))
+        return out
 
     @r.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> Response:
@@ -119,6 +119,19 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
         return await complete(served.ready, runs, request, body, n_predict)
 
     return r
+
+
+def _pair_props(fly: Fly) -> dict[str, Any]:
+    """What /props says of the served pair (kept while the server sleeps)."""
+    info = fly.info
+    return {
+        "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
+        "draft_model_path": info.draft.path if info.draft is not None else None,
+        "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
+        "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
+        "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
+        "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)),
+    }
 
 
 def _generations(n: int) -> str:

@@ -33,14 +33,18 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
     r = APIRouter()
     created = int(time.time())
 
-    @r.get("/v1/models")
-    @r.get("/models")
-    async def models() -> dict[str, Any]:
-        fly = served.ready
+    def listed(fly: Fly) -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": fly.model, "object": "model", "created": created, "owned_by": "fly-cpp",
             "aliases": list(aliases or [fly.model]), "tags": list(tags or ()),
             "meta": {"n_ctx": fly.n_ctx, "n_vocab": fly.info.n_vocab, "draft": fly.info.draft_name}}]}
+
+    served.snapshots["models"] = listed
+
+    @r.get("/v1/models")
+    @r.get("/models")
+    async def models() -> dict[str, Any]:
+        return served.snapshot["models"] if served.sleeping else listed(served.ready)
 
     @r.post("/v1/completions")
     async def completions(body: TextCompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
