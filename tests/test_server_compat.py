@@ -267,3 +267,16 @@ def test_a_prompt_longer_than_the_context_says_both_sizes(client, fly):
         error = r.json()["error"]
         assert r.status_code == 400 and error["type"] == "exceed_context_size_error", path
         assert error["n_ctx"] == fly.n_ctx and error["n_prompt_tokens"] > fly.n_ctx
+
+
+def test_several_choices(client):
+    messages = [{"role": "user", "content": "A story"}]
+    one = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "seed": 7,
+                                                    "temperature": 0.9}).json()
+    two = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "seed": 7,
+                                                    "temperature": 0.9, "n": 2}).json()
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert two["choices"][0]["message"] == one["choices"][0]["message"]  # the first choice is the request's seed
+    assert two["usage"]["completion_tokens"] == 16 and two["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    text = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "n": 3, "temperature": 0}).json()
+    assert len(text["choices"]) == 3 and len({c["text"] for c in text["choices"]}) == 1  # greedy: the same text

@@ -176,7 +176,7 @@ class _OpenAI(_Generation):
     max_tokens: int | None = Field(None, ge=-1, description="tokens to generate; unset or -1 = until end of text "
                                                             "or the context is full")
     stream_options: dict[str, Any] | None = Field(None, description="accepted; usage is always in the last chunk")
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1, le=16, description="choices, generated one after another (answered whole)")
     user: str | None = None
 
 

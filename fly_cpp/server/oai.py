@@ -6,7 +6,7 @@ and, as llama-server does, responses and last chunks carry ``timings``."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -52,23 +52,29 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
         fly = served.ready
         shown = body.logprobs
         max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
-        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, max_tokens=max_tokens,
-                                                    n_probs=0 if shown is None else max(shown, 1)))
-        gen, piece = prepared.gen, fly.engine.piece
+        gens = []
+        for choice in _choices(body):
+            prepared = await prepare(lambda: generation(fly, choice, prompt=body.prompt, max_tokens=max_tokens,
+                                                        n_probs=0 if shown is None else max(shown, 1)))
+            gens.append(prepared.gen)
+        gen, piece = gens[0], fly.engine.piece
         top = oai.head("text_completion", fly.model)
         return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, shown, piece),
-                            lambda: {**oai.completion(gen, top, shown, piece), "timings": timings(gen.stats)},
-                            lambda items: _events(items, gen, body.timings_per_token))
+                            lambda: _whole([oai.completion(g, top, shown, piece) for g in gens], gen),
+                            lambda items: _events(items, gen, body.timings_per_token), more=gens[1:])
 
     @r.post("/v1/chat/completions")
     @r.post("/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
-        fly, gen = await chat_generation(served, compat, body, "/v1/chat/completions", n_predict)
-        shown, piece = shown_logprobs(body), fly.engine.piece
+        gens = []
+        for choice in _choices(body):
+            fly, made = await chat_generation(served, compat, choice, "/v1/chat/completions", n_predict)
+            gens.append(made)
+        gen, shown, piece = gens[0], shown_logprobs(body), fly.engine.piece
         top = oai.head("chat.completion", fly.model)
         return await answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top, shown, piece),
-                            lambda: {**oai.chat_completion(gen, top, shown, piece), "timings": timings(gen.stats)},
-                            lambda items: _events(items, gen, body.timings_per_token))
+                            lambda: _whole([oai.chat_completion(g, top, shown, piece) for g in gens], gen),
+                            lambda items: _events(items, gen, body.timings_per_token), more=gens[1:])
 
     return r
 
@@ -100,27 +106,61 @@ async def chat_generation(served: Served, compat: Compat, body: Any, where: str,
     return fly, prepared.gen
 
 
+def _choices(body: Any) -> list[Any]:
+    """One body per choice (``n``): the others seeded one after another from the request's seed
+    (a random seed draws one per choice). Several choices are answered whole."""
+    if body.n > 1 and body.stream:
+        raise FlyError("n > 1 is answered whole: stream one choice per request")
+    seed = body.seed
+    return [body if i == 0 or seed is None or seed == -1 else body.model_copy(update={"seed": seed + i})
+            for i in range(body.n)]
+
+
+def _whole(choices: list[Chunk], gen: Generation) -> Chunk:
+    """The whole answer of ``n`` choices (``usage`` counts the prompt once and the tokens of
+    every choice; ``fly`` and ``timings`` are the first choice's)."""
+    out = {**choices[0], "timings": timings(gen.stats)}
+    if len(choices) > 1:
+        out["choices"] = [{**c["choices"][0], "index": i} for i, c in enumerate(choices)]
+        done = sum(c["usage"]["completion_tokens"] for c in choices)
+        prompt = out["usage"]["prompt_tokens"]
+        out["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+    return out
+
+
 async def answer(runs: Runs, request: Request, gen: Generation, stream: bool, chunks: Callable[[], Iterator[Chunk]],
                  whole: Callable[[], Chunk], events: Callable[[AsyncIterator[Chunk]], AsyncIterator[bytes]],
-                 after_error: bytes = sse.DONE) -> Response:
+                 after_error: bytes = sse.DONE, more: Sequence[Generation] = ()) -> Response:
     """Run ``gen`` on the worker: streamed as ``chunks()`` turned into SSE bytes by ``events``,
-    or collected and answered ``whole()`` (``after_error``: what ends a stream after an error
-    event). Every surface that answers a chat or text
-    generation (OpenAI's, Anthropic's, Responses) goes through here."""
+    or collected (with the ``more`` generations of the other choices, one after another) and
+    answered ``whole()`` (``after_error``: what ends a stream after an error event). Every
+    surface that answers a chat or text generation (OpenAI's, Anthropic's, Responses) goes
+    through here."""
+    gens = [gen, *more]
 
     def job() -> Iterator[Any]:
         try:
-            yield from chunks() if stream else gen
+            if stream:
+                yield from chunks()
+            else:
+                for g in gens:
+                    yield from g
         finally:
-            gen.close()
-            runs.metrics.record(gen.stats)
+            for g in gens:
+                g.close()
+                runs.metrics.record(g.stats)
         if not stream:
             yield whole()
 
+    def interrupt() -> None:
+        for g in gens:
+            g.interrupt()
+
     try:
-        items = runs.start(job, gen.interrupt)
+        items = runs.start(job, interrupt)
     except BaseException:
-        gen.close()
+        for g in gens:
+            g.close()
         raise
     if stream:
         return sse.response(runs.events(events(items), after_error=after_error))
