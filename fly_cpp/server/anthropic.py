@@ -49,7 +49,8 @@ def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1) -> A
         top = oai.head("chat.completion", model)
         return await answer(runs, request, gen, chat.stream, lambda: oai.chat_chunks(gen, top),
                             lambda: message(oai.chat_completion(gen, top), gen, head, stops),
-                            lambda items: _events(items, gen, head, stops), after_error=b"")
+                            lambda items: _events(items, gen, head, stops), after_error=b"",
+                            error_event=lambda body: sse.named({"type": "error", **body}))
 
     @r.post("/v1/messages/count_tokens")
     async def count_tokens(body: dict[str, Any]) -> dict[str, int]:

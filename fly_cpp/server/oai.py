@@ -19,7 +19,7 @@ from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import Compat
-from fly_cpp.server.fields import ChatCompletionRequest, TextCompletionRequest
+from fly_cpp.server.fields import ChatCompletionRequest, GenerationBody, TextCompletionRequest
 from fly_cpp.server.prepare import generation, limit, prepare
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
@@ -106,7 +106,7 @@ async def chat_generation(served: Served, compat: Compat, body: Any, where: str,
     return fly, prepared.gen
 
 
-def _choices(body: Any) -> list[Any]:
+def _choices(body: GenerationBody) -> list[Any]:
     """One body per choice (``n``): the others seeded one after another from the request's seed
     (a random seed draws one per choice). Several choices are answered whole."""
     if body.n > 1 and body.stream:
@@ -130,10 +130,12 @@ def _whole(choices: list[Chunk], gen: Generation) -> Chunk:
 
 async def answer(runs: Runs, request: Request, gen: Generation, stream: bool, chunks: Callable[[], Iterator[Chunk]],
                  whole: Callable[[], Chunk], events: Callable[[AsyncIterator[Chunk]], AsyncIterator[bytes]],
-                 after_error: bytes = sse.DONE, more: Sequence[Generation] = ()) -> Response:
+                 after_error: bytes = sse.DONE, more: Sequence[Generation] = (),
+                 error_event: Callable[[Chunk], bytes] = sse.event) -> Response:
     """Run ``gen`` on the worker: streamed as ``chunks()`` turned into SSE bytes by ``events``,
     or collected (with the ``more`` generations of the other choices, one after another) and
-    answered ``whole()`` (``after_error``: what ends a stream after an error event). Every
+    answered ``whole()`` (an error inside a stream: ``error_event`` of its body, then
+    ``after_error``). Every
     surface that answers a chat or text generation (OpenAI's, Anthropic's, Responses) goes
     through here."""
     gens = [gen, *more]
@@ -163,7 +165,7 @@ async def answer(runs: Runs, request: Request, gen: Generation, stream: bool, ch
             g.close()
         raise
     if stream:
-        return sse.response(runs.events(events(items), after_error=after_error))
+        return sse.response(runs.events(events(items), after_error=after_error, error_event=error_event))
     got = await runs.collect(request, items)
     if got is None:
         return Response(status_code=499)
