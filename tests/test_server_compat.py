@@ -280,3 +280,10 @@ def test_several_choices(client):
     assert two["usage"]["completion_tokens"] == 16 and two["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
     text = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "n": 3, "temperature": 0}).json()
     assert len(text["choices"]) == 3 and len({c["text"] for c in text["choices"]}) == 1  # greedy: the same text
+
+
+def test_throughput_gauges_cover_the_time_since_the_previous_scrape(client):
+    counters(client)
+    completion(client, n_predict=8)
+    assert counters(client)["llamacpp:predicted_tokens_seconds"] > 0
+    assert counters(client)["llamacpp:predicted_tokens_seconds"] == 0  # nothing ran since

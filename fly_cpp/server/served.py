@@ -44,13 +44,20 @@ class Served:
         """Only a pair the app loaded itself can be freed and loaded again."""
         return self._load is not None
 
+    def doze(self) -> None:
+        """Say the pair sleeps from now on (on the event loop, before ``sleep``): the read-only
+        endpoints answer from a snapshot taken here, and the next request that needs the models
+        waits for ``wake``."""
+        if self.fly is not None:
+            self.snapshot = {name: build(self.fly) for name, build in self.snapshots.items()}
+            self.sleeping = True
+
     def sleep(self) -> None:
-        """Free the models (the caller has set ``sleeping`` and made sure nothing uses them)."""
+        """Free the models (after ``doze``, once the caller made sure nothing uses them)."""
         with self._sleep_lock:
             fly = self.fly
-            if fly is None:
+            if fly is None or not self.sleeping:
                 return
-            self.snapshot = {name: build(fly) for name, build in self.snapshots.items()}
             self.fly = None
             fly.close()
 

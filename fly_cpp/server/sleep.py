@@ -41,7 +41,7 @@ class Sleep:
             if not idle:
                 self.last = time.monotonic()
             elif not served.sleeping and served.fly is not None and time.monotonic() - self.last >= self.idle:
-                served.sleeping = True  # set on the event loop: a request from now on waits for wake()
+                served.doze()  # on the event loop: a request from now on waits for wake()
                 await run_in_threadpool(served.sleep)
 
 
