@@ -75,3 +75,11 @@ def test_logit_bias_keyed_by_text(client, fly):
     ids = fly.tokenize(f" {word}", add_special=False, parse_special=True)
     by_id = content(client, TEXT, mode="target", logit_bias={str(t): False for t in ids})["content"]
     assert by_id == banned
+
+
+def test_generation_settings_list_the_biases_applied(client, fly):
+    banned = content(client, TEXT, ignore_eos=True)["generation_settings"]["logit_bias"]
+    assert banned and all(b["bias"] is None for b in banned)  # the end-of-generation tokens, banned
+    assert content(client, TEXT)["generation_settings"]["logit_bias"] == []
+    one = content(client, TEXT, logit_bias=[[5, 1.5]])["generation_settings"]["logit_bias"]
+    assert one == [{"token": 5, "bias": 1.5}]

@@ -6,6 +6,7 @@ named (``"a/b"``: field ``b`` of ``a``, under that name), as llama-server does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.oai import step_flags
+from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
 from fly_cpp.server.fields import settings_dict
 from fly_cpp.server.prepare import Prepared, generation, limit, prepare
@@ -128,7 +130,8 @@ class _Result:
             "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
             "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
-                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt},
+                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt,
+                                    "logit_bias": _bias(gen.request.bias)},
             "timings": timings(gen.stats),
             "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
                     "interrupted": finish is not None and finish.interrupted},
@@ -136,3 +139,9 @@ class _Result:
         if body.n_probs:
             out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
         return out
+
+
+def _bias(bias: LogitBias) -> list[dict[str, Any]]:
+    """The biases the generation applied (``ignore_eos``'s bans of the end-of-generation tokens
+    included), as llama-server lists them: ``{"token", "bias"}``, a ban's bias null (-inf)."""
+    return [{"token": int(t), "bias": None if math.isinf(v) else float(v)} for t, v in zip(bias.ids, bias.values)]
