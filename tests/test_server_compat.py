@@ -161,7 +161,7 @@ def test_timings_on_every_endpoint(client):
         last = json.loads(events[-2] if events[-1] == "[DONE]" else events[-1])
         assert last["timings"]["predicted_n"] == 5 and last["timings"]["draft_n_loose"] >= 0
     every = sse(client.post("/v1/chat/completions", json={**chat, "stream": True, "timings_per_token": True}).text)
-    assert all("timings" in json.loads(e) for e in every[:-1])
+    assert all("timings" in json.loads(e) for e in every[1:-1])  # not the role chunk (before the prompt), as llama-server
 
 
 def test_chunks_say_how_each_token_was_accepted(client):
@@ -287,3 +287,16 @@ def test_throughput_gauges_cover_the_time_since_the_previous_scrape(client):
     completion(client, n_predict=8)
     assert counters(client)["llamacpp:predicted_tokens_seconds"] > 0
     assert counters(client)["llamacpp:predicted_tokens_seconds"] == 0  # nothing ran since
+
+
+def test_include_usage_sends_usage_apart_and_cached_tokens(client):
+    messages = [{"role": "user", "content": "A story about a cat"}]
+    body = {"messages": messages, "max_tokens": 6, "stream": True, "timings_per_token": True,
+            "stream_options": {"include_usage": True}}
+    chunks = [json.loads(e) for e in sse(client.post("/v1/chat/completions", json=body).text)[:-1]]
+    assert "timings" not in chunks[0] and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-2]
+    last = chunks[-1]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6 and "timings" in last
+    again = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6}).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1

@@ -61,7 +61,8 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
         top = oai.head("text_completion", fly.model)
         return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, shown, piece),
                             lambda: _whole([oai.completion(g, top, shown, piece) for g in gens], gen),
-                            lambda items: _events(items, gen, body.timings_per_token), more=gens[1:])
+                            lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
+                            more=gens[1:])
 
     @r.post("/v1/chat/completions")
     @r.post("/chat/completions")
@@ -74,7 +75,8 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
         top = oai.head("chat.completion", fly.model)
         return await answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top, shown, piece),
                             lambda: _whole([oai.chat_completion(g, top, shown, piece) for g in gens], gen),
-                            lambda items: _events(items, gen, body.timings_per_token), more=gens[1:])
+                            lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
+                            more=gens[1:])
 
     return r
 
@@ -125,7 +127,13 @@ def _whole(choices: list[Chunk], gen: Generation) -> Chunk:
         done = sum(c["usage"]["completion_tokens"] for c in choices)
         prompt = out["usage"]["prompt_tokens"]
         out["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
-    return out
+    return _cached(out, gen)
+
+
+def _cached(chunk: Chunk, gen: Generation) -> Chunk:
+    """``usage`` with llama-server's ``prompt_tokens_details.cached_tokens`` (prompt tokens the
+    cache already held)."""
+    return {**chunk, "usage": {**chunk["usage"], "prompt_tokens_details": {"cached_tokens": gen.stats.n_cached}}}
 
 
 async def answer(runs: Runs, request: Request, gen: Generation, stream: bool, chunks: Callable[[], Iterator[Chunk]],
@@ -172,9 +180,25 @@ async def answer(runs: Runs, request: Request, gen: Generation, stream: bool, ch
     return JSONResponse(got[-1])
 
 
-async def _events(items: AsyncIterator[Chunk], gen: Generation, every: bool) -> AsyncIterator[bytes]:
+async def _events(items: AsyncIterator[Chunk], gen: Generation, every: bool,
+                  usage_apart: bool = False) -> AsyncIterator[bytes]:
+    """OpenAI's SSE stream: ``timings`` on the last chunk (on every one but the role chunk with
+    ``timings_per_token``); ``usage_apart`` (``stream_options.include_usage``): the last chunk's
+    ``usage`` (and ``fly``, ``timings``) come in one more chunk with no choices, as OpenAI sends
+    them."""
     async for chunk in items:
-        if every or "usage" in chunk:  # the last chunk, or every one with timings_per_token
+        role = bool(chunk.get("choices")) and "role" in chunk["choices"][0].get("delta", {})
+        if (every and not role) or "usage" in chunk:
             chunk = {**chunk, "timings": timings(gen.stats)}
+        if "usage" in chunk:
+            chunk = _cached(chunk, gen)
+        if usage_apart and "usage" in chunk:
+            extra = {k: chunk.pop(k) for k in ("usage", "fly", "timings")}
+            yield sse.event(chunk)
+            chunk = {k: v for k, v in chunk.items() if k not in ("choices", "fly_token")} | {"choices": [], **extra}
         yield sse.event(chunk)
     yield sse.DONE
+
+
+def _usage_apart(body: Any) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
