@@ -175,7 +175,8 @@ class _OpenAI(_Generation):
                                                    "the answer follows it (docs/structured-output.md)")
     max_tokens: int | None = Field(None, ge=-1, description="tokens to generate; unset or -1 = until end of text "
                                                             "or the context is full")
-    stream_options: dict[str, Any] | None = Field(None, description="accepted; usage is always in the last chunk")
+    stream_options: dict[str, Any] | None = Field(None, description="include_usage: usage in one more chunk, with "
+                                                                   "no choices (else in the last chunk)")
     n: int = Field(1, ge=1, le=16, description="choices, generated one after another (answered whole)")
     user: str | None = None
 
