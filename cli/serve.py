@@ -35,8 +35,9 @@ API_KEY_ENV = "FLY_CPP_API_KEY"
 @settings_options(SamplingSettings)
 def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     """Serve a target/draft pair over HTTP: llama-server's /completion, /tokenize, /detokenize,
-    /apply-template, /props, /slots, /health, /metrics, OpenAI's /v1/completions,
-    /v1/chat/completions, /v1/models, and a chat page at / (open it in a browser).
+    /apply-template, /props, /slots, /health, /metrics (with --metrics), OpenAI's
+    /v1/completions, /v1/chat/completions, /v1/responses, /v1/models, Anthropic's /v1/messages,
+    and a chat page at / (open it in a browser).
 
     The sampling and FLy options set the defaults; every request may change them (mode, k,
     window, entropy_threshold, ...). Requests are served -np/--parallel at a time (default 1),

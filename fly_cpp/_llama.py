@@ -388,8 +388,20 @@ class Model:
         self._pieces[token] = out
         return out
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """The text of ``tokens``; ``special``: control tokens written out (``<s>``), as
+        llama-server shows a prompt."""
+        if not special:
+            return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+        out = []
+        for t in tokens:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, t, buf, 64, 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, t, buf, -n, 0, True)
+            out.append(buf.raw[: max(n, 0)])
+        return b"".join(out).decode("utf-8", errors="replace")
 
     def meta(self, key: str) -> str | None:
         size = 1 << 16

@@ -458,6 +458,11 @@ class ServerSettings:
         "text or a full context", aliases=("--predict",)))
     ui: bool = field(default=True, metadata=_help("serve the chat page at / (--no-ui: the API only)"))
     slots: bool = field(default=True, metadata=_help("answer /slots (--no-slots: HTTP 501, as llama-server)"))
+    metrics: bool = field(default=False, metadata=_help(
+        "answer /metrics (Prometheus counters; off: HTTP 501, as llama-server without --metrics)"))
+    sleep_idle_seconds: float = field(default=-1, metadata=_help(
+        "free the models after this many seconds without work, load them again for the next request that needs "
+        "them (-1: never)"))
     alias: str | None = field(default=None, metadata=_help(
         "the model name /v1/models and every response report; several, comma-separated, are all listed as "
         "its aliases and the first in sorted order is its id [default: the target's file name]", aliases=("-a",)))
@@ -509,6 +514,8 @@ class ServerSettings:
         _integer("max_connections", self.max_connections, 4, 2**20)
         _integer("max_queue", self.max_queue, 0, 2**20)
         _number("grace", self.grace, 0, 86400)
+        _require(self.sleep_idle_seconds == -1 or 0 < self.sleep_idle_seconds <= 10**9,
+                 f"sleep_idle_seconds must be > 0 (or -1: never), got {self.sleep_idle_seconds!r}")
         _require(self.parallel == AUTO or (isinstance(self.parallel, int) and not isinstance(self.parallel, bool)
                                            and 1 <= self.parallel <= 256),
                  f"parallel must be 1..256 (or 'auto'), got {self.parallel!r}")

@@ -27,7 +27,7 @@ from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
-from fly_cpp.errors import FlyError
+from fly_cpp.errors import ContextExceeded, FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.ledger import Ledger, SlotView
 from fly_cpp.mtp import MtpDrafter
@@ -217,8 +217,8 @@ class Engine:
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.target_model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.target_model.detokenize(tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self.target_model.detokenize(tokens, special)
 
     def piece(self, token: int) -> bytes:
         """The bytes one token stands for."""
@@ -260,7 +260,7 @@ class Engine:
         if not tokens:
             raise FlyError("the prompt is empty")
         if len(tokens) > self.n_ctx:
-            raise FlyError(f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={self.n_ctx})")
+            raise ContextExceeded(len(tokens), self.n_ctx)
         self.check_tokens(tokens)
         if max_tokens < 0:
             raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")

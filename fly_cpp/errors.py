@@ -15,6 +15,15 @@ class UsageError(FlyError, TypeError):
     status 2 for it, as for any bad command line; Python callers may catch it as TypeError."""
 
 
+class ContextExceeded(FlyError):
+    """A prompt longer than the context (the server answers llama-server's
+    ``exceed_context_size_error`` with both numbers)."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(f"the prompt is {n_prompt_tokens} tokens, longer than the context (n_ctx={n_ctx})")
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
+
 class RpcServerLost(FlyError):
     """An rpc-server holding model layers stopped answering: the models on it are gone until
     the process restarts (the server answers HTTP 503)."""

@@ -86,7 +86,7 @@ def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("FLY_CPP_THREADS", "1")
     proc = subprocess.Popen([sys.executable, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level",
-                             "warning", *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
+                             "warning", "--metrics", *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.monotonic() + 600
     while not (m := re.search(r"serving .* on (http://\S+)", open(log.name).read())):  # loaded
         if proc.poll() is not None or time.monotonic() > deadline:

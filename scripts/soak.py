@@ -325,7 +325,7 @@ def start_server(serve_args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level", "warning",
-                             *serve_args], stdout=subprocess.DEVNULL, stderr=log, env=env)
+                             "--metrics", *serve_args], stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.monotonic() + 900
     while not (m := re.search(r"serving .* on (http://\S+)", open(log.name).read())):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fly_cpp import Fly
+from fly_cpp.config import ServerSettings
 from fly_cpp.server import create_app
 
 
@@ -20,7 +21,7 @@ def fly(stories, stories_draft):
 
 @pytest.fixture(scope="module")
 def client(fly):
-    with TestClient(create_app(fly, api_key="k")) as c:
+    with TestClient(create_app(fly, api_key="k", settings=ServerSettings(metrics=True))) as c:
         c.headers["Authorization"] = "Bearer k"
         yield c
 
@@ -143,7 +144,8 @@ BAD = [
     ("/completion", {"prompt": "a", "loose_min_ratio": 1.5}, "loose_min_ratio must be in [0, 1]"),
     ("/completion", {"prompt": "once " * 400}, "longer than the context"),
     ("/completion", {"prompt": [1, 10**9]}, "outside the vocabulary"),
-    ("/v1/completions", {"prompt": "a", "n": 2}, "n: "),
+    ("/v1/completions", {"prompt": "a", "n": 17}, "n: "),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2, "stream": True}, "n > 1"),
     ("/v1/chat/completions", {"messages": []}, "messages is empty"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role must be one of"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
@@ -161,7 +163,8 @@ def test_bad_requests_are_400_with_an_openai_error(client, path, body, message):
     r = client.post(path, **kwargs)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["code"] == 400 and message in error["message"]
+    kind = "exceed_context_size_error" if "longer than the context" in message else "invalid_request_error"
+    assert error["type"] == kind and error["code"] == 400 and message in error["message"]
 
 
 def test_not_found_is_json(client):

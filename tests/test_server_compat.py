@@ -28,7 +28,7 @@ def fly(stories, stories_draft):
 
 @pytest.fixture(scope="module")
 def client(fly):
-    with TestClient(create_app(fly)) as c:
+    with TestClient(create_app(fly, settings=ServerSettings(metrics=True))) as c:
         yield c
 
 
@@ -163,7 +163,7 @@ def test_timings_on_every_endpoint(client):
         last = json.loads(events[-2] if events[-1] == "[DONE]" else events[-1])
         assert last["timings"]["predicted_n"] == 5 and last["timings"]["draft_n_loose"] >= 0
     every = sse(client.post("/v1/chat/completions", json={**chat, "stream": True, "timings_per_token": True}).text)
-    assert all("timings" in json.loads(e) for e in every[:-1])
+    assert all("timings" in json.loads(e) for e in every[1:-1])  # not the role chunk (before the prompt), as llama-server
 
 
 def test_chunks_say_how_each_token_was_accepted(client):
@@ -183,6 +183,8 @@ def test_llamacpp_metrics_move(client):
     out = completion(client, n_predict=20, mode="fly")
     after = counters(client)
     t = out["timings"]
+    assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == t["cache_n"]
+    assert after["llamacpp:n_busy_slots_per_decode"] == 1
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 20
     assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == t["prompt_n"]
     assert after["llamacpp:spec_decode_num_draft_tokens_total"] - before["llamacpp:spec_decode_num_draft_tokens_total"] == t["draft_n"]
@@ -192,6 +194,14 @@ def test_llamacpp_metrics_move(client):
     assert after["llamacpp:n_decode_total"] > before["llamacpp:n_decode_total"]
     assert "llamacpp:requests_processing" in after and "llamacpp:predicted_tokens_seconds" in after
     assert after["fly_cpp_loosely_accepted_total"] - before["fly_cpp_loosely_accepted_total"] == t["draft_n_loose"]
+
+
+def test_metrics_only_with_the_option(fly, client):
+    r = client.get("/metrics")
+    assert r.status_code == 200 and int(r.headers["Process-Start-Time-Unix"]) > 0
+    with TestClient(create_app(fly)) as c:  # off by default, as llama-server without --metrics
+        r = c.get("/metrics")
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
 def test_health_during_a_slow_load(fly):
@@ -249,3 +259,46 @@ def test_apply_template_and_slots(client, fly):
     r = client.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
     assert r.json()["prompt"] == fly.chat_format.render([{"role": "user", "content": "Hi"}])
     assert client.get("/slots").json()[0]["id"] == 0
+
+
+def test_a_prompt_longer_than_the_context_says_both_sizes(client, fly):
+    for path, body in (("/completion", {"prompt": "Once upon a time " * 80}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Once upon a time " * 80}],
+                                                 "stream": True})):
+        r = client.post(path, json=body)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["type"] == "exceed_context_size_error", path
+        assert error["n_ctx"] == fly.n_ctx and error["n_prompt_tokens"] > fly.n_ctx
+
+
+def test_several_choices(client):
+    messages = [{"role": "user", "content": "A story"}]
+    one = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "seed": 7,
+                                                    "temperature": 0.9}).json()
+    two = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "seed": 7,
+                                                    "temperature": 0.9, "n": 2}).json()
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert two["choices"][0]["message"] == one["choices"][0]["message"]  # the first choice is the request's seed
+    assert two["usage"]["completion_tokens"] == 16 and two["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    text = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "n": 3, "temperature": 0}).json()
+    assert len(text["choices"]) == 3 and len({c["text"] for c in text["choices"]}) == 1  # greedy: the same text
+
+
+def test_throughput_gauges_cover_the_time_since_the_previous_scrape(client):
+    counters(client)
+    completion(client, n_predict=8)
+    assert counters(client)["llamacpp:predicted_tokens_seconds"] > 0
+    assert counters(client)["llamacpp:predicted_tokens_seconds"] == 0  # nothing ran since
+
+
+def test_include_usage_sends_usage_apart_and_cached_tokens(client):
+    messages = [{"role": "user", "content": "A story about a cat"}]
+    body = {"messages": messages, "max_tokens": 6, "stream": True, "timings_per_token": True,
+            "stream_options": {"include_usage": True}}
+    chunks = [json.loads(e) for e in sse(client.post("/v1/chat/completions", json=body).text)[:-1]]
+    assert "timings" not in chunks[0] and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-2]
+    last = chunks[-1]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6 and "timings" in last
+    again = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 6}).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1

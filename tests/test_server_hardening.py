@@ -143,7 +143,7 @@ def test_idle_connection_times_out_and_slow_body_gets_408(tmp_path):
 @pytest.mark.parametrize("slots", [1, 4])
 def test_queue_limit_cancellation_and_connection_cap(tmp_path, slots):
     s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--max-connections",
-               str(slots + 3), "--max-queue", "1")
+               str(slots + 3), "--max-queue", "1", "--metrics")
     try:
         with ExitStack() as stack:
             held = [holder(s.url, stack) for _ in range(slots)]  # every slot busy
@@ -174,7 +174,7 @@ def test_queue_limit_cancellation_and_connection_cap(tmp_path, slots):
 
 @pytest.mark.parametrize("slots", [1, 4])
 def test_waiting_requests_start_in_arrival_order(tmp_path, slots):
-    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots))
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--metrics")
     try:
         # each prompt extends the one before: the cache a request finds shows which ran before it
         prompts = ["The cat", "The cat sat", "The cat sat on the mat"]
@@ -197,7 +197,7 @@ def test_waiting_requests_start_in_arrival_order(tmp_path, slots):
 
 
 def test_a_request_for_a_busy_slot_waits_for_it(tmp_path):
-    s = Server(tmp_path, "-t", "1", "-np", "2", "-c", str(SLOT_CTX * 2))
+    s = Server(tmp_path, "-t", "1", "-np", "2", "-c", str(SLOT_CTX * 2), "--metrics")
     try:
         short = {"prompt": "The cat", "n_predict": 16, "mode": "target", "id_slot": 0}
         alone = httpx.post(s.url + "/completion", json=short, timeout=60).json()["content"]
@@ -271,7 +271,7 @@ def test_absurd_thread_counts_are_refused(threads):
 
 @pytest.mark.parametrize("slots", [1, 4])
 def test_shutdown_ends_every_request_cleanly(tmp_path, slots):
-    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--grace", "20")
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--grace", "20", "--metrics")
     results: dict[str, object] = {}
     first = {f"running_stream_{i}": threading.Event() for i in range(slots)}  # its first token came
 
@@ -323,7 +323,7 @@ def test_shutdown_ends_every_request_cleanly(tmp_path, slots):
 
 @pytest.mark.parametrize("slots", [1, 4])
 def test_shutdown_during_a_plain_request_says_it_was_cut(tmp_path, slots):
-    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots))
+    s = Server(tmp_path, "-t", "1", "-np", str(slots), "-c", str(SLOT_CTX * slots), "--metrics")
     result: dict[str, httpx.Response] = {}
 
     def call() -> None:

@@ -26,7 +26,7 @@ KEY = "test-key"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # -c 2048: greedy stories260K loops without an end-of-text token, so long streams are possible
-    s = Server(tmp_path_factory.mktemp("serve"), "-t", "1", "-c", "2048", "--api-key", KEY)
+    s = Server(tmp_path_factory.mktemp("serve"), "-t", "1", "-c", "2048", "--api-key", KEY, "--metrics")
     yield s
     assert s.stop() == 0, s.stderr()
 
@@ -126,7 +126,7 @@ def test_metrics_counters_move(http):
 
 
 MALFORMED = [
-    ("/completion", b"{oops"), ("/completion", b'"text"'), ("/completion", {"prompt": ["a"]}),
+    ("/completion", b"{oops"), ("/completion", b'"text"'), ("/completion", {"prompt": [1.5]}),
     ("/completion", {"prompt": "a", "cache_prompt": "no"}), ("/completion", {"prompt": "a", "temperature": -1}),
     ("/completion", {"prompt": "a", "n_predict": -5}), ("/completion", {"prompt": "a", "top_k": 1.5}),
     ("/completion", {"prompt": "a", "window": -1}), ("/completion", {"prompt": "word " * 3000}),
@@ -149,7 +149,8 @@ def test_malformed_requests_while_a_good_one_runs(http):
         r = http.post(path, **kwargs, headers={"content-type": "application/json"})
         assert 400 <= r.status_code < 500, (path, body, r.text)
         error = r.json()["error"]
-        assert error["code"] == r.status_code and error["type"] == "invalid_request_error" and error["message"]
+        kind = "exceed_context_size_error" if "longer than the context" in error["message"] else "invalid_request_error"
+        assert error["code"] == r.status_code and error["type"] == kind and error["message"]
     worker.join()
     response = good["response"]
     assert response.status_code == 200 and response.json()["tokens_predicted"] == 300

@@ -60,7 +60,7 @@ def transcript():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("replay"), "-t", "1", "-c", "1024", "--api-key", KEY)
+    s = Server(tmp_path_factory.mktemp("replay"), "-t", "1", "-c", "1024", "--api-key", KEY, "--metrics")
     yield s
     assert s.stop() == 0, s.stderr()
 

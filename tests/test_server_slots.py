@@ -22,7 +22,7 @@ def client(stories, stories_draft):
     # n_ubatch=1: a row's numbers do not depend on the other slots' rows in its batch
     engine = Engine(ModelSettings(str(stories), n_ctx=512, n_ubatch=1),
                     ModelSettings(str(stories_draft), n_ctx=512, n_ubatch=1), n_seq=3)
-    with Fly.from_engine(engine) as fly, TestClient(create_app(fly, settings=ServerSettings(parallel=3))) as c:
+    with Fly.from_engine(engine) as fly, TestClient(create_app(fly, settings=ServerSettings(parallel=3, metrics=True))) as c:
         yield c
 
 

@@ -96,7 +96,7 @@ IGNORED: dict[str, Rule] = {
     "image_data": Rule("text only: no multimodal input", (None, [])),
     "multimodal_data": Rule("text only: no multimodal input", (None, [])),
     "input_extra": Rule("no infill", (None, [])),
-    "response_fields": Rule("the whole response is always sent", (None, [])),
+    "response_fields": Rule("the whole response is sent (/completion honours it)", (None, [])),
     "return_progress": Rule("no prompt-processing progress events", (None, False)),
     # OpenAI's
     "echo": Rule("the prompt is not repeated in the answer", (None, False)),

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import FlyError, RpcServerLost
+from fly_cpp.errors import ContextExceeded, FlyError, RpcServerLost
 from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -35,6 +35,15 @@ def one_line(exc: BaseException) -> str:
 
 def body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "code": status}}
+
+
+def of(exc: BaseException) -> dict[str, Any]:
+    """The error body of an exception raised while serving a request (a prompt longer than the
+    context: llama-server's ``exceed_context_size_error``, with ``n_prompt_tokens`` and ``n_ctx``)."""
+    out = body(status_of(exc), one_line(exc))
+    if isinstance(exc, ContextExceeded):
+        out["error"].update(type="exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    return out
 
 
 def response(status: int, message: str, close: bool = False) -> JSONResponse:
@@ -81,7 +90,7 @@ def install(app: FastAPI, on_server_error: Any) -> None:
     @app.exception_handler(FlyError)
     @app.exception_handler(TypeError)
     async def refused(request: Request, exc: Exception) -> JSONResponse:
-        return response(400, one_line(exc))
+        return JSONResponse(of(exc), status_code=400)
 
     @app.exception_handler(Unavailable)
     @app.exception_handler(RpcServerLost)

@@ -18,7 +18,7 @@ import math
 import types
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
 
@@ -86,6 +86,7 @@ def _lone_surrogate(value: Any, where: str) -> str | None:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
+    honoured: ClassVar[frozenset[str]] = frozenset()  # names of IGNORED this endpoint acts on
 
     @model_validator(mode="before")
     @classmethod
@@ -112,7 +113,7 @@ class _Body(BaseModel):
         """The fields of this body that fly-cpp will not act on: unknown names, and accepted
         fields (``IGNORED``) given a value that would matter."""
         out = dict(self.model_extra or {})
-        for name in IGNORED:
+        for name in (n for n in IGNORED if n not in self.honoured):
             value = getattr(self, name, None)
             if value is not None and not IGNORED[name].neutral(value):
                 out[name] = value
@@ -125,7 +126,12 @@ def _ignored_fields() -> dict[str, Any]:
 
 
 def _body(name: str, base: type[_Body]) -> Any:
-    return create_model(name, __base__=base, **_ignored_fields(), **_settings_fields())
+    """A body model: ``base``'s fields, the settings, and the ignored fields ``base`` does not
+    honour itself."""
+    ignored = {n: f for n, f in _ignored_fields().items() if n not in base.model_fields}
+    model = create_model(name, __base__=base, **ignored, **_settings_fields())
+    model.honoured = frozenset(IGNORED) & set(base.model_fields)
+    return model
 
 
 Stop = str | list[str] | None
@@ -154,7 +160,10 @@ GenerationBody = _Generation  # what every generation endpoint's body is
 class _Completion(_Generation):
     """llama-server's ``POST /completion``."""
 
-    prompt: str | list[int]
+    prompt: str | list[Any] | dict[str, Any] = Field(description="a string, token ids, ids mixed with strings, "
+                                                     "{prompt_string}, or a list of such prompts (one answer each)")
+    response_fields: list[str] | None = Field(None, description="answer only these fields of the result "
+                                                                "(\"a/b\": field b of a)")
     max_tokens: int | None = Field(None, ge=-1, description="llama-server's alias of n_predict")
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS, description="the target's top-n log-probabilities with "
                                                               "every generated token, streamed per token")
@@ -166,8 +175,9 @@ class _OpenAI(_Generation):
                                                    "the answer follows it (docs/structured-output.md)")
     max_tokens: int | None = Field(None, ge=-1, description="tokens to generate; unset or -1 = until end of text "
                                                             "or the context is full")
-    stream_options: dict[str, Any] | None = Field(None, description="accepted; usage is always in the last chunk")
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    stream_options: dict[str, Any] | None = Field(None, description="include_usage: usage in one more chunk, with "
+                                                                   "no choices (else in the last chunk)")
+    n: int = Field(1, ge=1, le=16, description="choices, generated one after another (answered whole)")
     user: str | None = None
 
 
@@ -214,8 +224,9 @@ class DetokenizeRequest(_Body):
 
 def logit_bias(raw: dict[str, Any] | list[Any] | None, tokenize: Callable[[str], list[int]]) -> tuple[tuple[int, float], ...] | None:
     """llama-server's and OpenAI's logit_bias as (token, bias) pairs. Shapes: OpenAI's
-    ``{"15043": 1.5}``; llama-server's ``[[15043, 1.5], ["Hello", -1], [2, false]]`` (a string
-    biases each of its tokens; false bans the token). Values are numbers, false, or "-inf"."""
+    ``{"15043": 1.5}`` (llama-server also takes text keys there: ``{"Hello": -1}``);
+    llama-server's ``[[15043, 1.5], ["Hello", -1], [2, false]]`` (a string biases each of its
+    tokens; false bans the token). Values are numbers, false, or "-inf"."""
     if raw is None:
         return None
     items = list(raw.items()) if isinstance(raw, dict) else raw
@@ -228,12 +239,9 @@ def logit_bias(raw: dict[str, Any] | list[Any] | None, tokenize: Callable[[str],
             bias = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise FlyError(f"logit_bias: the bias of {token!r} must be a number or false, got {bias!r}")
-        if isinstance(raw, dict):  # OpenAI: keys are token ids written as strings
-            try:
-                ids = [int(token)]
-            except ValueError:
-                raise FlyError(f"logit_bias: keys must be token ids, got {token!r}") from None
-        elif isinstance(token, str):
+        if isinstance(raw, dict) and token.strip().lstrip("-").isdigit():  # OpenAI: ids written as strings
+            ids = [int(token)]
+        elif isinstance(token, str):  # llama-server: text, each of its tokens biased
             ids = tokenize(token)
         elif isinstance(token, int) and not isinstance(token, bool):
             ids = [token]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,18 +11,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
 from fly_cpp import rpc
-from fly_cpp.oai import step_flags
-from fly_cpp.server import errors, sse
+from fly_cpp.api import Fly
+from fly_cpp.server import errors
 from fly_cpp.server.compat import IGNORED, Compat
+from fly_cpp.server.completion import complete
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import ChatDefaults, Prepared, generation, limit, prepare, slot_of, template_vars
-from fly_cpp.server.probs import entries
+from fly_cpp.server.prepare import ChatDefaults, prepare, template_vars
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.slots import slot_states
-from fly_cpp.server.timings import timings
-from fly_cpp.step import Step
 from fly_cpp.tools import template_messages
 
 SERVING = ("{n} at a time per model pair (-np/--parallel), in arrival order: other requests wait in a queue "
@@ -31,9 +29,10 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
            "target's raw distribution, as with post_sampling_probs off); streams carry them per token")
 
 
-def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_predict: int = -1,
-           defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
+def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metrics: bool = True,
+           n_predict: int = -1, defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
     r = APIRouter()
+    started = str(int(time.time()))  # llama-server's Process-Start-Time-Unix header on /metrics
 
     @r.get("/health")
     @r.get("/v1/health")
@@ -45,20 +44,16 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
 
     @r.get("/props")
     async def props() -> dict[str, Any]:
-        fly = served.ready
-        info = fly.info
+        pair = served.snapshot["props"] if served.sleeping else _pair_props(served.ready)
         return {
-            "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
-            "draft_model_path": info.draft.path if info.draft is not None else None,
-            "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
-            "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
-            "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
-            "per_request_settings": list(SETTING_NAMES), "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)), "n_probs": N_PROBS,
-            "strict": compat.strict,
+            **pair, "is_sleeping": served.sleeping,
+            "per_request_settings": list(SETTING_NAMES), "n_probs": N_PROBS, "strict": compat.strict,
             "ignored_fields": {name: rule.why for name, rule in IGNORED.items()},
             "ignored_fields_seen": dict(compat.seen),
             "build_info": f"fly-cpp {fly_cpp.__version__}",
         }
+
+    served.snapshots["props"] = _pair_props
 
     @r.get("/slots", response_model=None)
     async def slot_list() -> list[dict[str, Any]] | JSONResponse:
@@ -67,16 +62,22 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
         fly = served.ready
         return slot_states(fly)
 
-    @r.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        engine = served.ready.engine
+    @r.get("/metrics", response_model=None)
+    async def prometheus() -> PlainTextResponse | JSONResponse:
+        if not metrics:
+            return errors.response(501, "this server does not answer /metrics (start it with --metrics)")
+        engine = served.fly.engine if served.fly is not None else None  # none while loading or asleep
         text = runs.metrics.render({
             "requests_processing": ("Number of requests processing (at most -np/--parallel).",
-                                    engine.generations_running),
+                                    engine.generations_running if engine is not None else 0),
             "requests_deferred": ("Number of requests deferred (waiting for a slot).",
-                                  runs.worker.waiting + engine.generations_waiting)},
-            [view.totals for view in engine.slot_views()])
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+                                  runs.worker.waiting + (engine.generations_waiting if engine is not None else 0))},
+            [view.totals for view in engine.slot_views()] if engine is not None else [])
+        out = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        # spelled as llama-server spells it (clients that read headers as a plain dict look for
+        # this case); Starlette would lower-case a header given the usual way
+        out.raw_headers.append((b"Process-Start-Time-Unix", started.encode()))
+        return out
 
     @r.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> Response:
@@ -121,90 +122,22 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, n_pre
     @r.post("/completions")
     async def completion(body: CompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
         compat.check(body, "/completion")
-        fly = served.ready
-        max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
-        prepared = await prepare(lambda: generation(fly, body, prompt=body.prompt, n_probs=body.n_probs,
-                                                    max_tokens=max_tokens))
-        gen = prepared.gen
-
-        def steps() -> Iterator[Step | None]:
-            try:
-                yield from gen
-            finally:
-                gen.close()
-                runs.metrics.record(gen.stats)
-            yield None  # the end: the final result follows
-
-        try:
-            items = runs.start(steps, gen.interrupt, pinned=slot_of(body) is not None)
-        except BaseException:
-            gen.close()
-            raise
-        result = _Result(fly.model, fly.engine.piece, prepared, body)
-        if body.stream:
-            return sse.response(runs.events(result.stream(items)))
-        got = await runs.collect(request, items)
-        if got is None:
-            return Response(status_code=499)
-        return JSONResponse(result.final(gen.text, gen.tokens, gen.probs))
+        return await complete(served.ready, runs, request, body, n_predict)
 
     return r
 
 
-class _Result:
-    """llama-server's /completion answer: per-token stream events and the final result."""
-
-    def __init__(self, model: str, piece: Any, prepared: Prepared, body: Any) -> None:
-        self.model, self.piece, self.gen, self.truncated, self.body = model, piece, prepared.gen, prepared.truncated, body
-
-    async def stream(self, items: AsyncIterator[Step | None]) -> AsyncIterator[bytes]:
-        gen, body = self.gen, self.body
-        pending: list[Step] = []
-        sent = 0  # tokens so far (the generation itself may be ahead of this stream)
-        async for step in items:
-            if step is None:
-                break
-            pending.append(step)
-            sent += 1
-            if not step.text:
-                continue  # its text comes with a later token; so do its probabilities
-            event: dict[str, Any] = {
-                "index": 0, "content": step.text, "tokens": [s.token for s in pending], "stop": False,
-                "id_slot": gen.stats.slot, "tokens_predicted": sent, "tokens_evaluated": len(gen.request.prompt),
-                "fly_token": step_flags(step)}
-            if body.n_probs:
-                event["completion_probabilities"] = self._probs(pending)
-            if body.timings_per_token:
-                event["timings"] = timings(gen.stats)
-            pending = []
-            yield sse.event(event)
-        yield sse.event(self.final("", [s.token for s in pending], [s.probs for s in pending]))
-
-    def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
-        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs)
-
-    def final(self, content: str, tokens: list[int], probs: list[Any]) -> dict[str, Any]:
-        """The last answer: whole (``content``: the text) or a stream's last event (``content``
-        "", and the tokens not yet sent)."""
-        gen, body = self.gen, self.body
-        finish = gen.finish
-        out: dict[str, Any] = {
-            "index": 0, "id_slot": gen.stats.slot, "content": content, "tokens": tokens if body.return_tokens or body.stream else [],
-            "stop": True, "model": self.model,
-            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
-            "truncated": self.truncated, "has_new_line": "\n" in gen.text,
-            "stop_type": finish.kind if finish is not None else "none",
-            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
-            "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
-                                    "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
-                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt},
-            "timings": timings(gen.stats),
-            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
-                    "interrupted": finish is not None and finish.interrupted},
-        }
-        if body.n_probs:
-            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
-        return out
+def _pair_props(fly: Fly) -> dict[str, Any]:
+    """What /props says of the served pair (kept while the server sleeps)."""
+    info = fly.info
+    return {
+        "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
+        "draft_model_path": info.draft.path if info.draft is not None else None,
+        "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
+        "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
+        "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
+        "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)),
+    }
 
 
 def _generations(n: int) -> str:

@@ -1,7 +1,7 @@
 """``GET /metrics``: Prometheus counters of the server's life (text exposition format 0.0.4).
 
 Two families side by side: llama-server's ``llamacpp:`` names, so dashboards built for it
-work unchanged, and fly-cpp's own ``fly_cpp_`` counters (loose accepts, gate rejections,
+work unchanged (its throughput gauges cover the time since the previous scrape, as there), and fly-cpp's own ``fly_cpp_`` counters (loose accepts, gate rejections,
 aborted requests, errors, ...).
 """
 
@@ -30,7 +30,8 @@ COUNTERS = {
 }
 
 LLAMACPP_COUNTERS = {
-    "prompt_tokens_total": "Number of prompt tokens processed.",
+    "prompt_tokens_total": "Number of prompt tokens processed, excluding cached tokens.",
+    "prompt_tokens_cached_total": "Number of prompt tokens reused from the cache.",
     "prompt_seconds_total": "Prompt process time",
     "tokens_predicted_total": "Number of generation tokens processed.",
     "tokens_predicted_seconds_total": "Predict process time",
@@ -48,6 +49,9 @@ class Metrics:
         self.values = dict.fromkeys(COUNTERS, 0)
         self.llamacpp: dict[str, float] = dict.fromkeys(LLAMACPP_COUNTERS, 0)
         self.per_position: list[int] = []  # drafted tokens accepted at each draft position
+        # since the last scrape (llama-server's throughput buckets): prompt tokens, their seconds,
+        # generated tokens, theirs
+        self.window = [0.0, 0.0, 0.0, 0.0]
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -64,6 +68,12 @@ class Metrics:
             processed = stats.n_prompt - stats.n_cached
             m = self.llamacpp
             m["prompt_tokens_total"] += processed
+            w = self.window
+            w[0] += processed
+            w[1] += stats.prompt_seconds
+            w[2] += stats.n_tokens
+            w[3] += stats.seconds
+            m["prompt_tokens_cached_total"] += stats.n_cached
             m["prompt_seconds_total"] += stats.prompt_seconds
             m["tokens_predicted_total"] += stats.n_tokens
             m["tokens_predicted_seconds_total"] += stats.seconds
@@ -96,12 +106,16 @@ class Metrics:
             lines += [f'{name}{{position="{i}"}} {n}' for i, n in enumerate(self.per_position)]
             for name, help_text in COUNTERS.items():
                 metric(f"fly_cpp_{name}_total", "counter", help_text, self.values[name])
-        prompt_rate = m["prompt_tokens_total"] / m["prompt_seconds_total"] if m["prompt_seconds_total"] else 0.0
-        predicted_rate = (m["tokens_predicted_total"] / m["tokens_predicted_seconds_total"]
-                          if m["tokens_predicted_seconds_total"] else 0.0)
-        metric("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate)
-        metric("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
-               predicted_rate)
+            w, self.window = self.window, [0.0, 0.0, 0.0, 0.0]  # each scrape starts a new window
+        prompt_rate = w[0] / w[1] if w[1] else 0.0
+        predicted_rate = w[2] / w[3] if w[3] else 0.0
+        metric("llamacpp:prompt_tokens_seconds", "gauge",
+               "Average prompt throughput in tokens/s since the previous scrape.", prompt_rate)
+        metric("llamacpp:predicted_tokens_seconds", "gauge",
+               "Average generation throughput in tokens/s since the previous scrape.", predicted_rate)
+        # fly-cpp counts decodes per generation: each of them had one busy slot
+        metric("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call "
+               "(fly-cpp counts decodes per generation: 1 once any ran).", 1.0 if m["n_decode_total"] else 0.0)
         for name, (help_text, value) in gauges.items():
             metric(f"llamacpp:{name}", "gauge", help_text, value)
             metric(f"fly_cpp_{name}", "gauge", help_text, value)

@@ -18,6 +18,7 @@ from fly_cpp import reply
 from fly_cpp.api import Fly, with_tool_grammar
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
+from fly_cpp.server import prompts
 from fly_cpp.server.fields import GenerationBody, logit_bias
 
 T = TypeVar("T")
@@ -73,10 +74,11 @@ def limit(*given: int | None, default: int = -1) -> int | None:
     return None if n == -1 else n
 
 
-def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None = None,
+def generation(fly: Fly, body: GenerationBody, *, prompt: Any = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int | None,
                n_probs: int = 0, chat: ChatDefaults = ChatDefaults()) -> Prepared:
-    """The Generation a generation body asks for (``prompt`` or chat ``messages``)."""
+    """The Generation a generation body asks for (one ``prompt`` of any shape ``prompts``
+    reads, or chat ``messages``)."""
     settings = body.settings()
     bias = logit_bias(body.logit_bias, lambda text: fly.tokenize(text, add_special=False, parse_special=True))
     if bias is not None:
@@ -84,21 +86,32 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: str | list[int] | None
     stop: tuple[str, ...] = _stops(body.stop)
     reading = reply.Options()
     if messages is not None:
-        tokens, tool_settings, reading = fly.chat_turn(
-            messages, tools=getattr(body, "tools", None), tool_choice=getattr(body, "tool_choice", None),
-            parallel_tool_calls=getattr(body, "parallel_tool_calls", None),
-            reasoning_format=getattr(body, "reasoning_format", None) or chat.reasoning_format,
-            **template_vars(body, chat))
+        tokens, tool_settings, reading = _chat_turn(fly, body, messages, chat)
         settings = with_tool_grammar(settings, tool_settings)
         stop = (*fly.chat_format.stop, *stop)
-    elif isinstance(prompt, str):
-        tokens = fly.tokenize(prompt)
     else:
-        tokens = list(prompt or [])
+        tokens = prompts.tokens(fly, prompt if prompt is not None else [])
     tokens, truncated = keep(tokens, fly.n_ctx, body.n_keep)
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
                        slot=slot_of(body), **settings)
     return Prepared(gen, truncated, reading)
+
+
+def chat_prompt(fly: Fly, body: GenerationBody, messages: list[dict[str, Any]],
+                chat: ChatDefaults = ChatDefaults()) -> list[int]:
+    """The prompt tokens of a chat body: its messages (and tools) through the chat template,
+    with the body's template variables (what a generation would decode, and what the
+    token-counting endpoints count)."""
+    return _chat_turn(fly, body, messages, chat)[0]
+
+
+def _chat_turn(fly: Fly, body: GenerationBody, messages: list[dict[str, Any]],
+               chat: ChatDefaults) -> tuple[list[int], dict[str, Any], reply.Options]:
+    return fly.chat_turn(
+        messages, tools=getattr(body, "tools", None), tool_choice=getattr(body, "tool_choice", None),
+        parallel_tool_calls=getattr(body, "parallel_tool_calls", None),
+        reasoning_format=getattr(body, "reasoning_format", None) or chat.reasoning_format,
+        **template_vars(body, chat))
 
 
 def slot_of(body: Any) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -54,10 +54,11 @@ class Runs:
         self.metrics.count("requests_aborted")
         return None
 
-    async def events(self, events: AsyncIterator[bytes], after_error: bytes = b"") -> AsyncIterator[bytes]:
+    async def events(self, events: AsyncIterator[bytes], after_error: bytes = b"",
+                     error_event: Callable[[dict[str, Any]], bytes] = sse.event) -> AsyncIterator[bytes]:
         """Guard an SSE stream: an error after the headers went out becomes a final error event
-        (``{"error": {...}}``, then ``after_error``); a stream the client left before its end
-        counts as aborted."""
+        (``error_event({"error": {...}})``, then ``after_error``); a stream the client left
+        before its end counts as aborted."""
         ended = False
         try:
             async for event in events:
@@ -66,7 +67,7 @@ class Runs:
         except Exception as e:  # the status line is gone already: say it in the stream
             ended = True
             self.metrics.count("errors")
-            yield sse.event(errors.body(errors.status_of(e), errors.one_line(e)))
+            yield error_event(errors.of(e))
             if after_error:
                 yield after_error
         finally:

@@ -26,12 +26,47 @@ class Served:
         self.loaded = threading.Event()
         if self.fly is not None:
             self.loaded.set()
+        # asleep (--sleep-idle-seconds): the models are freed; what the read-only endpoints show
+        # of them was taken by ``snapshots`` (name -> builder) when they went
+        self.sleeping = False
+        self.snapshots: dict[str, Callable[[Fly], Any]] = {}
+        self.snapshot: dict[str, Any] = {}
+        self._sleep_lock = threading.Lock()
 
     @property
     def ready(self) -> Fly:
         if self.fly is None:
-            raise RuntimeError("the models are not loaded yet")
+            raise RuntimeError("the models are not loaded yet" if not self.sleeping else "the server is asleep")
         return self.fly
+
+    @property
+    def can_sleep(self) -> bool:
+        """Only a pair the app loaded itself can be freed and loaded again."""
+        return self._load is not None
+
+    def doze(self) -> None:
+        """Say the pair sleeps from now on (on the event loop, before ``sleep``): the read-only
+        endpoints answer from a snapshot taken here, and the next request that needs the models
+        waits for ``wake``."""
+        if self.fly is not None:
+            self.snapshot = {name: build(self.fly) for name, build in self.snapshots.items()}
+            self.sleeping = True
+
+    def sleep(self) -> None:
+        """Free the models (after ``doze``, once the caller made sure nothing uses them)."""
+        with self._sleep_lock:
+            fly = self.fly
+            if fly is None or not self.sleeping:
+                return
+            self.fly = None
+            fly.close()
+
+    def wake(self) -> None:
+        """Load the models again (blocking; concurrent callers wait for one load)."""
+        with self._sleep_lock:
+            if self.fly is None and self._load is not None:
+                self.fly = self._load()
+            self.sleeping = False
 
     def start(self, on_ready: Callable[[Fly], None], on_failure: Callable[[BaseException], None]) -> None:
         """Load in a background thread (nothing to do when the pair came loaded)."""

@@ -1,4 +1,5 @@
-"""Server-sent events: ``data: <json>\\n\\n`` per event; OpenAI streams end with ``data: [DONE]``."""
+"""Server-sent events: ``data: <json>\\n\\n`` per event; OpenAI streams end with ``data: [DONE]``.
+Anthropic's and OpenAI Responses' events also name their type (``event: <type>``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def event(data: Any) -> bytes:
     # allow_nan=False: NaN is not JSON; a value that would write it fails here, not in a client
     return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n\n"
+
+
+def named(data: dict[str, Any]) -> bytes:
+    """An event whose ``event:`` line is its data's ``type``."""
+    return b"event: " + str(data["type"]).encode() + b"\n" + event(data)
 
 
 DONE = b"data: [DONE]\n\n"
