@@ -1159,6 +1159,7 @@ class Seq:
         self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
         self.rollback, self.rollbacks, self.behind, self.can_rollback = rb.KV, rb.Ledger(), 0, True
         self.tokens: list[int] = []
+        self.runs_natively = False  # its decodes are batched with the other sequences' (no greedy runs)
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
         """As ``Context.decode``; tokens past one batch go in n_batch chunks, each its own
