@@ -676,7 +676,7 @@ class Context:
         """Whether ``greedy_run`` can decode here: a plain KV cache of one sequence on this
         machine (no rpc servers), no hidden states kept, and the native library has runs."""
         return (self.rollback == rb.KV and self._shared is None and self._hidden is None
-                and not self.model.call.endpoints and native.has_greedy_run())
+                and not self.model.call.endpoints and _BATCH_MATCHES and native.has_greedy_run())
 
     def greedy_run(self, token: int, n: int, stop: np.ndarray | None) -> list[int]:
         """Target-only greedy decoding without returning to Python per token (``runs_natively``
@@ -828,6 +828,9 @@ _CXX = {
                                        [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
 }
 _entry_points: tuple[int, int] | None = None
+# native/flyrows.h's copy of llama_batch; another layout (a llama.cpp upgrade) switches runs off
+_BATCH_FIELDS = ("n_tokens", "token", "embd", "pos", "n_seq_id", "seq_id", "logits")
+_BATCH_MATCHES = tuple(f[0] for f in ll.llama_batch._fields_) == _BATCH_FIELDS and ctypes.sizeof(ll.llama_batch) == 56
 
 
 def _run_entry_points() -> tuple[int, int]:
