@@ -54,11 +54,14 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
         drafter.begin(committed)
     begin = perf_counter()
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
-    target.sync(committed)
+    runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
+    if runs is not None and out.finish is None and len(committed) <= target.n_ctx:
+        runs.start(committed, out)  # the prompt decoded through its last token, the first token picked
+    else:
+        target.sync(committed)
     start = perf_counter()
     stats.prompt_seconds = start - begin
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
-    runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
     try:
         while out.finish is None:
             room = target.n_ctx - len(committed)  # drafted tokens that still fit the cache

@@ -22,6 +22,7 @@ from time import perf_counter
 import numpy as np
 
 from fly_cpp._llama import Context
+from fly_cpp.rows import argmax
 from fly_cpp.output import Output
 from fly_cpp.request import Request
 
@@ -43,6 +44,15 @@ class Runs:
                  and not request.n_probs)
         return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
 
+    def start(self, committed: list[int], out: Output) -> None:
+        """The prompt (``committed``) decoded through its last token in one batch (what the
+        cache lacks of it), and the first token picked from that row, committed and emitted as a
+        round: one single-token decode fewer than the loop's first round, as llama.cpp's tools
+        decode a prompt. The loop's invariant holds after."""
+        row = self.target.sync_through(committed)
+        token = int(argmax(row[None, :])[0])
+        self._emit([token], committed, out)
+
     def run(self, committed: list[int], out: Output) -> None:
         """Decode a run after ``committed`` (the target's cache holds all of it but the last
         token), commit and emit its tokens until the output ends; the cache holds all but the
@@ -56,6 +66,10 @@ class Runs:
         stats.target_seconds += seconds
         if tokens:
             self.length = max(1, min(MAX_RUN, int(RUN_SECONDS * len(tokens) / max(seconds, 1e-9))))
+        self._emit(tokens, committed, out)
+
+    def _emit(self, tokens: list[int], committed: list[int], out: Output) -> None:
+        stats = out.stats
         for token in tokens:
             stats.n_rounds += 1
             stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
