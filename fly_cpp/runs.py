@@ -8,6 +8,8 @@ CPU a token against a 2.5 ms decode, where ``llama-completion``'s loop costs ~0.
 decodes, picks the argmax and decodes it again inside the native library
 (``Context.greedy_run``), up to ``RUN_SECONDS`` of decoding or an end-of-generation token, and
 the loop then commits and emits the run's tokens one by one, as rounds of one token each.
+The first token comes from the prompt's own last row (``start``): the prompt is decoded
+through its last token in one batch, as llama.cpp's tools do, not that token alone in a round.
 
 Only where the target's choice is the raw argmax: greedy, no penalties or logit bias (nor
 ignore_eos), no grammar, no log-probabilities asked, no draft; a context that cannot run
