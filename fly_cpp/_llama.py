@@ -39,6 +39,7 @@ _cxx_runtime_first()
 import llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fly_cpp import native
 from fly_cpp import rollback as rb
 from fly_cpp import rpc as _rpc
 from fly_cpp.errors import FlyError
@@ -266,6 +267,7 @@ class Model:
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(self.ptr)
         self._pieces: dict[int, bytes] = {}
         self._eog = np.array([bool(ll.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
+        self._eog_u8 = self._eog.astype(np.uint8)
         self._spelled = self._spellable_characters()
 
     def _load(self, n_gpu_layers: int, split_mode: str, main_gpu: int, tensor_split: Sequence[float],
@@ -336,6 +338,11 @@ class Model:
     @property
     def size_bytes(self) -> int:
         return int(ll.llama_model_size(self.ptr))
+
+    @property
+    def eog_mask(self) -> np.ndarray:
+        """(n_vocab,) uint8: 1 at the end-of-generation tokens (a greedy run's stop marks)."""
+        return self._eog_u8
 
     def is_eog(self, token: int) -> bool:
         return 0 <= token < self.n_vocab and bool(self._eog[token])
@@ -677,6 +684,34 @@ class Context:
             self._room = min(self.n_rs_seq, hi - lo - 1)
             self._record_hidden(lo, hi)
 
+    @property
+    def runs_natively(self) -> bool:
+        """Whether ``greedy_run`` can decode here: a plain KV cache of one sequence on this
+        machine (no rpc servers), no hidden states kept, and the native library has runs."""
+        return (self.rollback == rb.KV and self._shared is None and self._hidden is None
+                and not self.model.call.endpoints and _BATCH_MATCHES and native.has_greedy_run())
+
+    def greedy_run(self, token: int, n: int, stop: np.ndarray | None) -> list[int]:
+        """Target-only greedy decoding without returning to Python per token (``runs_natively``
+        must hold): decode ``token`` (appended to ``tokens``), take its row's argmax (lowest id
+        on ties, as ``rows.argmax``), decode that, ... up to ``n`` tokens, or through the first
+        one marked in ``stop`` ((n_vocab,) uint8). Returns the tokens picked; every one but the
+        last has been decoded after ``token``, so ``tokens`` ends with all but the last of them."""
+        start = len(self.tokens)
+        n = min(n, self.n_ctx - start)
+        if n <= 0 or self.behind or self._intent is not None:
+            raise FlyError(f"no room for a greedy run at {start} of n_ctx={self.n_ctx}")
+        decode, logits = _run_entry_points()
+        got, status = native.greedy_run(decode, logits, self.ptr, ctypes.addressof(self._batch), token, start, 0,
+                                        self.model.n_vocab, stop, n)
+        self.tokens.extend([token, *got[:-1]] if got else [])
+        self._done = len(self.tokens)
+        if status != 0:
+            self._physical(len(self.tokens), failed=True)
+            what = {1: "no KV slot (context full)", 2: "aborted", -1: "no logits"}.get(status, f"error {status}")
+            raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
+        return got
+
     def sync(self, committed: Sequence[int]) -> None:
         """Bring the cache to the speculative loop's invariant, reusing the longest common
         prefix: it holds every committed token but the last (``tokens == committed[:-1]``).
@@ -687,6 +722,20 @@ class Context:
         if self.behind:
             self._decode_range(len(self.tokens), 0)
         self.checkpoint(pin=True)
+
+    def sync_through(self, committed: Sequence[int]) -> np.ndarray:
+        """``sync``, but the last committed token is decoded too, in the same batch as what the
+        cache lacked before it (as llama.cpp's own tools decode a prompt), and its (n_vocab,)
+        logits row is returned (a view, valid until the next decode): the cache then holds all
+        of ``committed``, and committing the token picked from that row restores the loop's
+        invariant. KV caches only (a recurrent state would be checkpointed in the wrong place)."""
+        if self.rollback != rb.KV:
+            raise ValueError("sync_through needs a KV cache")
+        keep = common_prefix(self.tokens, committed[:-1])
+        self.truncate(keep)
+        rows = self.decode(committed[keep:], logits="last")
+        assert rows is not None
+        return rows[0]
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
@@ -805,6 +854,22 @@ _CXX = {
     "llama_get_embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
                                        [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
 }
+_entry_points: tuple[int, int] | None = None
+# native/flyrows.h's copy of llama_batch; another layout (a llama.cpp upgrade) switches runs off
+_BATCH_FIELDS = ("n_tokens", "token", "embd", "pos", "n_seq_id", "seq_id", "logits")
+_BATCH_MATCHES = tuple(f[0] for f in ll.llama_batch._fields_) == _BATCH_FIELDS and ctypes.sizeof(ll.llama_batch) == 56
+
+
+def _run_entry_points() -> tuple[int, int]:
+    """The addresses of llama_decode and llama_get_logits, for the native greedy runs."""
+    global _entry_points
+    if _entry_points is None:
+        lib = library()
+        _entry_points = (ctypes.cast(lib.llama_decode, ctypes.c_void_p).value or 0,
+                         ctypes.cast(lib.llama_get_logits, ctypes.c_void_p).value or 0)
+    return _entry_points
+
+
 _cxx_bound: dict[str, Any] = {}
 
 
@@ -1132,6 +1197,7 @@ class Seq:
         self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
         self.rollback, self.rollbacks, self.behind, self.can_rollback = rb.KV, rb.Ledger(), 0, True
         self.tokens: list[int] = []
+        self.runs_natively = False  # its decodes are batched with the other sequences' (no greedy runs)
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
         """As ``Context.decode``; tokens past one batch go in n_batch chunks, each its own

@@ -15,7 +15,8 @@ the draft cache re-syncs by common prefix on its next draft. A rollback that far
 the round's own decode, so the round that keeps a mismatch asks the target cache for a way
 back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's copy).
 
-Target-only decoding is the same loop with empty drafts (m = 0).
+Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
+its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
 from fly_cpp.output import Output
 from fly_cpp.request import Request
+from fly_cpp.runs import Runs
 from fly_cpp.scoring import token_probs
 from fly_cpp.shape import Steady, padded
 from fly_cpp.step import Stats, Step
@@ -52,7 +54,11 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
         drafter.begin(committed)
     begin = perf_counter()
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
-    target.sync(committed)
+    runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
+    if runs is not None and out.finish is None and len(committed) <= target.n_ctx:
+        runs.start(committed, out)  # the prompt decoded through its last token, the first token picked
+    else:
+        target.sync(committed)
     start = perf_counter()
     stats.prompt_seconds = start - begin
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
@@ -63,6 +69,12 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 out.end("length", "limit", context_full=True)
                 break
             assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
+            if runs is not None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
+                runs.run(committed, out)
+                t3 = perf_counter()
+                yield from out.take()
+                paused += perf_counter() - t3
+                continue
             # a round verifies at most k drafts, in one batch, within the cache and the token budget
             limit = min(spec.max_draft, room, target.n_batch - 1,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))

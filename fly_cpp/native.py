@@ -43,6 +43,10 @@ _SIGNATURES = {
     "fly_draw": (_i64, [_p, _i64, _f64]),
     "fly_sample": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, _f64]),
 }
+# bound when the library has them (a library built before them keeps its other functions)
+_OPTIONAL = {
+    "fly_greedy_run": (_i64, [_p, _p, _p, _p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _i64, _p, _i64, _p, _p]),
+}
 
 
 def _candidates() -> Iterator[Path]:
@@ -72,6 +76,10 @@ def _load() -> None:
             for name, (restype, argtypes) in _SIGNATURES.items():
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = restype, argtypes
+            for name, (restype, argtypes) in _OPTIONAL.items():
+                if hasattr(lib, name):
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = restype, argtypes
             version = lib.fly_abi_version()
         except (OSError, AttributeError) as e:
             _status = f"cannot load {path}: {e}"
@@ -220,3 +228,24 @@ def sample(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p:
     """(V,) float32 -> the token the chain and ``u`` pick (== draw(distribution(...), u))."""
     ptr, n = _row(row)
     return _check(_need().fly_sample(ptr, n, temperature, top_k, top_p, min_p, u))
+
+
+def has_greedy_run() -> bool:
+    """Whether ``greedy_run`` is available (the library is in use and has it)."""
+    lib = _library()
+    return lib is not None and hasattr(lib, "fly_greedy_run")
+
+
+def greedy_run(decode: int, get_logits: int, ctx: int, batch: int, token: int, pos: int, seq: int, n_vocab: int,
+               stop: np.ndarray | None, n: int) -> tuple[list[int], int]:
+    """Up to ``n`` greedy tokens decoded one at a time inside the library (``fly_greedy_run``):
+    ``decode``/``get_logits`` are the addresses of llama.cpp's llama_decode and llama_get_logits,
+    ``ctx`` a context, ``batch`` the address of a llama_batch with room for one token, ``token``
+    the first token to decode at ``pos``; ``stop``: (n_vocab,) uint8, a run ends after a token
+    marked there. Returns (the tokens, llama_decode's status: 0, its error, or -1 for no logits)."""
+    out = np.empty(max(n, 1), dtype=np.int32)
+    status = ctypes.c_int32(0)
+    stop_ptr = _ptr(stop) if stop is not None else None
+    got = _need().fly_greedy_run(decode, get_logits, ctx, batch, token, pos, seq, n_vocab, stop_ptr, n,
+                                 _ptr(out), ctypes.byref(status))
+    return out[:got].tolist(), status.value

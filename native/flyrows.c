@@ -445,3 +445,36 @@ int64_t fly_sample(const float *row, int64_t n, double temperature, int64_t top_
     free(q);
     return token;
 }
+
+/* ---- greedy runs ------------------------------------------------------------------------- */
+
+int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_llama_batch *batch, int32_t token,
+                       int32_t pos, int32_t seq, int64_t n_vocab, const uint8_t *stop, int64_t n,
+                       int32_t *out, int32_t *status) {
+    fly_decode_fn dec = (fly_decode_fn)decode;
+    fly_logits_fn logits = (fly_logits_fn)get_logits;
+    const struct kernels *k = kset();
+    *status = 0;
+    for (int64_t i = 0; i < n; i++) {
+        batch->n_tokens = 1;
+        batch->token[0] = token;
+        batch->pos[0] = pos + (int32_t)i;
+        batch->n_seq_id[0] = 1;
+        batch->seq_id[0][0] = seq;
+        batch->logits[0] = 1;
+        int32_t rc = dec(ctx, *batch);
+        if (rc != 0) {
+            *status = rc;
+            return i;
+        }
+        const float *row = logits(ctx);
+        if (!row) {
+            *status = -1;
+            return i;
+        }
+        token = (int32_t)k->argmax(row, n_vocab);
+        out[i] = token;
+        if (stop && stop[token]) return i + 1;
+    }
+    return n;
+}

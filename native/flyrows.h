@@ -64,6 +64,35 @@ FLY_API int64_t fly_draw(const double *probs, int64_t n, double u);
 FLY_API int64_t fly_sample(const float *row, int64_t n, double temperature, int64_t top_k, double top_p,
                            double min_p, double u);
 
+/* ---- greedy runs ---------------------------------------------------------------------------
+ * llama.cpp's llama_batch as include/llama.h lays it out (llama-cpp-python's ctypes binding of
+ * the pinned version holds the same layout). */
+typedef struct {
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} fly_llama_batch;
+
+/* llama_decode and llama_get_logits, passed in by the caller (this library does not link
+ * llama.cpp). */
+typedef int32_t (*fly_decode_fn)(void *ctx, fly_llama_batch batch);
+typedef float *(*fly_logits_fn)(void *ctx);
+
+/* Target-only greedy decoding without returning to Python per token: up to n times, decode
+ * `token` alone at position pos + i of sequence `seq` (with its logits), take the row's argmax
+ * (lowest id on ties, as fly_argmax) as out[i] and decode it next. Stops after a token whose
+ * stop[token] is non-zero (stop may be NULL; it holds n_vocab entries). `batch` is the caller's
+ * batch (room for one token at least). Returns how many tokens were written (each one decode);
+ * *status is 0, or llama_decode's non-zero result (the decode that failed wrote nothing), or -1
+ * when llama.cpp returned no logits. */
+FLY_API int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_llama_batch *batch, int32_t token,
+                               int32_t pos, int32_t seq, int64_t n_vocab, const uint8_t *stop, int64_t n,
+                               int32_t *out, int32_t *status);
+
 #ifdef __cplusplus
 }
 #endif

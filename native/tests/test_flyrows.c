@@ -217,11 +217,62 @@ static void test_sampling(void) {
     CHECK(fly_draw(p, 3, 0.2499) == 0, "first bucket");
 }
 
+/* A stand-in for llama.cpp: a "model" whose next token after t is (3 t + 1) mod V, with ties
+ * resolved to the lowest id; decode fails (returns 1) at position fail_at. */
+#define RUN_V 97
+static float run_row[RUN_V];
+static int32_t run_seen[64], run_pos[64], run_n = 0, run_fail_at = -1;
+
+static int32_t fake_decode(void *ctx, fly_llama_batch b) {
+    (void)ctx;
+    if (b.n_tokens != 1 || b.n_seq_id[0] != 1 || b.seq_id[0][0] != 5 || !b.logits[0]) return 3;
+    if (b.pos[0] == run_fail_at) return 1;
+    run_seen[run_n] = b.token[0];
+    run_pos[run_n++] = b.pos[0];
+    for (int i = 0; i < RUN_V; i++) run_row[i] = 0.0f;
+    int next = (3 * b.token[0] + 1) % RUN_V;
+    run_row[next] = 2.0f;
+    run_row[(next + 1) % RUN_V] = 2.0f; /* a tie: the lower id wins (or id 0 after wrapping) */
+    return 0;
+}
+
+static float *fake_logits(void *ctx) {
+    (void)ctx;
+    return run_row;
+}
+
+static void test_greedy_run(void) {
+    int32_t tok[1], pos[1], nseq[1], seq0[1], *seq[1] = {seq0}, out[16], status = 9;
+    int8_t logits[1];
+    fly_llama_batch b = {0, tok, NULL, pos, nseq, seq, logits};
+    uint8_t stop[RUN_V] = {0};
+    int64_t got = fly_greedy_run((void *)fake_decode, (void *)fake_logits, NULL, &b, 2, 10, 5, RUN_V, NULL, 6,
+                                 out, &status);
+    CHECK(got == 6 && status == 0, "run of 6: %lld, status %d", (long long)got, status);
+    int32_t t = 2;
+    for (int i = 0; i < 6; i++) {
+        int next = (3 * t + 1) % RUN_V, want = next == RUN_V - 1 ? 0 : next;
+        CHECK(run_seen[i] == t && run_pos[i] == 10 + i, "decode %d: token %d at %d", i, run_seen[i], run_pos[i]);
+        CHECK(out[i] == want, "pick %d: %d != %d", i, out[i], want);
+        t = out[i];
+    }
+    run_n = 0;
+    stop[out[2]] = 1; /* an end-of-generation token ends the run after it */
+    got = fly_greedy_run((void *)fake_decode, (void *)fake_logits, NULL, &b, 2, 10, 5, RUN_V, stop, 6, out, &status);
+    CHECK(got == 3 && status == 0 && run_n == 3, "stop mark: %lld tokens, %d decodes", (long long)got, run_n);
+    run_n = 0;
+    run_fail_at = 12; /* the third decode fails: two tokens, the status passed on */
+    got = fly_greedy_run((void *)fake_decode, (void *)fake_logits, NULL, &b, 2, 10, 5, RUN_V, NULL, 6, out, &status);
+    CHECK(got == 2 && status == 1 && run_n == 2, "failed decode: %lld tokens, status %d", (long long)got, status);
+    run_fail_at = -1;
+}
+
 int main(void) {
     CHECK(fly_abi_version() == FLY_ABI_VERSION, "abi %d", fly_abi_version());
     test_rows();
     test_ties();
     test_sampling();
+    test_greedy_run();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;

@@ -1,0 +1,83 @@
+"""Target-only greedy decoding in runs: several tokens per return to Python.
+
+A target-only round is one decode of one token; the host work around it (the loop, the verdict,
+the output) is small in instructions but runs after a decode that streamed the whole model
+through the caches, so it runs cold, and it leaves llama.cpp's own host code cold for the next
+decode: measured on the kit's ``fast`` pair (docs/native.md, "Target-only runs"), ~0.3 ms of
+CPU a token against a 2.5 ms decode, where ``llama-completion``'s loop costs ~0.05 ms. A run
+decodes, picks the argmax and decodes it again inside the native library
+(``Context.greedy_run``), up to ``RUN_SECONDS`` of decoding or an end-of-generation token, and
+the loop then commits and emits the run's tokens one by one, as rounds of one token each.
+The first token comes from the prompt's own last row (``start``): the prompt is decoded
+through its last token in one batch, as llama.cpp's tools do, not that token alone in a round.
+
+Only where the target's choice is the raw argmax: greedy, no penalties or logit bias (nor
+ignore_eos), no grammar, no log-probabilities asked, no draft; a context that cannot run
+natively (rpc, recurrent state, several sequences, MTP hidden states, no library) decodes
+token by token as before. The text is the same either way (``tests/test_runs.py``).
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+
+from fly_cpp._llama import Context
+from fly_cpp.rows import argmax
+from fly_cpp.output import Output
+from fly_cpp.request import Request
+
+RUN_SECONDS = 0.02  # decoding per run: the longest a streamed token waits for the run it is in
+MAX_RUN = 64
+
+
+class Runs:
+    """The runs of one generation (``make`` says whether it can use them)."""
+
+    def __init__(self, target: Context, stop: np.ndarray) -> None:
+        self.target, self.stop = target, stop
+        self.length = 4  # the first run's; then as many tokens as RUN_SECONDS of decoding holds
+
+    @classmethod
+    def make(cls, request: Request, target: Context, drafting: bool, constrained: bool) -> Runs | None:
+        s = request.sampling
+        plain = (not drafting and not constrained and s.greedy and not s.penalised and not request.bias
+                 and not request.n_probs)
+        return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
+
+    def start(self, committed: list[int], out: Output) -> None:
+        """The prompt (``committed``) decoded through its last token in one batch (what the
+        cache lacks of it), and the first token picked from that row, committed and emitted as a
+        round: one single-token decode fewer than the loop's first round, as llama.cpp's tools
+        decode a prompt. The loop's invariant holds after."""
+        row = self.target.sync_through(committed)
+        token = int(argmax(row[None, :])[0])
+        self._emit([token], committed, out)
+
+    def run(self, committed: list[int], out: Output) -> None:
+        """Decode a run after ``committed`` (the target's cache holds all of it but the last
+        token), commit and emit its tokens until the output ends; the cache holds all but the
+        last committed token after."""
+        stats = out.stats
+        budget = out.max_tokens - stats.n_tokens - len(out.held)
+        n = max(1, min(self.length, budget, self.target.n_ctx - len(committed) + 1))
+        t0 = perf_counter()
+        tokens = self.target.greedy_run(committed[-1], n, self.stop)
+        seconds = perf_counter() - t0
+        stats.target_seconds += seconds
+        if tokens:
+            self.length = max(1, min(MAX_RUN, int(RUN_SECONDS * len(tokens) / max(seconds, 1e-9))))
+        self._emit(tokens, committed, out)
+
+    def _emit(self, tokens: list[int], committed: list[int], out: Output) -> None:
+        stats = out.stats
+        for token in tokens:
+            stats.n_rounds += 1
+            stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
+            stats.accepted_lengths.append(1)
+            committed.append(token)
+            out.add(token, drafted=False, loose=False, round=stats.n_rounds)
+            if out.finish is not None:
+                break
+        self.target.truncate(len(committed) - 1)  # tokens decoded past the end of the text
