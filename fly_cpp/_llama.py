@@ -332,6 +332,10 @@ class Model:
         return int(ll.llama_model_n_embd(self.ptr))
 
     @property
+    def n_layer(self) -> int:
+        return int(ll.llama_model_n_layer(self.ptr))
+
+    @property
     def n_params(self) -> int:
         return int(ll.llama_model_n_params(self.ptr))
 

@@ -317,11 +317,16 @@ class Engine:
         return gen
 
     def _loosening_pays(self) -> bool:
-        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): n-gram lookup
-        alone never asks for a model's token, so nothing to weigh there."""
-        if self.draft_ctx is None:
-            return True
-        return worth.loosening_pays(self.draft_ctx.model.n_params, self.target_model.n_params)
+        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): the draft model's
+        size, or the share of the target a step of its MTP head touches (``worth.head_params``);
+        n-gram lookup alone never asks for a model's token, so nothing to weigh there."""
+        m = self.target_model
+        if self.draft_ctx is not None:
+            return worth.loosening_pays(self.draft_ctx.model.n_params, m.n_params)
+        if self.mtp_ctx is not None:
+            return worth.loosening_pays(worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn),
+                                        m.n_params)
+        return True
 
     def steady_batches(self, spec: SpecSettings) -> bool:
         """Whether ``spec``'s verification batches are padded to a steady width

@@ -33,6 +33,16 @@ def loosening_pays(draft_params: int, target_params: int) -> bool:
     return draft_params < ASK_SHARE * target_params
 
 
+def head_params(n_params: int, n_vocab: int, n_embd: int, n_layer: int, n_nextn: int) -> int:
+    """About how many of a model's parameters one step of its MTP head touches: its own
+    layers (an average layer each) and the output matrix it shares with the trunk. On a large
+    model a few percent of the whole; on a tiny one with a large vocabulary nearly all of it
+    (the output matrix is most of such a model), where an ask costs as much as a decode."""
+    output = n_vocab * n_embd
+    per_layer = max(n_params - 2 * output, 0) / max(n_layer, 1)
+    return int(output + n_nextn * per_layer)
+
+
 def alone(costs: Costs) -> float:
     """Tokens per second of a plain target decode (host time included), now."""
     return 1.0 / (costs.host + costs.target(1))
