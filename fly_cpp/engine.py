@@ -322,10 +322,10 @@ class Engine:
         n-gram lookup alone never asks for a model's token, so nothing to weigh there."""
         m = self.target_model
         if self.draft_ctx is not None:
-            return worth.loosening_pays(self.draft_ctx.model.n_params, m.n_params)
+            return worth.loosening_pays(self.draft_ctx.model.n_params, m.n_params, m.size_bytes)
         if self.mtp_ctx is not None:
             return worth.loosening_pays(worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn),
-                                        m.n_params)
+                                        m.n_params, m.size_bytes)
         return True
 
     def steady_batches(self, spec: SpecSettings) -> bool:

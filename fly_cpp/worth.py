@@ -19,18 +19,24 @@ from collections.abc import Sequence
 from fly_cpp.costs import Costs
 
 ASK_SHARE = 0.5  # FLy loosens under k auto where the draft model has less than this share of the target's parameters
+LOOSE_MIN_BYTES = 256 << 20  # ... and where the target's weights are at least this large
 
 
-def loosening_pays(draft_params: int, target_params: int) -> bool:
+def loosening_pays(draft_params: int, target_params: int, target_bytes: int) -> bool:
     """Whether FLy's loose acceptance can pay under k auto. To keep the text independent of
     where rounds end, FLy asks the draft model for its token wherever the target was unsure and
-    no draft reached (``fly_cpp.loop``), and each ask is a draft step beside a plain decode.
-    Where the draft model is half the target's size or more (a draft as large as its target, a
-    quantized copy of it), a draft step costs about as much as a decode, k auto rarely drafts,
-    and the asks cost more than the loose tokens save: fly then keeps exact matches only (its
-    text is spd's). Decided from the models alone, never from timings, so the same request
-    gives the same text on any machine."""
-    return draft_params < ASK_SHARE * target_params
+    no draft reached (``fly_cpp.loop``), each ask a draft step beside a plain decode, and every
+    window it opens is drafted and verified to its end. That pays where a draft step is cheap
+    beside a decode and extra verified rows are nearly free, as on a target whose decode is
+    reading its weights. It does not where the draft model is half the target's size or more (a
+    draft as large as its target, a quantized copy of it: a step costs about a decode), nor on a
+    target under ``LOOSE_MIN_BYTES`` of weights, whose decode costs its overheads and its
+    arithmetic (cache-resident on a CPU, launch-bound on a GPU): every step costs about as much
+    as any other and every verified row its full share (measured on the kit's 30 MB `fast`
+    pair: fly 0.69x the target with loosening, spd's speed without). fly then keeps exact
+    matches only (its text is spd's). Decided from the models alone, never from timings, so
+    the same request gives the same text on any machine."""
+    return draft_params < ASK_SHARE * target_params and target_bytes >= LOOSE_MIN_BYTES
 
 
 def head_params(n_params: int, n_vocab: int, n_embd: int, n_layer: int, n_nextn: int) -> int:

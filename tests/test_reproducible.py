@@ -111,4 +111,5 @@ def test_k_auto_matches_exactly_where_asking_the_draft_costs_a_decode(pair):
 
 def test_loosening_pays_with_a_draft_under_half_the_target():
     from fly_cpp.worth import loosening_pays
-    assert loosening_pays(500_000_000, 1_500_000_000) and not loosening_pays(800, 1_000)
+    assert loosening_pays(500_000_000, 1_500_000_000, 3_000_000_000) and not loosening_pays(800, 1_000, 3_000_000_000)
+    assert not loosening_pays(2_000_000, 15_000_000, 30_000_000)  # a target whose decode is its overheads
