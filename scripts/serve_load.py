@@ -95,14 +95,15 @@ def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
     return proc, m.group(1)
 
 
-def start_llama_server(binary: str, target: str, draft: str | None, parallel: int) -> tuple[subprocess.Popen, str]:
-    """llama.cpp's llama-server on the same files, one thread as fly-cpp's, ``parallel`` slots."""
+def start_llama_server(binary: str, target: str, draft: str | None, parallel: int,
+                       threads: int = 1) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's llama-server on the same files, with fly-cpp's threads and ``parallel`` slots."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [binary, "-m", target, "--port", str(port), "-t", "1", "-np", str(parallel), "--metrics"]
+    args = [binary, "-m", target, "--port", str(port), "-t", str(threads), "-np", str(parallel), "--metrics"]
     if draft:
-        args += ["-md", draft, "-td", "1"]
+        args += ["-md", draft, "-td", str(threads)]
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -131,6 +132,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--mode", help="fly, spd or target (default: the server's)")
     p.add_argument("--parallel", "-np", type=int, default=1, help="slots of the servers started here (-np)")
+    p.add_argument("--threads", "-t", type=int, default=1, help="threads of the servers started here")
     p.add_argument("--llama-server", metavar="BIN", help="also load llama.cpp's llama-server on the same files")
     p.add_argument("--peer-draft", choices=("on", "off"), default="on",
                    help="llama-server speculates with the same draft model (off: the target alone; its build of "
@@ -140,7 +142,7 @@ def main() -> None:
     proc = None
     url = args.url
     if url is None:
-        proc, url = start_server(["-t", "1", "-np", str(args.parallel), *serve_args])
+        proc, url = start_server(["-t", str(args.threads), "-np", str(args.parallel), *serve_args])
     try:
         result = {"fly-cpp": asyncio.run(load(url, args.api_key, args.clients, args.requests, body))}
         if args.llama_server:
@@ -148,7 +150,7 @@ def main() -> None:
                               else {}).json()
             peer, peer_url = start_llama_server(args.llama_server, props["model_path"],
                                                 props.get("draft_model_path") if args.peer_draft == "on" else None,
-                                                args.parallel)
+                                                args.parallel, args.threads)
             try:
                 result["llama-server"] = asyncio.run(load(peer_url, None, args.clients, args.requests,
                                                           {"max_tokens": args.max_tokens}))
