@@ -1182,6 +1182,10 @@ class _Batcher:
         # One-row micro-batches promise a row's numbers independent of its batch, but llama.cpp
         # puts one row of each of two sequences in one micro-batch even then (split_equal with
         # a cache per sequence): such a context gives each sequence a llama_decode of its own.
+        # in order of sequence: llama.cpp's split for a cache per sequence puts sequences in one
+        # micro-batch only while their ids follow one another in the batch (else it reads the
+        # weights once per run of ids)
+        jobs = sorted(jobs, key=lambda j: j.seq)
         groups = [[j] for j in jobs] if self.ctx.n_ubatch == 1 and len(jobs) > 1 else [jobs]
         start = time.perf_counter()
         for group in groups:
