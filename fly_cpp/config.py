@@ -258,8 +258,8 @@ class SpecSettings:
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
     loosen: str = field(default="auto", metadata=_help(
         "fly: 'auto' = loose acceptance, except under k auto with a draft model half the target's size or more, "
-        "or a target under 256 MiB (asking the draft for its tokens would cost more than they save: fly then "
-        "matches exactly); 'on' = always; "
+        "a target under 256 MiB, or several slots (asking the draft for its tokens would cost more than they "
+        "save: fly then matches exactly); 'on' = always; "
         "'off' = never (fly's text is then spd's)"))
     loose_min_ratio: float = field(default=0.5, metadata=_help(
         "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "

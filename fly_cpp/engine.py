@@ -280,7 +280,7 @@ class Engine:
             raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
         self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
-        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self._loosening_pays():
+        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and (self.n_seq > 1 or not self._loosening_pays()):
             spec = dataclasses.replace(spec, loosen="off")
         rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
         if rules is not None and sampling.grammar_trigger:
@@ -317,7 +317,10 @@ class Engine:
         return gen
 
     def _loosening_pays(self) -> bool:
-        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): the draft model's
+        """Whether k auto's fly loosens on this pair with one slot (with several it never does:
+        slots draft only what windows need, so FLy would ask the draft model at nearly every
+        unsure position, a draft decode beside every shared target decode: on the F16 pair at
+        -np 4 fly ran at half spd's throughput) (``worth.loosening_pays``): the draft model's
         size, or the share of the target a step of its MTP head touches (``worth.head_params``);
         n-gram lookup alone never asks for a model's token, so nothing to weigh there."""
         m = self.target_model

@@ -226,3 +226,14 @@ def test_one_row_micro_batches_give_each_sequence_its_own_numbers(slots):
         for s, tokens in zip(seqs, prompts):
             ctx._shared.edit(s.seq_id, len(tokens) - 1)
             s.truncate(0)
+
+
+def test_k_auto_fly_matches_exactly_with_several_slots(slots):
+    """Slots draft only what windows need, so FLy would ask the draft model at nearly every unsure
+    position: with several slots k auto's fly keeps exact matches (the configuration decides,
+    never the load); a fixed k, or --loosen on, still loosens."""
+    auto = slots.generate(PROMPTS[0], spec=SpecSettings(), max_tokens=8)
+    assert auto.request.spec.loosen == "off"
+    auto.run()
+    assert slots.generate(PROMPTS[0], spec=SpecSettings(k=4), max_tokens=8).request.spec.loosen == "auto"
+    assert slots.generate(PROMPTS[0], spec=SpecSettings(loosen="on"), max_tokens=8).request.spec.loosen == "on"
