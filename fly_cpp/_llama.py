@@ -16,7 +16,6 @@ import struct
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter
@@ -465,6 +464,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def _decode_failed(name: str, rc: int, more: dict[int, str] | None = None) -> FlyError:
+    """The error of a llama_decode that returned ``rc`` (``more``: a caller's own codes)."""
+    what = {1: "no KV slot (context full)", 2: "aborted", **(more or {})}.get(rc, f"error {rc}")
+    return FlyError(f"llama_decode failed on {name}: {what}")
+
+
 def _rows_wanted(held: int, n: int, n_ctx: int, n_batch: int, logits: str | int) -> int:
     """How many of ``n`` new tokens a decode returns logits for (``logits``: "none", "last",
     "all" or a number), after checking that they fit the context (``held`` there already) and
@@ -683,8 +688,7 @@ class Context:
             rc = self._call(ll.llama_decode, self.ptr, batch)
             if rc != 0:
                 self._physical(lo, failed=True)  # a failed decode may leave part of the chunk behind
-                what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
-                raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
+                raise _decode_failed(self.model.name, rc)
             self._done = hi
             self._room = min(self.n_rs_seq, hi - lo - 1)
             self._record_hidden(lo, hi)
@@ -713,8 +717,7 @@ class Context:
         self._done = len(self.tokens)
         if status != 0:
             self._physical(len(self.tokens), failed=True)
-            what = {1: "no KV slot (context full)", 2: "aborted", -1: "no logits"}.get(status, f"error {status}")
-            raise FlyError(f"llama_decode failed on {self.model.name}: {what}")
+            raise _decode_failed(self.model.name, status, {-1: "no logits"})  # -1: the run's own
         return got
 
     def sync(self, committed: Sequence[int]) -> None:
@@ -1160,7 +1163,7 @@ class _Batcher:
         if not missing:
             self.gather_until = None
             return 0.0
-        now = time.perf_counter()
+        now = perf_counter()
         if self.gather_until is None:
             self.gather_until = now + min(self.took / 4, 0.02)
         left = self.gather_until - now
@@ -1179,18 +1182,17 @@ class _Batcher:
                 raise FlyError(f"{ctx.model.name}: llama.cpp refused to roll sequence {seq} back to {n} tokens")
 
     def _run(self, jobs: list[_Job]) -> None:
-        # One-row micro-batches promise a row's numbers independent of its batch, but llama.cpp
-        # puts one row of each of two sequences in one micro-batch even then (split_equal with
-        # a cache per sequence): such a context gives each sequence a llama_decode of its own.
-        # in order of sequence: llama.cpp's split for a cache per sequence puts sequences in one
+        # llama.cpp's split for a cache per sequence (split_equal) puts several sequences in one
         # micro-batch only while their ids follow one another in the batch (else it reads the
-        # weights once per run of ids)
+        # weights once per run of ids), hence the order; and it puts one row of each of two
+        # sequences together even at n_ubatch 1, whose promise (a row's numbers independent of
+        # its batch) then needs a llama_decode per sequence
         jobs = sorted(jobs, key=lambda j: j.seq)
         groups = [[j] for j in jobs] if self.ctx.n_ubatch == 1 and len(jobs) > 1 else [jobs]
-        start = time.perf_counter()
+        start = perf_counter()
         for group in groups:
             self._run_one(group)
-        self.took, self.last = time.perf_counter() - start, {j.seq for j in jobs}
+        self.took, self.last = perf_counter() - start, {j.seq for j in jobs}
 
     def _run_one(self, jobs: list[_Job]) -> None:
         ctx, batch, i = self.ctx, self.ctx._batch, 0
@@ -1207,10 +1209,9 @@ class _Batcher:
         self.decodes += 1
         self.rows += i
         if rc != 0:
-            what = {1: "no KV slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
             for j in jobs:  # a failed decode may leave part of the batch behind
                 ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos, -1)
-                j.error = FlyError(f"llama_decode failed on {ctx.model.name}: {what}")
+                j.error = _decode_failed(ctx.model.name, rc)
             return
         n_out = sum(j.want for j in jobs)
         # (n_out, n_vocab): the rows with logits in batch order; each sequence keeps a copy, since
