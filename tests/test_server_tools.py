@@ -119,3 +119,24 @@ def test_openai_client_round_trip(qwen35_pair, tmp_path):
         assert [(d.function.name, d.function.arguments) for d in deltas] == [(call.function.name, call.function.arguments)]
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+def test_forced_call_on_the_anthropic_and_responses_endpoints(client):
+    """The surfaces converted to a chat body read the answer as the chat endpoint does: a forced
+    call comes back as Anthropic's tool_use block and as a Responses function_call item."""
+    tool = {"name": "pet", "description": "adopt a pet", "input_schema": PET}
+    r = client.post("/v1/messages", json={"messages": CHAT, "tools": [tool], "tool_choice": {"type": "any"},
+                                          "max_tokens": 120, "temperature": 0})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["stop_reason"] == "tool_use"
+    use = [b for b in out["content"] if b["type"] == "tool_use"]
+    assert use and use[0]["name"] == "pet"
+    jsonschema.validate(use[0]["input"], PET)
+    r = client.post("/v1/responses", json={"input": CHAT[0]["content"], "tool_choice": "required",
+                                           "tools": [{"type": "function", "name": "pet", "parameters": PET}],
+                                           "max_output_tokens": 120, "temperature": 0})
+    assert r.status_code == 200, r.text
+    calls = [item for item in r.json()["output"] if item["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "pet"
+    jsonschema.validate(json.loads(calls[0]["arguments"]), PET)

@@ -26,8 +26,8 @@ from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
-from fly_cpp.server.oai import answer, chat_body, chat_generation
-from fly_cpp.server.prepare import ChatDefaults, chat_prompt, prepare
+from fly_cpp.server.oai import answer, chat_body, chat_generation, prompt_tokens
+from fly_cpp.server.prepare import ChatDefaults
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 
@@ -45,21 +45,19 @@ def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1,
     async def messages(body: dict[str, Any], request: Request) -> Response:
         chat = chat_body(to_chat(body))
         fly, prepared = await chat_generation(served, compat, chat, "/v1/messages", n_predict, defaults)
-        gen = prepared.gen
+        gen, reading = prepared.gen, prepared.reading
         model, stops = fly.model, (chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ())
         head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model}
         top = oai.head("chat.completion", model)
-        return await answer(runs, request, gen, chat.stream, lambda: oai.chat_chunks(gen, top),
-                            lambda: message(oai.chat_completion(gen, top), gen, head, stops),
+        return await answer(runs, request, gen, chat.stream, lambda: oai.chat_chunks(gen, top, opts=reading),
+                            lambda: message(oai.chat_completion(gen, top, opts=reading), gen, head, stops),
                             lambda items: _events(items, gen, head, stops), after_error=b"",
                             error_event=lambda body: sse.named({"type": "error", **body}))
 
     @r.post("/v1/messages/count_tokens")
     async def count_tokens(body: dict[str, Any]) -> dict[str, int]:
-        chat = chat_body(to_chat(body))
-        compat.check(chat, "/v1/messages/count_tokens")
-        fly = served.ready
-        return {"input_tokens": len(await prepare(lambda: chat_prompt(fly, chat, chat.messages, defaults)))}
+        n = await prompt_tokens(served, compat, chat_body(to_chat(body)), "/v1/messages/count_tokens", defaults)
+        return {"input_tokens": n}
 
     return r
 

@@ -20,7 +20,7 @@ from fly_cpp.generation import Generation
 from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest, GenerationBody, TextCompletionRequest
-from fly_cpp.server.prepare import ChatDefaults, Prepared, generation, limit, prepare, slot_of
+from fly_cpp.server.prepare import ChatDefaults, Prepared, chat_prompt, generation, limit, prepare, slot_of
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -109,6 +109,15 @@ async def chat_generation(served: Served, compat: Compat, body: Any, where: str,
     prepared = await prepare(lambda: generation(fly, body, messages=body.messages, max_tokens=max_tokens,
                                                 n_probs=0 if shown is None else max(shown, 1), chat=defaults))
     return fly, prepared
+
+
+async def prompt_tokens(served: Served, compat: Compat, body: Any, where: str,
+                        defaults: ChatDefaults = ChatDefaults()) -> int:
+    """How many tokens a chat body's prompt is (the token-counting endpoints of Anthropic's and
+    OpenAI's Responses API), checked and rendered off the event loop as a generation's is."""
+    compat.check(body, where)
+    fly = served.ready
+    return len(await prepare(lambda: chat_prompt(fly, body, body.messages, defaults)))
 
 
 def _choices(body: GenerationBody) -> list[Any]:

@@ -27,8 +27,8 @@ from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest
-from fly_cpp.server.oai import answer, chat_body, chat_generation
-from fly_cpp.server.prepare import ChatDefaults, chat_prompt, prepare
+from fly_cpp.server.oai import answer, chat_body, chat_generation, prompt_tokens
+from fly_cpp.server.prepare import ChatDefaults
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -47,19 +47,17 @@ def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1,
         progress = body.get("return_progress") is True
         chat = chat_body(to_chat({k: v for k, v in body.items() if k != "return_progress"}))
         fly, prepared = await chat_generation(served, compat, chat, "/v1/responses", n_predict, defaults)
-        gen = prepared.gen
+        gen, reading = prepared.gen, prepared.reading
         ids = Ids()
         top = oai.head("chat.completion", fly.model)
-        return await answer(runs, request, gen, chat.stream, lambda: oai.chat_chunks(gen, top),
-                            lambda: response(oai.chat_completion(gen, top), gen, ids, fly.model),
+        return await answer(runs, request, gen, chat.stream, lambda: oai.chat_chunks(gen, top, opts=reading),
+                            lambda: response(oai.chat_completion(gen, top, opts=reading), gen, ids, fly.model),
                             lambda items: _events(items, gen, ids, fly.model, chat.timings_per_token, progress),
                             after_error=b"")
 
     async def count(chat: Any, where: str) -> dict[str, Any]:
-        compat.check(chat, where)
-        fly = served.ready
-        n = len(await prepare(lambda: chat_prompt(fly, chat, chat.messages, defaults)))
-        return {"object": "response.input_tokens", "input_tokens": n}
+        return {"object": "response.input_tokens",
+                "input_tokens": await prompt_tokens(served, compat, chat, where, defaults)}
 
     @r.post("/v1/responses/input_tokens")
     @r.post("/responses/input_tokens")
