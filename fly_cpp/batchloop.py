@@ -37,7 +37,6 @@ class Slots:
         self.drafts: list[Seq] | None = [draft.seq(i) for i in range(n)] if draft is not None else None
         self.busy = [False] * n
         self._count = threading.Condition()
-        self.active = 0  # slots generating now
 
     @contextmanager
     def take(self, slot: int | None, prompt: Sequence[int] = ()) -> Iterator[int]:
@@ -51,15 +50,17 @@ class Slots:
                     break
                 self._count.wait()
             self.busy[at] = True
-            self.active += 1
         try:
             yield at
         finally:
             with self._count:
                 self.busy[at] = False
-                self.active -= 1
                 self._count.notify_all()
 
+    @property
+    def active(self) -> int:
+        """Slots generating now."""
+        return sum(self.busy)
 
     def wait_idle(self) -> None:
         """Return once no slot is generating (closing the engine waits for the running ones)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -45,3 +46,16 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout=60)
+
+
+def named_events(text: str) -> list[dict]:
+    """A stream of named server-sent events (``event: NAME`` then ``data: JSON``, as Anthropic's
+    and OpenAI Responses' streams send them): the events, each checked to carry its own name."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        kind, data = block.split("\n")
+        assert kind.startswith("event: ") and data.startswith("data: ")
+        event = json.loads(data[len("data: "):])
+        assert kind == f"event: {event['type']}"
+        out.append(event)
+    return out

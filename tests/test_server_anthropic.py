@@ -3,10 +3,10 @@ chat body, whole and streamed messages, stop sequences, usage, token counting, r
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from fastapi.testclient import TestClient
+from serving import named_events
 
 from fly_cpp import Fly
 from fly_cpp.errors import FlyError
@@ -20,17 +20,6 @@ USER = [{"role": "user", "content": "Once upon a time"}]
 def client(stories, stories_draft):
     with Fly(stories, stories_draft, n_ctx=256) as fly, TestClient(create_app(fly)) as c:
         yield c
-
-
-def named_events(text: str) -> list[dict]:
-    out = []
-    for block in text.strip().split("\n\n"):
-        kind, data = block.split("\n")
-        assert kind.startswith("event: ") and data.startswith("data: ")
-        event = json.loads(data[len("data: "):])
-        assert event["type"] == kind[len("event: "):]
-        out.append(event)
-    return out
 
 
 def test_conversion_to_a_chat_body():

@@ -3,10 +3,10 @@ tiny pair): the conversion of ``input``, whole and streamed responses, progress 
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from fastapi.testclient import TestClient
+from serving import named_events
 
 from fly_cpp import Fly
 from fly_cpp.errors import FlyError
@@ -21,16 +21,6 @@ INPUT = [{"role": "developer", "content": "You tell stories."},
 def client(stories, stories_draft):
     with Fly(stories, stories_draft, n_ctx=256) as fly, TestClient(create_app(fly)) as c:
         yield c
-
-
-def named_events(text: str) -> list[dict]:
-    out = []
-    for block in text.strip().split("\n\n"):
-        kind, data = block.split("\n")
-        event = json.loads(data[len("data: "):])
-        assert kind == f"event: {event['type']}"
-        out.append(event)
-    return out
 
 
 def test_conversion_to_a_chat_body():
