@@ -42,7 +42,7 @@ class Sleep:
             idle = self.active == 0 and not busy and worker.waiting == 0 and served.loaded.is_set()
             if not idle:
                 self.last = time.monotonic()
-            elif not served.sleeping and served.fly is not None and time.monotonic() - self.last >= self.idle:
+            elif not served.sleeping and fly is not None and time.monotonic() - self.last >= self.idle:
                 served.doze()  # on the event loop: a request from now on waits for wake()
                 await run_in_threadpool(served.sleep)
 
