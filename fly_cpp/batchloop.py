@@ -11,11 +11,13 @@ so none waits for another's round. A new request's
 prompt goes in n_batch chunks, each one shared decode, so the other slots' rounds go on between
 them.
 
-Drafting under load (``Throttled``): while more than one slot is active, a drafted row is
-priced as a full row of the shared batch, the price of another client's real token; on a
-machine where a batch costs its rows (a CPU), drafting then cannot pay, so slots draft only
-what an open cross-round window needs to be judged. Alone, a slot drafts as it always does.
-Total throughput is therefore never below the same slots without speculation.
+Drafting under load (``Throttled``): while more than one slot is active, k auto prices a
+round as the slots run it, in step (``fly_cpp.pacer``, ``fly_cpp.costs.Shared``): its draft
+steps and its verification rows share decodes with every active slot's, and it drafts only
+where that beats the shared decode of one row per slot. A memory-bound target (a batch of
+many rows costs a few decodes) keeps drafting; a compute-bound one drafts less or not at all.
+A fixed k drafts only what an open cross-round window needs to be judged. Alone, a slot
+drafts as it always does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from contextlib import contextmanager
 
 from fly_cpp._llama import Context, Seq, common_prefix
 from fly_cpp.drafters import Draft, Drafter, Report
+from fly_cpp.pacer import Pacer
 
 
 class Slots:
@@ -70,16 +73,20 @@ class Slots:
 
 
 class Throttled:
-    """A drafter that drafts only what an open window needs while other slots are active."""
+    """A slot's drafter while other slots are active: k auto's (``pacer``) priced for the shared
+    decode, a fixed k's cut to what an open window needs."""
 
-    def __init__(self, inner: Drafter, slots: Slots) -> None:
-        self.inner, self.slots = inner, slots
+    def __init__(self, inner: Drafter, slots: Slots, pacer: Pacer | None) -> None:
+        self.inner, self.slots, self.pacer = inner, slots, pacer
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.inner.begin(prompt)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
-        if self.slots.active > 1:
+        active = self.slots.active
+        if self.pacer is not None:
+            self.pacer.sharing = active
+        elif active > 1:
             limit = min(limit, need)
             if limit <= 0:
                 return Draft()

@@ -305,7 +305,7 @@ class Engine:
             steady = Steady() if made is not None and self.steady_batches(spec) else None
             pacer = made.pacer if isinstance(made, PacedDrafter) else None
             if self.slots is not None and made is not None:
-                made = Throttled(made, self.slots)
+                made = Throttled(made, self.slots, pacer)
             return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
 
         if self.slots is None:
@@ -431,11 +431,7 @@ class Engine:
                 yield from steps
             finally:
                 if pacer is not None:
-                    if self._costs is not None and self._costs.disagrees and self._costs.cached:
-                        costcache.drop(self.cost_key())  # the next process measures again
-                        self._costs.cached = False
-                    stats.pacing = pacer.as_dict()
-                    recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
+                    self._finish(pacer, stats)
                 if recurrent:
                     stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
                                       for role, (ctx, before) in recurrent.items()}
@@ -459,7 +455,18 @@ class Engine:
                 yield from steps
             finally:
                 if pacer is not None:
-                    stats.pacing = pacer.as_dict()
+                    with self._lock:
+                        self._finish(pacer, stats)
+
+    def _finish(self, pacer: Pacer, stats: Stats) -> None:
+        """What a paced generation leaves when it ends, in one slot or several: its pacing in
+        the stats, what k auto learned for the next process, and a cached cost curve that its
+        live decodes contradicted dropped (the next process measures again)."""
+        if self._costs is not None and self._costs.disagrees and self._costs.cached:
+            costcache.drop(self.cost_key())
+            self._costs.cached = False
+        stats.pacing = pacer.as_dict()
+        recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

@@ -104,7 +104,8 @@ class PacedDrafter:
             out += new
             history += new
             confidences += s.sure[: len(new)]
-            pacer.costs.observe_draft(s.rows, self.now() - t0)  # a draft step's cost, with its host work
+            if pacer.sharing == 1:  # a draft step's cost, with its host work (a shared one's is not its own)
+                pacer.costs.observe_draft(s.rows, self.now() - t0)
             if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
                 break
             for q in s.sure[: len(new)]:
@@ -153,11 +154,13 @@ class PacedDrafter:
 
     def accept(self, report: Report) -> None:
         """A round: its target decode teaches the costs by the rows decoded (more than verified
-        where the batch was padded, ``fly_cpp.shape``), and the drafts verified teach acceptance."""
-        costs = self.pacer.costs
-        warm = costs.observe_target(report.decoded_rows, report.target_seconds)
-        costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
-        costs.observe_host(report.round_seconds - report.draft_seconds - report.target_seconds)
+        where the batch was padded, ``fly_cpp.shape``; not under load), and the drafts verified
+        teach acceptance."""
+        costs, warm = self.pacer.costs, False
+        if self.pacer.sharing == 1:  # a shared decode's timings are the others' too: nothing to learn from them
+            warm = costs.observe_target(report.decoded_rows, report.target_seconds)
+            costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
+            costs.observe_host(report.round_seconds - report.draft_seconds - report.target_seconds)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
         self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm)
         self._learn_left_out(report.committed)
