@@ -6,7 +6,9 @@
     python scripts/serve_load.py --url http://127.0.0.1:8080 --api-key KEY
     python scripts/serve_load.py --clients 4 --parallel 4 --llama-server llama-bin/llama-server
 
-Each client streams /v1/completions requests back to back (prompts vary per request). The server
+Each client streams /v1/completions requests back to back (prompts vary per request), or with
+``--dataset NAME`` (humaneval, spec_bench, ... as ``fly-cpp bench`` has them) /v1/chat/completions
+requests of that dataset's first ``--prompts`` prompts, rendered by each server's chat template. The server
 generates ``--parallel`` requests at once (its slots); the others wait in its queue, so time to
 first token includes that wait. ``--llama-server BIN``: the same load, then, against llama.cpp's
 own server (scripts/build-llama-cpp.sh builds it) on the same model files with the same number
@@ -21,32 +23,51 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import httpx
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily went to the park", "Tom had a red ball", "One day, a bird"]
 
 
-async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, out: list[dict]) -> None:
+def _text(chunk: dict) -> str:
+    """The text of a streamed completion or chat chunk."""
+    if not chunk.get("choices"):
+        return ""
+    choice = chunk["choices"][0]
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+
+
+async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, prompts: list[str] | None,
+                 out: list[dict]) -> None:
     for i in range(n):
-        payload = {**body, "prompt": f"{PROMPTS[(cid + i) % len(PROMPTS)]}", "stream": True}
+        if prompts is None:
+            path, payload = "/v1/completions", {**body, "prompt": PROMPTS[(cid + i) % len(PROMPTS)]}
+        else:  # each client goes through the prompts from its own starting point
+            text = prompts[(cid * n + i) % len(prompts)]
+            path, payload = "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": text}]}
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
         start = time.perf_counter()
         first = None
         usage = None
         pieces = 0  # text chunks: the token count where a server sends no usage
-        async with http.stream("POST", "/v1/completions", json=payload) as r:
-            r.raise_for_status()
+        async with http.stream("POST", path, json=payload) as r:
+            if r.status_code != 200:
+                await r.aread()
+                sys.exit(f"{path}: HTTP {r.status_code}: {r.text[:500]}")
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                text = chunk["choices"][0]["text"] if chunk.get("choices") else ""
+                text = _text(chunk)
                 pieces += bool(text)
                 if first is None and text:
                     first = time.perf_counter() - start
@@ -55,14 +76,20 @@ async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, out: lis
                     "tokens": usage["completion_tokens"] if usage else pieces})
 
 
-async def load(url: str, key: str | None, clients: int, requests: int, body: dict) -> dict:
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+async def load(url: str, key: str | None, clients: int, requests: int, body: dict,
+               prompts: list[str] | None = None) -> dict:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     results: list[dict] = []
     per_client = [requests // clients + (c < requests % clients) for c in range(clients)]
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as http:
         await http.post("/completion", json={"prompt": "warm up", "n_predict": 8})
         start = time.perf_counter()
-        await asyncio.gather(*(client(http, c, per_client[c], body, results) for c in range(clients)))
+        await asyncio.gather(*(client(http, c, per_client[c], body, prompts, results) for c in range(clients)))
         wall = time.perf_counter() - start
         metrics = (await http.get("/metrics")).text
     tokens = sum(r["tokens"] for r in results)
@@ -70,6 +97,8 @@ async def load(url: str, key: str | None, clients: int, requests: int, body: dic
             "tokens": tokens, "tokens_per_second": tokens / wall,
             "mean_latency_seconds": statistics.mean(r["seconds"] for r in results),
             "mean_ttft_seconds": statistics.mean(r["ttft"] for r in results),
+            "p50_ttft_seconds": _percentile([r["ttft"] for r in results], 0.5),
+            "p95_ttft_seconds": _percentile([r["ttft"] for r in results], 0.95),
             "mean_accepted": _mean_accepted(metrics)}
 
 
@@ -96,14 +125,16 @@ def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 def start_llama_server(binary: str, target: str, draft: str | None, parallel: int,
-                       threads: int = 1) -> tuple[subprocess.Popen, str]:
-    """llama.cpp's llama-server on the same files, with fly-cpp's threads and ``parallel`` slots."""
+                       threads: int = 1, extra: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's llama-server on the same files, with fly-cpp's threads and ``parallel`` slots
+    (``extra``: more of its options, e.g. its draft settings)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [binary, "-m", target, "--port", str(port), "-t", str(threads), "-np", str(parallel), "--metrics"]
     if draft:
         args += ["-md", draft, "-td", str(threads)]
+    args += extra
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -137,23 +168,30 @@ def main() -> None:
     p.add_argument("--peer-draft", choices=("on", "off"), default="on",
                    help="llama-server speculates with the same draft model (off: the target alone; its build of "
                         "these sources crashes at start with the bundled stories260K draft)")
+    p.add_argument("--peer-args", default="", help="more options for llama-server, e.g. '--spec-draft-n-max 5'")
+    p.add_argument("--dataset", help="chat requests of this dataset's prompts (humaneval, spec_bench, ...)")
+    p.add_argument("--prompts", type=int, default=20, help="how many of the dataset's prompts (default 20)")
     args = p.parse_args(argv)
-    body = {"max_tokens": args.max_tokens, **({"mode": args.mode} if args.mode else {})}
+    body = {"max_tokens": args.max_tokens, "temperature": 0, **({"mode": args.mode} if args.mode else {})}
+    prompts = None
+    if args.dataset:
+        from fly_cpp.bench.datasets import load as load_dataset, select
+        prompts = [q.text for q in select(load_dataset(args.dataset).prompts, args.prompts)]
     proc = None
     url = args.url
     if url is None:
         proc, url = start_server(["-t", str(args.threads), "-np", str(args.parallel), *serve_args])
     try:
-        result = {"fly-cpp": asyncio.run(load(url, args.api_key, args.clients, args.requests, body))}
+        result = {"fly-cpp": asyncio.run(load(url, args.api_key, args.clients, args.requests, body, prompts))}
         if args.llama_server:
             props = httpx.get(url + "/props", headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key
                               else {}).json()
             peer, peer_url = start_llama_server(args.llama_server, props["model_path"],
                                                 props.get("draft_model_path") if args.peer_draft == "on" else None,
-                                                args.parallel, args.threads)
+                                                args.parallel, args.threads, shlex.split(args.peer_args))
             try:
                 result["llama-server"] = asyncio.run(load(peer_url, None, args.clients, args.requests,
-                                                          {"max_tokens": args.max_tokens}))
+                                                          {"max_tokens": args.max_tokens, "temperature": 0}, prompts))
             finally:
                 peer.terminate()
                 peer.wait()
