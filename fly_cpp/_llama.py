@@ -589,6 +589,13 @@ class Context:
         if lo <= self._hidden_valid:
             self._hidden_valid = max(self._hidden_valid, hi)
 
+    @property
+    def sharing(self) -> tuple[int, int, int] | None:
+        """With several sequences: (shared decodes, the sequences and the rows they held, in
+        all) since the context was made; None with one."""
+        b = self._shared
+        return None if b is None else (b.shared, b.seqs, b.rows)
+
     def seq(self, seq_id: int) -> Seq:
         """Sequence ``seq_id``'s view of a context made with ``n_seq`` > 1."""
         if self._shared is None or not 0 <= seq_id < self.n_seq:
@@ -1120,6 +1127,8 @@ class _Batcher:
         self.busy = False
         self.decodes = 0  # llama_decode calls, and the rows they held (how wide the shared batches ran)
         self.rows = 0
+        self.shared = 0  # shared decodes (one per gathering: a llama_decode per sequence at n_ubatch 1)
+        self.seqs = 0  # ... and the sequences they held
         self.last: set[int] = set()  # the sequences of the last decode
         self.took = 0.0  # and how long it took
         self.gather_until: float | None = None
@@ -1193,6 +1202,8 @@ class _Batcher:
         for group in groups:
             self._run_one(group)
         self.took, self.last = perf_counter() - start, {j.seq for j in jobs}
+        self.shared += 1
+        self.seqs += len(jobs)
 
     def _run_one(self, jobs: list[_Job]) -> None:
         ctx, batch, i = self.ctx, self.ctx._batch, 0

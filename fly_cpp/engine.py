@@ -350,6 +350,12 @@ class Engine:
         """Each slot's generation (running, else its last) and its counters (``fly_cpp.ledger``)."""
         return self._ledger.view()
 
+    def sharing(self) -> dict[str, tuple[int, int, int]]:
+        """With several slots, how the shared decodes ran so far, by model ("target", "draft"):
+        (decodes, sequences, rows) in all (``Context.sharing``); empty with one slot."""
+        found = {role: ctx.sharing for role, ctx in (("target", self.target), ("draft", self.draft_ctx)) if ctx is not None}
+        return {role: v for role, v in found.items() if v is not None}
+
     @property
     def generations_running(self) -> int:
         return self._ledger.running

@@ -237,3 +237,18 @@ def test_k_auto_fly_matches_exactly_with_several_slots(slots):
     auto.run()
     assert slots.generate(PROMPTS[0], spec=SpecSettings(k=4), max_tokens=8).request.spec.loosen == "auto"
     assert slots.generate(PROMPTS[0], spec=SpecSettings(loosen="on"), max_tokens=8).request.spec.loosen == "on"
+
+
+def test_shared_decodes_are_counted(slots):
+    """``Engine.sharing`` (the server's ``llamacpp:n_busy_slots_per_decode`` and
+    ``fly_cpp_*_rows_per_decode``): slots running at once share the target's decodes."""
+    before = slots.sharing()["target"]
+    together(slots, "target")
+    decodes, seqs, rows = (a - b for a, b in zip(slots.sharing()["target"], before))
+    assert decodes > 0 and rows >= seqs >= decodes
+    assert seqs > decodes  # at least one decode held several slots' rows
+    assert set(slots.sharing()) == {"target", "draft"}
+
+
+def test_one_slot_shares_nothing(alone):
+    assert alone.sharing() == {}

@@ -184,7 +184,8 @@ def test_llamacpp_metrics_move(client):
     after = counters(client)
     t = out["timings"]
     assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == t["cache_n"]
-    assert after["llamacpp:n_busy_slots_per_decode"] == 1
+    assert after["llamacpp:n_busy_slots_per_decode"] == 1  # one slot
+    assert not any(name.endswith("_rows_per_decode") for name in after)
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 20
     assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == t["prompt_n"]
     assert after["llamacpp:spec_decode_num_draft_tokens_total"] - before["llamacpp:spec_decode_num_draft_tokens_total"] == t["draft_n"]

@@ -75,7 +75,7 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
                                     engine.generations_running if engine is not None else 0),
             "requests_deferred": ("Number of requests deferred (waiting for a slot).",
                                   runs.worker.waiting + (engine.generations_waiting if engine is not None else 0))},
-            slot_totals)
+            slot_totals, engine.sharing() if engine is not None else None)
         out = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
         # spelled as llama-server spells it (clients that read headers as a plain dict look for
         # this case); Starlette would lower-case a header given the usual way

@@ -88,9 +88,13 @@ class Metrics:
                 for i in range(length - 1):
                     self.per_position[i] += 1
 
-    def render(self, gauges: dict[str, tuple[str, float]], slots: Sequence[dict[str, int]] = ()) -> str:
+    def render(self, gauges: dict[str, tuple[str, float]], slots: Sequence[dict[str, int]] = (),
+               sharing: dict[str, tuple[int, int, int]] | None = None) -> str:
         """``gauges``: name -> (help, value); ``slots``: each slot's counters over its life
-        (``fly_cpp.ledger``), as ``fly_cpp_slot_<name>_total{slot="i"}``."""
+        (``fly_cpp.ledger``), as ``fly_cpp_slot_<name>_total{slot="i"}``; ``sharing``: with
+        several slots, each model's shared decodes, the sequences and rows they held
+        (``Engine.sharing``)."""
+        sharing = sharing or {}
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, value: float) -> None:
@@ -113,9 +117,15 @@ class Metrics:
                "Average prompt throughput in tokens/s since the previous scrape.", prompt_rate)
         metric("llamacpp:predicted_tokens_seconds", "gauge",
                "Average generation throughput in tokens/s since the previous scrape.", predicted_rate)
-        # fly-cpp counts decodes per generation: each of them had one busy slot
-        metric("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call "
-               "(fly-cpp counts decodes per generation: 1 once any ran).", 1.0 if m["n_decode_total"] else 0.0)
+        if "target" in sharing:  # several slots: the target's shared decodes
+            decodes, seqs, _ = sharing["target"]
+            busy = seqs / decodes if decodes else 0.0
+        else:  # one slot: every decode had one busy slot
+            busy = 1.0 if m["n_decode_total"] else 0.0
+        metric("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call.", busy)
+        for role, (decodes, _, rows) in sharing.items():
+            metric(f"fly_cpp_{role}_rows_per_decode", "gauge", f"Average rows of the {role} model's shared decodes "
+                   "(several slots).", rows / decodes if decodes else 0.0)
         for name, (help_text, value) in gauges.items():
             metric(f"llamacpp:{name}", "gauge", help_text, value)
             metric(f"fly_cpp_{name}", "gauge", help_text, value)
