@@ -99,11 +99,22 @@ async def load(url: str, key: str | None, clients: int, requests: int, body: dic
             "mean_ttft_seconds": statistics.mean(r["ttft"] for r in results),
             "p50_ttft_seconds": _percentile([r["ttft"] for r in results], 0.5),
             "p95_ttft_seconds": _percentile([r["ttft"] for r in results], 0.95),
-            "mean_accepted": _mean_accepted(metrics)}
+            "mean_accepted": _mean_accepted(metrics), **_sharing(metrics)}
+
+
+def _metrics(text: str) -> dict[str, str]:
+    return dict(line.rsplit(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def _sharing(metrics: str) -> dict[str, float]:
+    """How the slots shared decodes (both servers: busy slots per decode; fly-cpp: rows too)."""
+    values = _metrics(metrics)
+    names = ("llamacpp:n_busy_slots_per_decode", "fly_cpp_target_rows_per_decode", "fly_cpp_draft_rows_per_decode")
+    return {name.split(":")[-1]: round(float(values[name]), 2) for name in names if name in values}
 
 
 def _mean_accepted(metrics: str) -> float | None:
-    values = dict(line.rsplit(None, 1) for line in metrics.splitlines() if line.strip() and not line.startswith("#"))
+    values = _metrics(metrics)
     if "fly_cpp_tokens_predicted_total" not in values:
         return None  # not fly-cpp
     rounds = float(values.get("fly_cpp_rounds_total", 0))
