@@ -180,14 +180,17 @@ def main() -> None:
                    help="llama-server speculates with the same draft model (off: the target alone; its build of "
                         "these sources crashes at start with the bundled stories260K draft)")
     p.add_argument("--peer-args", default="", help="more options for llama-server, e.g. '--spec-draft-n-max 5'")
-    p.add_argument("--dataset", help="chat requests of this dataset's prompts (humaneval, spec_bench, ...)")
+    p.add_argument("--dataset", help="chat requests of this dataset's prompts (humaneval, spec_bench, ...; "
+                                     "several, comma-separated: taken in turn)")
     p.add_argument("--prompts", type=int, default=20, help="how many of the dataset's prompts (default 20)")
     args = p.parse_args(argv)
     body = {"max_tokens": args.max_tokens, "temperature": 0, **({"mode": args.mode} if args.mode else {})}
     prompts = None
     if args.dataset:
         from fly_cpp.bench.datasets import load as load_dataset, select
-        prompts = [q.text for q in select(load_dataset(args.dataset).prompts, args.prompts)]
+        names = args.dataset.split(",")  # several: the prompts split evenly between them, taken in turn
+        sets = [[q.text for q in select(load_dataset(name).prompts, -(-args.prompts // len(names)))] for name in names]
+        prompts = [q for group in zip(*sets) for q in group][: args.prompts]
     proc = None
     url = args.url
     if url is None:
