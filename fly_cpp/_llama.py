@@ -482,13 +482,229 @@ def _rows_wanted(held: int, n: int, n_ctx: int, n_batch: int, logits: str | int)
     return want
 
 
-class Context:
+def _chunks(lo: int, hi: int, n_batch: int) -> list[tuple[int, int]]:
+    """Positions lo..hi-1 in batches of at most n_batch, the last batch full (it holds the rows
+    with logits: a decode's caller asks for at most n_batch of them); none when lo >= hi."""
+    if lo >= hi:
+        return []
+    last = max(hi - n_batch, lo)
+    starts = [*range(lo, last, n_batch), last]
+    return list(zip(starts, [*starts[1:], hi]))
+
+
+class _Cache:
+    """One sequence's cache and the one way it goes back, shared by ``Context`` (sequence 0 of a
+    context of its own) and ``Seq`` (one of a context's several).
+
+    ``tokens`` is the truth about the sequence: position p holds ``tokens[p]``. On a recurrent
+    or hybrid model (``rollback`` SNAPSHOTS or CHECKPOINTS, ``fly_cpp.rollback``) a rollback may
+    leave the last few of them *deferred* (``behind``): restored from an earlier checkpoint, they
+    are decoded again by the next decode, in the same batch as its own tokens. A subclass says
+    how its tokens are decoded (``_decode_range``, ``_rows``) and how a call reaches llama.cpp
+    (``_call``: at a moment no decode of the context runs), for its ``seq_id``."""
+
+    model: Model
+    ptr: Any
+    seq_id: int
+    n_rs_seq: int  # tokens a decode can drop natively (snapshots; 0: none kept)
+    n_ctx: int
+    n_batch: int
+    _memory: Any
+    _call: Any
+
+    def _track(self, rollback: str) -> None:
+        """Start the bookkeeping of an empty sequence that goes back the ``rollback`` way."""
+        self.rollback = rollback
+        self.rollbacks = rb.Ledger()
+        self.tokens: list[int] = []  # tokens[p] is the token at position p (the last ``behind`` deferred)
+        self._done = 0  # tokens[:_done] are in the cache; the rest are deferred
+        self._room = 0  # tokens the last decode can still drop natively (snapshots)
+        self._checkpoints = rb.Checkpoints()
+        self._intent: tuple[int, bool] | None = None  # (position, pinned): checkpoint there during the next decode
+
+    def _decode_range(self, end: int, want: int) -> None:
+        """Decode ``tokens[_done:end]`` at their positions, the last ``want`` rows with logits."""
+        raise NotImplementedError
+
+    def _rows(self, want: int) -> np.ndarray:
+        """The last decode's ``want`` rows of logits, (want, n_vocab) float32."""
+        raise NotImplementedError
+
+    @property
+    def can_rollback(self) -> bool:
+        """Whether a suffix of the cache can be dropped without rebuilding it from empty."""
+        return self.rollback != rb.NONE
+
+    @property
+    def behind(self) -> int:
+        """Tokens of ``tokens`` a rollback left deferred: the next decode decodes them again."""
+        return len(self.tokens) - self._done
+
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
+        """Append ``tokens`` to the cache. ``logits``: "none", "last", "all", or a number n (the
+        last n rows); the rows asked for must fit one batch (n_batch). Returns (rows, n_vocab)
+        float32 (from a ``Context``: a view of llama.cpp's buffer, valid until it decodes again).
+        Tokens are decoded in batches of n_batch, the last batch holding every row with logits,
+        so that one call can both catch up and verify (deferred tokens go first)."""
+        if not tokens:
+            return None
+        want = _rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits)
+        start = len(self.tokens)
+        if want > 1 and self._intent is None and self._needs_checkpoint(len(tokens)):
+            self._intent = (start, False)  # a decode that checks several rows may be rolled back into
+        self.tokens.extend(tokens)
+        try:
+            self._run(want)
+        except BaseException:
+            self.truncate(start)
+            raise
+        return self._rows(want) if want else None
+
+    def _needs_checkpoint(self, n: int) -> bool:
+        """Whether a rollback into a decode of ``n`` new tokens that keeps the first needs a
+        checkpoint before it (snapshots reach back n_rs_seq tokens)."""
+        return self.rollback == rb.CHECKPOINTS or (self.rollback == rb.SNAPSHOTS and n - 1 > self.n_rs_seq)
+
+    def _run(self, want: int) -> None:
+        """Decode the deferred and new tokens (``tokens[_done:]``), the last ``want`` with logits,
+        taking the checkpoint asked for on the way."""
+        end = len(self.tokens)
+        intent, self._intent = self._intent, None
+        if intent is not None:
+            pos, pin = intent
+            if not self._done <= pos <= end - want or self._checkpoints.at(pos) is not None:
+                intent = None  # outside this decode (or splitting it would cut rows with logits), or there already
+            elif pos > self._done and self.rollback == rb.SNAPSHOTS and end - pos <= min(self.n_rs_seq,
+                                                                                      self._final_chunk(end) - 1):
+                pass  # decoded whole; snapshots then reach back to pos
+            else:
+                if pos > self._done:  # catch up to pos alone (the decode a checkpoint costs)
+                    t0 = perf_counter()
+                    self._decode_range(pos, 0)
+                    self.rollbacks.split_seconds += perf_counter() - t0
+                self._copy(pin)
+                intent = None
+        self._decode_range(end, want)
+        if intent is not None:  # back to the checkpoint's position natively; the rest is deferred
+            pos, pin = intent
+            self._drop(pos)
+            self._copy(pin)
+
+    def _final_chunk(self, end: int) -> int:
+        return min(end - self._done, self.n_batch)
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Bring the cache to the speculative loop's invariant, reusing the longest common
+        prefix: it holds every committed token but the last (``tokens == committed[:-1]``).
+        A recurrent state is checkpointed there, for the next request's common prefix."""
+        keep = common_prefix(self.tokens, committed[:-1])
+        self.truncate(keep)
+        self.decode(committed[keep:-1], logits="none")
+        if self.behind:
+            self._decode_range(len(self.tokens), 0)
+        self.checkpoint(pin=True)
+
+    def truncate(self, n: int) -> None:
+        """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
+        ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
+        n = max(n, 0)
+        if n < len(self.tokens):
+            del self.tokens[n:]
+        if self._intent is not None and self._intent[0] > n:
+            self._intent = None
+        if n < self._done:
+            self._physical(n)
+
+    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
+        """Make a later rollback to ``pos`` tokens (default: all of ``tokens``) cheap: nothing on
+        a KV cache; on a recurrent state a copy of it there, taken now, or during the next
+        decode when ``pos`` lies ahead (up to the tokens that decode appends), or by going back
+        to ``pos`` with snapshots (what follows is then deferred). ``pin``: keep it past the
+        rounds' checkpoints (the end of a prompt)."""
+        if self.rollback not in (rb.SNAPSHOTS, rb.CHECKPOINTS):
+            return
+        pos = len(self.tokens) if pos is None else pos
+        if (existing := self._checkpoints.at(pos)) is not None:
+            existing.pinned = existing.pinned or pin
+        elif pos == self._done:
+            self._copy(pin)
+        elif pos > self._done:
+            self._intent = (pos, pin)
+        elif self.rollback == rb.SNAPSHOTS and self._done - pos <= self._room and pos <= len(self.tokens):
+            self._drop(pos)
+            self._copy(pin)
+
+    def _drop(self, n: int) -> None:
+        """Drop the cache's tokens from ``n`` on natively (snapshots); they stay in ``tokens``, deferred."""
+        if not self._call(ll.llama_memory_seq_rm, self._memory, self.seq_id, n, -1):
+            raise FlyError(f"{self.model.name}: llama.cpp refused to drop {self._done - n} tokens it keeps snapshots for")
+        self.rollbacks.native += 1
+        self.rollbacks.redecoded += min(self._done, len(self.tokens)) - n
+        self._done, self._room = n, 0
+        self._checkpoints.drop_after(n)
+
+    def _physical(self, n: int, failed: bool = False) -> None:
+        """Bring the cache itself back to at most ``n`` tokens: exactly where the cache allows,
+        else to the nearest checkpoint at or before n (or empty), the rest deferred. ``failed``:
+        a decode failed, and a recurrent state may be anywhere past n."""
+        self._checkpoints.drop_after(n)
+        costs = self.rollbacks
+        if self.rollback == rb.KV:
+            if not self._call(ll.llama_memory_seq_rm, self._memory, self.seq_id, n, -1):
+                raise FlyError(f"{self.model.name}: llama.cpp refused to roll sequence {self.seq_id} back to {n} tokens")
+            self._done = n
+            return
+        if self.rollback == rb.SNAPSHOTS and not failed and self._done - n <= self._room:
+            if self._call(ll.llama_memory_seq_rm, self._memory, self.seq_id, n, -1):
+                costs.native += 1
+                self._done, self._room = n, 0
+                return
+        self._room = 0
+        best = self._checkpoints.best(n)
+        if best is not None and self._restore(best):
+            self._done = best.pos
+        else:
+            self._checkpoints.clear()
+            self._call(ll.llama_memory_seq_rm, self._memory, self.seq_id, 0, -1)  # dropping everything always works
+            costs.rebuilds += n > 0
+            self._done = 0
+        costs.redecoded += min(n, len(self.tokens)) - self._done
+
+    def _copy(self, pin: bool = False) -> None:
+        """Checkpoint the recurrent state as it is now (the cache holds ``tokens[:_done]``)."""
+        t0 = perf_counter()
+        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = self._call(ll.llama_state_seq_get_size_ext, self.ptr, self.seq_id, partial)
+        data = None if pin or self._checkpoints.at(self._done) else self._checkpoints.spare()
+        if data is None or len(data) != size:
+            data = (ctypes.c_uint8 * size)()
+        if self._call(ll.llama_state_seq_get_data_ext, self.ptr, data, size, self.seq_id, partial) != size:
+            return  # no checkpoint: a rollback here starts from an earlier one
+        self._checkpoints.add(rb.Checkpoint(self._done, data, pin))
+        self.rollbacks.copies += 1
+        self.rollbacks.copy_seconds += perf_counter() - t0
+
+    def _restore(self, checkpoint: rb.Checkpoint) -> bool:
+        t0 = perf_counter()
+        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        data = checkpoint.data
+        if self._call(ll.llama_state_seq_set_data_ext, self.ptr, data, len(data), self.seq_id, partial) != len(data):
+            return False
+        # the attention layers' cache still holds what came after: drop it
+        if not self._call(ll.llama_memory_seq_rm, self._memory, self.seq_id, checkpoint.pos, -1):
+            return False
+        self.rollbacks.restores += 1
+        self.rollbacks.restore_seconds += perf_counter() - t0
+        return True
+
+
+
+class Context(_Cache):
     """One llama.cpp context over a model: a KV cache for sequence 0 and a reusable batch.
 
-    ``tokens`` is the truth about the cache: position p holds ``tokens[p]``. On a recurrent or
-    hybrid model (``rollback`` SNAPSHOTS or CHECKPOINTS, ``fly_cpp.rollback``) a rollback may
-    leave the last few of them *deferred* (``behind``): restored from an earlier checkpoint, they
-    are decoded again by the next decode, in the same batch as its own tokens."""
+    ``tokens`` is the truth about the cache: position p holds ``tokens[p]``; a rollback of a
+    recurrent or hybrid model may leave the last few deferred (``_Cache``). A context made with
+    ``n_seq`` > 1 is used only through its sequences' views (``seq``)."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
                  type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False,
@@ -502,11 +718,13 @@ class Context:
         architecture and the micro-batch holds them, else checkpoints). ``n_seq`` > 1: that many
         sequences, used only through their views (``seq``), each with n_ctx / n_seq cells of its
         own (as llama-server's slots), or all sharing the n_ctx cells of one cache
-        (``kv_unified``)."""
+        (``kv_unified``); a recurrent state then goes back by checkpoints, each sequence's own
+        (llama.cpp's snapshots would serve one sequence's rounds only)."""
         self.model = model
-        if n_seq > 1 and model.recurrent:
-            raise FlyError(f"{model.name} keeps a recurrent state: several sequences in one context "
-                           "(--parallel > 1) are not supported for it yet")
+        recurrent = model.recurrent
+        if recurrent and n_seq > 1 and rollback == rb.SNAPSHOTS:
+            raise FlyError(f"{model.name}: rollback by snapshots serves one sequence; with several (--parallel > 1) "
+                           "use rollback 'checkpoints' or 'auto'")
         # llama.cpp caps the batch at the context; so does the batch allocated here, which
         # otherwise holds n_batch entries whatever the context (a huge n_batch: an OOM kill, or
         # seconds of allocating); n_ctx 0 is the model's own context length
@@ -525,9 +743,8 @@ class Context:
         if precise:
             params.type_k = params.type_v = ll.GGML_TYPE_F32
             params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        recurrent = model.recurrent
         # llama.cpp keeps a decode's last n_rs_seq + 1 tokens in one micro-batch (it asserts on less)
-        if recurrent and rollback != rb.CHECKPOINTS and params.n_ubatch > rb.SNAPSHOT_DEPTH + 1:
+        if recurrent and n_seq == 1 and rollback != rb.CHECKPOINTS and params.n_ubatch > rb.SNAPSHOT_DEPTH + 1:
             params.n_rs_seq = rb.SNAPSHOT_DEPTH
         elif recurrent and rollback == rb.SNAPSHOTS:
             raise FlyError(f"{model.name}: rollback by snapshots needs n_ubatch > {rb.SNAPSHOT_DEPTH + 1} "
@@ -544,18 +761,13 @@ class Context:
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: list[int] = []  # tokens[p] is the token at KV position p (the last ``behind`` deferred)
-        self.n_rs_seq: int = ll.llama_n_rs_seq(self.ptr) if recurrent else 0
-        self.rollback = self._rollback_kind(recurrent)
+        self.seq_id = 0  # the sequence this context's own ``tokens`` and rollbacks are about
+        self.n_rs_seq = ll.llama_n_rs_seq(self.ptr) if recurrent else 0
+        self._track(self._rollback_kind(recurrent))
         if recurrent and rollback == rb.SNAPSHOTS and self.rollback != rb.SNAPSHOTS:
             self.close()
             raise FlyError(f"{model.name}: llama.cpp keeps no recurrent-state snapshots for its architecture; "
                            "use rollback 'checkpoints' or 'auto'")
-        self.rollbacks = rb.Ledger()
-        self._done = 0  # tokens[:_done] are in the cache; the rest are deferred
-        self._room = 0  # tokens the last decode can still drop natively (snapshots)
-        self._checkpoints = rb.Checkpoints()
-        self._intent: tuple[int, bool] | None = None  # (position, pinned): checkpoint there during the next decode
         self._hidden: np.ndarray | None = None  # (positions, n_embd): the target's hidden state at each position (MTP)
         self._hidden_valid = 0  # rows of _hidden that hold the state after tokens[:p + 1]
         self.n_seq = max(1, n_seq)
@@ -612,79 +824,10 @@ class Context:
             return rb.CHECKPOINTS
         return rb.NONE
 
-    @property
-    def can_rollback(self) -> bool:
-        """Whether a suffix of the cache can be dropped without rebuilding it from empty."""
-        return self.rollback != rb.NONE
-
-    @property
-    def behind(self) -> int:
-        """Tokens of ``tokens`` a rollback left deferred: the next decode decodes them again."""
-        return len(self.tokens) - self._done
-
-    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
-        """Append ``tokens`` to the KV cache. ``logits``: "none", "last", "all", or a number n
-        (the last n rows); the rows asked for must fit one batch (n_batch). Returns a
-        (rows, n_vocab) float32 view of llama.cpp's buffer, valid until this context decodes
-        again. Tokens are decoded in batches of n_batch, the last batch holding every row with
-        logits, so that one call can both catch up and verify (deferred tokens go first)."""
-        if not tokens:
-            return None
-        want = _rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits)
-        start = len(self.tokens)
-        if want > 1 and self._intent is None and self._needs_checkpoint(len(tokens)):
-            self._intent = (start, False)  # a decode that checks several rows may be rolled back into
-        self.tokens.extend(tokens)
-        try:
-            self._run(want)
-        except BaseException:
-            self.truncate(start)
-            raise
-        if want == 0:
-            return None
-        return np.ctypeslib.as_array(self._call(ll.llama_get_logits, self.ptr), shape=(want, self.model.n_vocab))
-
-    def _needs_checkpoint(self, n: int) -> bool:
-        """Whether a rollback into a decode of ``n`` new tokens that keeps the first needs a
-        checkpoint before it (snapshots reach back n_rs_seq tokens)."""
-        return self.rollback == rb.CHECKPOINTS or (self.rollback == rb.SNAPSHOTS and n - 1 > self.n_rs_seq)
-
-    def _run(self, want: int) -> None:
-        """Decode the deferred and new tokens (``tokens[_done:]``), the last ``want`` with logits,
-        taking the checkpoint asked for on the way."""
-        end = len(self.tokens)
-        intent, self._intent = self._intent, None
-        if intent is not None:
-            pos, pin = intent
-            if not self._done <= pos <= end - want or self._checkpoints.at(pos) is not None:
-                intent = None  # outside this decode (or splitting it would cut rows with logits), or there already
-            elif pos > self._done and self.rollback == rb.SNAPSHOTS and end - pos <= min(self.n_rs_seq,
-                                                                                      self._final_chunk(end) - 1):
-                pass  # decoded whole; snapshots then reach back to pos
-            else:
-                if pos > self._done:  # catch up to pos alone (the decode a checkpoint costs)
-                    t0 = perf_counter()
-                    self._decode_range(pos, 0)
-                    self.rollbacks.split_seconds += perf_counter() - t0
-                self._copy(pin)
-                intent = None
-        self._decode_range(end, want)
-        if intent is not None:  # back to the checkpoint's position natively; the rest is deferred
-            pos, pin = intent
-            self._drop(pos)
-            self._copy(pin)
-
-    def _final_chunk(self, end: int) -> int:
-        return min(end - self._done, self.n_batch)
-
     def _decode_range(self, end: int, want: int) -> None:
-        """Decode ``tokens[_done:end]`` at their positions, the last ``want`` rows with logits."""
-        base = self._done
         tokens = self.tokens
-        last = max(end - self.n_batch, base)  # start of the final batch
-        starts = [*range(base, last, self.n_batch), last]
         batch = self._batch
-        for lo, hi in zip(starts, [*starts[1:], end]):
+        for lo, hi in _chunks(self._done, end, self.n_batch):
             for i in range(hi - lo):
                 batch.token[i] = tokens[lo + i]
                 batch.pos[i] = lo + i
@@ -699,6 +842,15 @@ class Context:
             self._done = hi
             self._room = min(self.n_rs_seq, hi - lo - 1)
             self._record_hidden(lo, hi)
+
+    def _rows(self, want: int) -> np.ndarray:
+        return np.ctypeslib.as_array(self._call(ll.llama_get_logits, self.ptr), shape=(want, self.model.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
+        ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
+        self._hidden_valid = min(self._hidden_valid, max(n, 0))
+        super().truncate(n)
 
     @property
     def runs_natively(self) -> bool:
@@ -727,17 +879,6 @@ class Context:
             raise _decode_failed(self.model.name, status, {-1: "no logits"})  # -1: the run's own
         return got
 
-    def sync(self, committed: Sequence[int]) -> None:
-        """Bring the cache to the speculative loop's invariant, reusing the longest common
-        prefix: it holds every committed token but the last (``tokens == committed[:-1]``).
-        A recurrent state is checkpointed there, for the next request's common prefix."""
-        keep = common_prefix(self.tokens, committed[:-1])
-        self.truncate(keep)  # unconditional: also drops anything a disturbed decode left behind
-        self.decode(committed[keep:-1], logits="none")
-        if self.behind:
-            self._decode_range(len(self.tokens), 0)
-        self.checkpoint(pin=True)
-
     def sync_through(self, committed: Sequence[int]) -> np.ndarray:
         """``sync``, but the last committed token is decoded too, in the same batch as what the
         cache lacked before it (as llama.cpp's own tools decode a prompt), and its (n_vocab,)
@@ -751,100 +892,6 @@ class Context:
         rows = self.decode(committed[keep:], logits="last")
         assert rows is not None
         return rows[0]
-
-    def truncate(self, n: int) -> None:
-        """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
-        ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
-        n = max(n, 0)
-        self._hidden_valid = min(self._hidden_valid, n)
-        if n < len(self.tokens):
-            del self.tokens[n:]
-        if self._intent is not None and self._intent[0] > n:
-            self._intent = None
-        if n < self._done:
-            self._physical(n)
-
-    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
-        """Make a later rollback to ``pos`` tokens (default: all of ``tokens``) cheap: nothing on
-        a KV cache; on a recurrent state a copy of it there, taken now, or during the next
-        decode when ``pos`` lies ahead (up to the tokens that decode appends), or by going back
-        to ``pos`` with snapshots (what follows is then deferred). ``pin``: keep it past the
-        rounds' checkpoints (the end of a prompt)."""
-        if self.rollback not in (rb.SNAPSHOTS, rb.CHECKPOINTS):
-            return
-        pos = len(self.tokens) if pos is None else pos
-        if (existing := self._checkpoints.at(pos)) is not None:
-            existing.pinned = existing.pinned or pin
-        elif pos == self._done:
-            self._copy(pin)
-        elif pos > self._done:
-            self._intent = (pos, pin)
-        elif self.rollback == rb.SNAPSHOTS and self._done - pos <= self._room and pos <= len(self.tokens):
-            self._drop(pos)
-            self._copy(pin)
-
-    def _drop(self, n: int) -> None:
-        """Drop the cache's tokens from ``n`` on natively (snapshots); they stay in ``tokens``, deferred."""
-        if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
-            raise FlyError(f"{self.model.name}: llama.cpp refused to drop {self._done - n} tokens it keeps snapshots for")
-        self.rollbacks.native += 1
-        self.rollbacks.redecoded += min(self._done, len(self.tokens)) - n
-        self._done, self._room = n, 0
-        self._checkpoints.drop_after(n)
-
-    def _physical(self, n: int, failed: bool = False) -> None:
-        """Bring the cache itself back to at most ``n`` tokens: exactly where the cache allows,
-        else to the nearest checkpoint at or before n (or empty), the rest deferred. ``failed``:
-        a decode failed, and a recurrent state may be anywhere past n."""
-        self._checkpoints.drop_after(n)
-        costs = self.rollbacks
-        if self.rollback == rb.KV:
-            if not self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
-                raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back to {n} tokens")
-            self._done = n
-            return
-        if self.rollback == rb.SNAPSHOTS and not failed and self._done - n <= self._room:
-            if self._call(ll.llama_memory_seq_rm, self._memory, 0, n, -1):
-                costs.native += 1
-                self._done, self._room = n, 0
-                return
-        self._room = 0
-        best = self._checkpoints.best(n)
-        if best is not None and self._restore(best):
-            self._done = best.pos
-        else:
-            self._checkpoints.clear()
-            self._call(ll.llama_memory_seq_rm, self._memory, 0, 0, -1)  # dropping everything always works
-            costs.rebuilds += n > 0
-            self._done = 0
-        costs.redecoded += min(n, len(self.tokens)) - self._done
-
-    def _copy(self, pin: bool = False) -> None:
-        """Checkpoint the recurrent state as it is now (the cache holds ``tokens[:_done]``)."""
-        t0 = perf_counter()
-        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = self._call(ll.llama_state_seq_get_size_ext, self.ptr, 0, partial)
-        data = None if pin or self._checkpoints.at(self._done) else self._checkpoints.spare()
-        if data is None or len(data) != size:
-            data = (ctypes.c_uint8 * size)()
-        if self._call(ll.llama_state_seq_get_data_ext, self.ptr, data, size, 0, partial) != size:
-            return  # no checkpoint: a rollback here starts from an earlier one
-        self._checkpoints.add(rb.Checkpoint(self._done, data, pin))
-        self.rollbacks.copies += 1
-        self.rollbacks.copy_seconds += perf_counter() - t0
-
-    def _restore(self, checkpoint: rb.Checkpoint) -> bool:
-        t0 = perf_counter()
-        partial = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        data = checkpoint.data
-        if self._call(ll.llama_state_seq_set_data_ext, self.ptr, data, len(data), 0, partial) != len(data):
-            return False
-        # the attention layers' cache still holds what came after: drop it
-        if not self._call(ll.llama_memory_seq_rm, self._memory, 0, checkpoint.pos, -1):
-            return False
-        self.rollbacks.restores += 1
-        self.rollbacks.restore_seconds += perf_counter() - t0
-        return True
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -1117,8 +1164,9 @@ class _Batcher:
     """Decodes for several sequences of one context. A decode asked for while another runs
     waits, and the next decode takes every waiting sequence's tokens (up to n_batch) in ONE
     llama_decode: the sequences' verification rows share the batch, and a long prompt, asked
-    for in n_batch chunks, interleaves with the others' rounds. Cache edits wait for the
-    running decode (llama.cpp's context is not thread-safe)."""
+    for in n_batch chunks, interleaves with the others' rounds. Every other call on the context
+    (a sequence's cache edits, its state's copies and restores) waits for the running decode,
+    and no decode starts while it runs (llama.cpp's context is not thread-safe)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -1181,14 +1229,18 @@ class _Batcher:
             self.last -= missing  # gone: not waited for again
         return max(left, 0.0)
 
-    def edit(self, seq: int, n: int) -> None:
-        """Drop sequence ``seq``'s cache from position ``n`` on."""
+    def call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the context between decodes (a sequence's ``_call``)."""
         with self.cond:
             while self.busy:
                 self.cond.wait()
-            ctx = self.ctx
-            if not ctx._call(ll.llama_memory_seq_rm, ctx._memory, seq, n, -1):
-                raise FlyError(f"{ctx.model.name}: llama.cpp refused to roll sequence {seq} back to {n} tokens")
+            return self.ctx._call(fn, *args)
+
+    def edit(self, seq: int, n: int) -> None:
+        """Drop sequence ``seq``'s cache from position ``n`` on."""
+        ctx = self.ctx
+        if not self.call(ll.llama_memory_seq_rm, ctx._memory, seq, n, -1):
+            raise FlyError(f"{ctx.model.name}: llama.cpp refused to roll sequence {seq} back to {n} tokens")
 
     def _run(self, jobs: list[_Job]) -> None:
         # llama.cpp's split for a cache per sequence (split_equal) puts several sequences in one
@@ -1234,52 +1286,36 @@ class _Batcher:
             at += j.want
 
 
-class Seq:
+class Seq(_Cache):
     """One sequence of a context shared by several (``Context(n_seq=N)``), with the part of
     ``Context``'s interface the speculative loop and the draft model use: ``tokens`` (position
     p of this sequence holds ``tokens[p]``), ``decode``, ``truncate``, ``sync``,
-    ``checkpoint``. KV caches only (recurrent models are refused for N > 1)."""
+    ``checkpoint``. Its decodes are shared ones (``_Batcher``); a recurrent state goes back by
+    checkpoints of this sequence's own, taken and restored between decodes, and a checkpoint
+    asked for inside a decode splits this sequence's part of it in two shared decodes (the
+    catch-up, then the rows), the copy taken between them."""
 
     def __init__(self, ctx: Context, shared: _Batcher, seq_id: int) -> None:
         self.ctx, self.shared, self.seq_id = ctx, shared, seq_id
         self.model, self.n_batch, self.n_threads = ctx.model, ctx.n_batch, ctx.n_threads
         self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
-        self.rollback, self.rollbacks, self.behind, self.can_rollback = rb.KV, rb.Ledger(), 0, True
-        self.tokens: list[int] = []
+        self.ptr, self._memory, self._call = ctx.ptr, ctx._memory, shared.call
+        self.n_rs_seq = 0
+        self._track(ctx.rollback)
+        self._out: np.ndarray | None = None  # the last decode's rows with logits (this sequence's copy)
         self.runs_natively = False  # its decodes are batched with the other sequences' (no greedy runs)
 
-    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray | None:
-        """As ``Context.decode``; tokens past one batch go in n_batch chunks, each its own
-        shared decode (other sequences' rounds run between them)."""
-        if not tokens:
-            return None
-        want = _rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits)
-        start, rows = len(self.tokens), None
-        # the last chunk holds every row with logits
-        cuts = [*range(0, max(len(tokens) - self.n_batch, 0), self.n_batch), max(len(tokens) - self.n_batch, 0)]
-        try:
-            for lo, hi in zip(cuts, [*cuts[1:], len(tokens)]):
-                if hi > lo:
-                    chunk = list(tokens[lo:hi])
-                    rows = self.shared.decode(_Job(self.seq_id, len(self.tokens), chunk,
-                                                   want if hi == len(tokens) else 0))
-                    self.tokens.extend(chunk)
-        except BaseException:
-            self.truncate(start)
-            raise
-        return rows if want else None
+    def _decode_range(self, end: int, want: int) -> None:
+        """As ``Context``'s, each n_batch chunk one shared decode (other sequences' rounds run
+        between them)."""
+        for lo, hi in _chunks(self._done, end, self.n_batch):
+            try:
+                self._out = self.shared.decode(_Job(self.seq_id, lo, self.tokens[lo:hi], want if hi == end else 0))
+            except FlyError:
+                self._physical(lo, failed=True)  # the batcher dropped what the failed decode left of a KV cache
+                raise
+            self._done = hi
 
-    def truncate(self, n: int) -> None:
-        n = max(n, 0)
-        if n < len(self.tokens):
-            del self.tokens[n:]
-            self.shared.edit(self.seq_id, n)
-
-    def sync(self, committed: Sequence[int]) -> None:
-        keep = common_prefix(self.tokens, committed[:-1])
-        self.shared.edit(self.seq_id, keep)  # unconditional: also drops anything a disturbed decode left
-        del self.tokens[keep:]
-        self.decode(committed[keep:-1], logits="none")
-
-    def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
-        """Nothing to do on a KV cache."""
+    def _rows(self, want: int) -> np.ndarray:
+        assert self._out is not None and len(self._out) == want
+        return self._out

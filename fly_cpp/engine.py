@@ -96,6 +96,18 @@ def _check_rollback(ctx: Context) -> None:
                        "checkpoint: it cannot take part in speculative decoding (use --mode target)")
 
 
+def _rollback_marks(target: Context | Seq, draft: Context | Seq | None) -> dict[str, tuple[Context | Seq, rb.Ledger]]:
+    """Each recurrent cache of a generation with its rollback ledger as the generation starts."""
+    return {role: (ctx, dataclasses.replace(ctx.rollbacks)) for role, ctx in (("target", target), ("draft", draft))
+            if ctx is not None and ctx.rollback != rb.KV}
+
+
+def _rollback_spent(marks: dict[str, tuple[Context | Seq, rb.Ledger]]) -> dict[str, object] | None:
+    """What the generation's rollbacks cost each recurrent cache since ``_rollback_marks`` (None: none recurrent)."""
+    return {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
+            for role, (ctx, before) in marks.items()} or None
+
+
 def _settings(model: ModelSettings | str) -> ModelSettings:
     return model if isinstance(model, ModelSettings) else ModelSettings(path=str(model))
 
@@ -183,9 +195,11 @@ class Engine:
     @staticmethod
     def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int = 1,
                  kv_unified: bool = False) -> Context:
+        # several sequences go back by checkpoints only: nothing to measure
+        rollback = pick_rollback(model, s, threads) if n_seq == 1 else s.rollback
         return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                        type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                       rollback=pick_rollback(model, s, threads), n_seq=n_seq, kv_unified=kv_unified)
+                       rollback=rollback, n_seq=n_seq, kv_unified=kv_unified)
 
     # -- what is loaded --------------------------------------------------------------------
 
@@ -430,17 +444,13 @@ class Engine:
                 for ctx in (self.target, self.draft_ctx, self.mtp_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
-            recurrent = {role: (ctx, dataclasses.replace(ctx.rollbacks))
-                         for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
-                         if ctx is not None and ctx.rollback != rb.KV}
+            marks = _rollback_marks(self.target, self.draft_ctx)
             try:
                 yield from steps
             finally:
                 if pacer is not None:
                     self._finish(pacer, stats)
-                if recurrent:
-                    stats.rollback = {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
-                                      for role, (ctx, before) in recurrent.items()}
+                stats.rollback = _rollback_spent(marks)
 
     def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], request: Request, stats: Stats,
                  fresh: bool, slot: int | None) -> Iterator[Step]:
@@ -457,12 +467,14 @@ class Engine:
                 for ctx in self._pair(at):
                     if ctx is not None:
                         ctx.truncate(0)
+            marks = _rollback_marks(*self._pair(at))
             try:
                 yield from steps
             finally:
                 if pacer is not None:
                     with self._lock:
                         self._finish(pacer, stats)
+                stats.rollback = _rollback_spent(marks)
 
     def _finish(self, pacer: Pacer, stats: Stats) -> None:
         """What a paced generation leaves when it ends, in one slot or several: its pacing in
