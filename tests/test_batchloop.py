@@ -143,10 +143,13 @@ def test_a_free_slot_is_picked_by_its_cached_prefix(slots):
     assert gen.stats.n_cached >= len(slots.tokenize(first)) - 1  # it ran in slot 3, where its prefix was
 
 
-def test_recurrent_models_are_refused_with_several_slots(qwen35_pair):
+def test_recurrent_models_go_back_by_checkpoints_with_several_slots(qwen35_pair):
+    """A hybrid's slots each checkpoint their own sequence's recurrent state (llama.cpp's
+    snapshots serve one sequence): tests/test_hybrid_slots.py runs them."""
     target, _ = qwen35_pair
-    with pytest.raises(FlyError, match="recurrent state.*--parallel"):
-        Engine(ModelSettings(str(target), n_ctx=256), n_seq=2)
+    with Engine(ModelSettings(str(target), n_ctx=256), n_seq=2) as e:
+        assert e.target.rollback == "checkpoints" and e.target.n_rs_seq == 0
+        assert [s.rollback for s in e.slots.targets] == ["checkpoints"] * 2
 
 
 def test_busy_slots_follow_running_generations(slots):
