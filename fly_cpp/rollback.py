@@ -2,7 +2,8 @@
 
 A transformer's KV cache drops any suffix (``KV``). A recurrent or hybrid model (Qwen3.5/3.6's
 Gated DeltaNet, Mamba, LFM2, ...) keeps one running state per sequence, which cannot forget the
-last tokens by itself. ``_llama.Context`` brings it back two ways:
+last tokens by itself. ``_llama._Cache`` (a ``Context``'s sequence, or one of a shared
+context's several, ``Seq``) brings it back two ways:
 
 - ``SNAPSHOTS``: llama.cpp keeps the states of the last ``n_rs_seq`` tokens of the last decode
   (``n_rs_seq`` at context creation, on the architectures that support it), and
@@ -11,6 +12,7 @@ last tokens by itself. ``_llama.Context`` brings it back two ways:
 - ``CHECKPOINTS``: a copy of the sequence's recurrent state (``llama_state_seq_get_data_ext``
   with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``) taken at position p; going back to n >= p
   restores it, drops the attention layers' cache after p, and decodes the tokens p..n again.
+  The only way for a context with several sequences (snapshots serve one).
 
 Anything else falls back to the nearest earlier checkpoint, or to an empty cache: never a wrong
 state. The tokens a rollback must decode again are *deferred*: the context's token list says
