@@ -483,8 +483,8 @@ def _rows_wanted(held: int, n: int, n_ctx: int, n_batch: int, logits: str | int)
 
 
 def _chunks(lo: int, hi: int, n_batch: int) -> list[tuple[int, int]]:
-    """Positions lo..hi-1 in batches of at most n_batch, the last batch full (it holds the rows
-    with logits: a decode's caller asks for at most n_batch of them); none when lo >= hi."""
+    """Positions lo..hi-1 in batches of at most n_batch, the last one as full as they allow (it
+    holds the rows with logits: a decode asks for at most n_batch of them); none when lo >= hi."""
     if lo >= hi:
         return []
     last = max(hi - n_batch, lo)
@@ -696,7 +696,6 @@ class _Cache:
         self.rollbacks.restores += 1
         self.rollbacks.restore_seconds += perf_counter() - t0
         return True
-
 
 
 class Context(_Cache):
