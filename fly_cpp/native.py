@@ -64,6 +64,7 @@ class DraftRules(ctypes.Structure):
 # bound when the library has them (a library built before them keeps its other functions)
 _OPTIONAL = {
     "fly_greedy_run": (_i64, [_p, _p, _p, _p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _i64, _p, _i64, _p, _p]),
+    "fly_ngram_match": (_i64, [_p, _i64, ctypes.c_int32, _i64, _p]),
     "fly_draft_run": (_i64, [ctypes.POINTER(DraftContext), ctypes.POINTER(DraftRules), _p, _i64, _p, _p, _p, _p, _p]),
 }
 
@@ -274,6 +275,15 @@ def has_draft_run() -> bool:
     """Whether ``draft_run`` is available (the library is in use and has it)."""
     lib = _library()
     return lib is not None and hasattr(lib, "fly_draft_run")
+
+
+def ngram_match(tokens: np.ndarray, max_n: int, n_pred: int) -> tuple[int, int]:
+    """(start, length) of the guess ``fly_ngram_match`` finds in (size,) int32 ``tokens``, the
+    draft runs' n-gram lookup (== ``ngram.Index.match``; for tests)."""
+    t = np.ascontiguousarray(tokens, dtype=np.int32)
+    start = ctypes.c_int64(0)
+    got = _need().fly_ngram_match(_ptr(t), len(t), max_n, n_pred, ctypes.byref(start))
+    return start.value, got
 
 
 def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: int, n_done: int,

@@ -481,18 +481,18 @@ int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_llama_batc
 
 /* ---- draft runs -------------------------------------------------------------------------- */
 
-/* fly_cpp.ngram.Index.match over t[0..size): the earliest continuation of the longest suffix
- * (n <= max_n tokens) seen before, up to n_pred tokens; returns their count, *start where they
- * begin. One pass: m is how many tokens before position i match the text's last tokens. */
-static int64_t ngram_guess(const int32_t *t, int64_t size, int32_t max_n, int64_t n_pred, int64_t *start) {
+/* One pass: m is how many tokens before position i match the text's last tokens. */
+int64_t fly_ngram_match(const int32_t *t, int64_t size, int32_t max_n, int64_t n_pred, int64_t *start) {
+    if (max_n > FLY_MAX_NGRAM) max_n = FLY_MAX_NGRAM;
+    if (n_pred < 1) return 0;
     int64_t top = max_n < size - 1 ? max_n : size - 1;
-    int64_t first[FLY_MAX_NGRAM + 1]; /* first[n]: the earliest i after an occurrence of the last n */
+    int64_t first[FLY_MAX_NGRAM + 1]; /* first[m]: the earliest i after exactly m matching tokens */
     for (int64_t n = 1; n <= top; n++) first[n] = -1;
     for (int64_t i = 1; i < size && top > 0; i++) {
         if (t[i - 1] != t[size - 1]) continue;
         int64_t m = 1, most = top < i ? top : i;
         while (m < most && t[i - 1 - m] == t[size - 1 - m]) m++;
-        for (int64_t n = m; n >= 1 && first[n] < 0; n--) first[n] = i;
+        if (first[m] < 0) first[m] = i; /* the longest m found is what counts, at its earliest */
         if (m == top) break;
     }
     for (int64_t n = top; n >= 1; n--) {
@@ -551,7 +551,7 @@ int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int
         room = rules->ngram_tokens < room ? rules->ngram_tokens : room;
         room = dc->n_batch - 1 < room ? dc->n_batch - 1 : room;
         int64_t guess = 0, from = 0;
-        if (rules->ngram_max > 0 && room > 0) guess = ngram_guess(hist, size, rules->ngram_max, room, &from);
+        if (rules->ngram_max > 0 && room > 0) guess = fly_ngram_match(hist, size, rules->ngram_max, room, &from);
         memmove(hist + size, hist + from, (size_t)guess * sizeof *hist); /* the guess after the text */
         int32_t rc = decode_span(dc, hist, done, size + guess, guess + 1);
         if (rc != 0) {

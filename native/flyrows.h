@@ -103,6 +103,11 @@ typedef uint8_t (*fly_seq_rm_fn)(void *memory, int32_t seq, int32_t p0, int32_t 
 /* Longest n-gram looked up (fly_cpp.ngram.Index's max_n) that fly_draft_run handles. */
 #define FLY_MAX_NGRAM 16
 
+/* fly_cpp.ngram.Index.match over the text t[0..size): the continuation (up to n_pred tokens) of
+ * the earliest earlier occurrence of the text's longest suffix of n <= max_n tokens (max_n is
+ * capped at FLY_MAX_NGRAM) seen before; returns its length (0: none), *start where it begins. */
+FLY_API int64_t fly_ngram_match(const int32_t *t, int64_t size, int32_t max_n, int64_t n_pred, int64_t *start);
+
 /* What a draft run works on: the draft context and its batch (room for n_batch tokens), its
  * rows' length (row_len: the draft model's vocabulary) and how much of each row the argmax
  * reads (n_vocab: ids the target knows too), eog: row_len flags, a draft ends after a token

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, native
+from fly_cpp import Engine, ModelSettings, SpecSettings, native, ngram
 from fly_cpp._llama import Context, Model
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.models import bundled
@@ -109,3 +109,17 @@ def test_spd_text_is_the_same_either_way(stories, draft_path):
                 slow = engine.generate(PROMPT, spec=spec, max_tokens=96).run()
             assert fast.tokens == slow.tokens
             assert fast.stats.n_drafted == slow.stats.n_drafted
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 8, 50])
+def test_the_libraries_ngram_lookup_is_the_index(alphabet):
+    """fly_ngram_match == ngram.Index.match: the same guess from the same place."""
+    rng = np.random.default_rng(alphabet)
+    for _ in range(300):
+        tokens = rng.integers(0, alphabet, int(rng.integers(0, 40))).tolist()
+        max_n, n_pred = int(rng.integers(1, 7)), int(rng.integers(1, 8))
+        start, length = native.ngram_match(np.array(tokens, dtype=np.int32), max_n, n_pred)
+        n, guess = ngram.Index(max_n).match(tokens, n_pred)
+        assert guess == tokens[start:start + length] and (length > 0) == (n > 0), (tokens, max_n, n_pred)
+        if guess:
+            assert ngram.match(tokens, max_n, n_pred)[1] == guess
