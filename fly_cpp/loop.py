@@ -17,6 +17,8 @@ back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's co
 
 Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
 its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
+There, and in speculative generations whose verification is exact, the first token comes from
+the prompt's last row (``Runs.start``), before the first round.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     begin = perf_counter()
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
-    if runs is not None and out.finish is None and len(committed) <= target.n_ctx:
-        runs.start(committed, out)  # the prompt decoded through its last token, the first token picked
+    first = runs or (Runs.first(request, target, constraint is not None) if steady is None else None)
+    if first is not None and out.finish is None and len(committed) <= target.n_ctx:
+        first.start(committed, out)  # the prompt decoded through its last token, the first token picked
     else:
         target.sync(committed)
     start = perf_counter()
