@@ -294,7 +294,8 @@ def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: 
     unless asked), what the cache holds after (``hist[:that]``), the draft's own token after
     that, the status: 0, llama_decode's error, -1 no logits, -2 bad arguments, -3 a refused
     rollback)."""
-    if not (hist.dtype == np.int32 and hist.ndim == 1 and hist.flags.c_contiguous and len(hist) >= n_hist + rules.limit):
+    if not (hist.dtype == np.int32 and hist.ndim == 1 and hist.flags.c_contiguous
+            and len(hist) >= n_hist + rules.limit):
         raise ValueError("hist must be a contiguous int32 array with room for the drafted tokens")
     out = np.empty(max(rules.limit, 1), dtype=np.int32)
     conf = np.empty(max(rules.limit, 1), dtype=np.float64)

@@ -76,7 +76,7 @@ def test_padding_holds_the_width_of_the_widest_recent_round(pair, widths, steady
                         drafter=drafter).run()
     assert out.tokens == target
     started = steady == "off"  # unpadded, the first token comes from the prompt's last row, a round of its own
-    rows = [n + 1 for n in drafter.made] + [1] * (out.stats.n_rounds - started - len(drafter.made))  # last: nothing to draft
+    rows = [n + 1 for n in drafter.made] + [1] * (out.stats.n_rounds - started - len(drafter.made))  # last: no draft
     assert widths == ([max(rows[: i + 1]) for i in range(len(rows))] if steady == "on" else rows)
 
 
