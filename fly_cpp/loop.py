@@ -66,6 +66,10 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     stats.prompt_seconds = start - begin
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
     try:
+        if out.finish is None:  # the first token, where it came from the prompt's row: out before the first round
+            t3 = perf_counter()
+            yield from out.take()
+            paused += perf_counter() - t3
         while out.finish is None:
             room = target.n_ctx - len(committed)  # drafted tokens that still fit the cache
             if room < 0 and window.pending is None:
