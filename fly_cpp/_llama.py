@@ -772,6 +772,7 @@ class Context(_Cache):
         self.n_seq = max(1, n_seq)
         self.kv_unified = params.kv_unified
         self._shared = _Batcher(self) if n_seq > 1 else None
+        self._drafting: dict[int, native.DraftContext] = {}  # n_vocab -> what a native draft run decodes in
 
     def keep_hidden(self) -> None:
         """Record, from now on, the hidden state every decoded position ends with (what an MTP
@@ -878,6 +879,42 @@ class Context(_Cache):
             raise _decode_failed(self.model.name, status, {-1: "no logits"})  # -1: the run's own
         return got
 
+    @property
+    def drafts_natively(self) -> bool:
+        """Whether ``draft_run`` can decode here (``runs_natively``'s conditions, and the native
+        library has draft runs)."""
+        return self.runs_natively and native.has_draft_run()
+
+    def draft_run(self, hist: np.ndarray, n_hist: int, rules: native.DraftRules, n_vocab: int,
+                  ) -> tuple[list[int], list[float], int]:
+        """A round of greedy drafting without returning to Python per token (``drafts_natively``
+        must hold; ``native.draft_run`` says what it does): the text is ``hist[:n_hist]``, of
+        which ``tokens`` must be a prefix, shorter than it (the rest, the catch-up, is decoded
+        with the first step). Returns (the drafted tokens, their confidences when asked, the
+        draft's own token after ``tokens``); ``tokens`` then holds the text and all drafted
+        tokens but the last (fewer where the draft lost confidence in a guess)."""
+        start = len(self.tokens)
+        if start >= n_hist or self.behind or self._intent is not None or n_hist + rules.limit - 1 > self.n_ctx:
+            raise FlyError(f"no room for a draft run at {start} of n_ctx={self.n_ctx}")
+        where = self._drafting.get(n_vocab)
+        if where is None:
+            decode, logits = _run_entry_points()
+            where = self._drafting[n_vocab] = native.DraftContext(
+                decode, logits, _entry_point("llama_memory_seq_rm"), self.ptr, self._memory,
+                ctypes.addressof(self._batch), self.n_batch, 0, self.model.n_vocab, n_vocab,
+                self.model.eog_mask.ctypes.data)
+        out, conf, done, last, status = native.draft_run(where, rules, hist, n_hist, start)
+        self.tokens.extend(hist[start:done].tolist())
+        self._done = len(self.tokens)
+        if status != 0:
+            self._physical(len(self.tokens), failed=True)
+            if status == -3:
+                raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back")
+            if status == -2:
+                raise ValueError("bad draft run arguments")
+            raise _decode_failed(self.model.name, status, {-1: "no logits"})
+        return out, conf, last
+
     def sync_through(self, committed: Sequence[int]) -> np.ndarray:
         """``sync``, but the last committed token is decoded too, in the same batch as what the
         cache lacked before it (as llama.cpp's own tools decode a prompt), and its (n_vocab,)
@@ -925,10 +962,13 @@ def _run_entry_points() -> tuple[int, int]:
     """The addresses of llama_decode and llama_get_logits, for the native greedy runs."""
     global _entry_points
     if _entry_points is None:
-        lib = library()
-        _entry_points = (ctypes.cast(lib.llama_decode, ctypes.c_void_p).value or 0,
-                         ctypes.cast(lib.llama_get_logits, ctypes.c_void_p).value or 0)
+        _entry_points = (_entry_point("llama_decode"), _entry_point("llama_get_logits"))
     return _entry_points
+
+
+def _entry_point(name: str) -> int:
+    """The address of one of libllama's C functions (for the native library to call)."""
+    return ctypes.cast(getattr(library(), name), ctypes.c_void_p).value or 0
 
 
 _cxx_bound: dict[str, Any] = {}
@@ -1303,6 +1343,7 @@ class Seq(_Cache):
         self._track(ctx.rollback)
         self._out: np.ndarray | None = None  # the last decode's rows with logits (this sequence's copy)
         self.runs_natively = False  # its decodes are batched with the other sequences' (no greedy runs)
+        self.drafts_natively = False  # ... nor draft runs
 
     def _decode_range(self, end: int, want: int) -> None:
         """As ``Context``'s, each n_batch chunk one shared decode (other sequences' rounds run

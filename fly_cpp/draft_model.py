@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fly_cpp import ngram, rows
+from fly_cpp import native, ngram, rows
 from fly_cpp._llama import Context, common_prefix
 from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import Draft, Report
@@ -49,6 +49,8 @@ class DraftModel:
         self.bias = bias
         self.path: list[int] = []
         self._own = 0  # path[_own:] are the model's own choices
+        self._hist = np.zeros(0, dtype=np.int32)  # (capacity,) int32: the text of the last native run, then its drafts
+        self._text: list[int] = []  # what _hist holds of the text
 
     def is_eog(self, token: int) -> bool:
         return self.ctx.model.is_eog(token)
@@ -85,6 +87,31 @@ class DraftModel:
             self._own = len(history)  # a new path, not the continuation of the last one
         self.path = [*history, *guess[:agree], int(best[agree])]
         return Stepped(best, agree, sure, len(batch))
+
+    def run(self, committed: Sequence[int], limit: int, need: int, spec: SpecSettings,
+            confident: bool) -> tuple[list[int], list[float]] | None:
+        """``ModelDrafter.draft``'s steps inside the native library, after ``start``: the same
+        tokens and confidences, without returning to Python per step. None where the library
+        cannot run them (no library, a logit bias, a context it cannot drive, a longer n-gram
+        than it looks up, no room in the cache); the caller then steps in Python."""
+        n = len(committed)
+        if (not getattr(self.ctx, "drafts_natively", False) or self.bias
+                or (spec.ngram and spec.ngram_max > native.MAX_NGRAM) or n + limit - 1 > self.ctx.n_ctx):
+            return None
+        if len(self._hist) < n + limit:
+            grown = np.zeros(max(2 * len(self._hist), n + limit, 1024), dtype=np.int32)
+            grown[: len(self._text)] = self._hist[: len(self._text)]
+            self._hist = grown
+        keep = common_prefix(self._text, committed)
+        self._hist[keep:n] = committed[keep:]
+        self._text = list(committed)
+        rules = native.DraftRules(limit, need, spec.p_min, confident, spec.ngram_max if spec.ngram else 0,
+                                  spec.ngram_tokens)
+        if not (self._own <= n <= len(self.path) and common_prefix(self.path, committed) == n):
+            self._own = n  # a new path, not the continuation of the last one (as ``step``)
+        out, confidences, last = self.ctx.draft_run(self._hist, n, rules, self.n_vocab)
+        self.path = [*committed, *self.ctx.tokens[n:], last]
+        return out, confidences
 
     def candidate(self, committed: Sequence[int]) -> int:
         """The draft model's greedy token after ``committed``: read off the path it last drafted
@@ -125,10 +152,19 @@ class ModelDrafter:
             return Draft()
         spec, model = self.spec, self.draft_model
         catchup = model.start(committed)
-        out: list[int] = []
-        confidences: list[float | None] = []
-        history = list(committed)
         want_confidence = confident or spec.p_min > 0
+        ran = model.run(committed, limit, need, spec, want_confidence)
+        out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence)
+        out = out[:limit]
+        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
+
+    def _steps(self, committed: Sequence[int], catchup: list[int], limit: int, need: int,
+               want_confidence: bool) -> tuple[list[int], list[float]]:
+        """``draft``'s steps in Python, one draft-model decode each (the reference of ``DraftModel.run``)."""
+        spec, model = self.spec, self.draft_model
+        out: list[int] = []
+        confidences: list[float] = []
+        history = list(committed)
         while len(out) < limit:
             room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
             guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
@@ -143,8 +179,7 @@ class ModelDrafter:
             confidences += s.sure[: len(new)]
             if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
                 break
-        out = out[:limit]
-        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
+        return out, confidences
 
     def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
         """The model's own draft (``draft``: the guesses it checks are its own choices too)."""

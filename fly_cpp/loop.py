@@ -17,6 +17,8 @@ back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's co
 
 Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
 its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
+There, and in speculative generations whose verification is exact, the first token comes from
+the prompt's last row (``Runs.start``), before the first round.
 """
 
 from __future__ import annotations
@@ -55,14 +57,19 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     begin = perf_counter()
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
-    if runs is not None and out.finish is None and len(committed) <= target.n_ctx:
-        runs.start(committed, out)  # the prompt decoded through its last token, the first token picked
+    first = runs or (Runs.first(request, target, constraint is not None) if steady is None else None)
+    if first is not None and out.finish is None and len(committed) <= target.n_ctx:
+        first.start(committed, out)  # the prompt decoded through its last token, the first token picked
     else:
         target.sync(committed)
     start = perf_counter()
     stats.prompt_seconds = start - begin
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
     try:
+        if out.finish is None:  # the first token, where it came from the prompt's row: out before the first round
+            t3 = perf_counter()
+            yield from out.take()
+            paused += perf_counter() - t3
         while out.finish is None:
             room = target.n_ctx - len(committed)  # drafted tokens that still fit the cache
             if room < 0 and window.pending is None:

@@ -23,6 +23,7 @@ import numpy as np
 
 ABI_VERSION = 2  # native/flyrows.h FLY_ABI_VERSION
 MAX_TOP = 16  # native/flyrows.h FLY_MAX_TOP
+MAX_NGRAM = 16  # native/flyrows.h FLY_MAX_NGRAM
 LIB_NAMES = {"win32": ("flyrows.dll", "libflyrows.dll"), "darwin": ("libflyrows.dylib", "libflyrows.so")}
 
 _lib: ctypes.CDLL | None = None
@@ -43,9 +44,28 @@ _SIGNATURES = {
     "fly_draw": (_i64, [_p, _i64, _f64]),
     "fly_sample": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, _f64]),
 }
+
+
+class DraftContext(ctypes.Structure):
+    """native/flyrows.h's fly_draft_ctx: the draft context a draft run decodes in."""
+
+    _fields_ = [("decode", _p), ("get_logits", _p), ("seq_rm", _p), ("ctx", _p), ("memory", _p), ("batch", _p),
+                ("n_batch", ctypes.c_int32), ("seq", ctypes.c_int32), ("row_len", _i64), ("n_vocab", _i64),
+                ("eog", _p)]
+
+
+class DraftRules(ctypes.Structure):
+    """native/flyrows.h's fly_draft_rules: how far a draft run goes."""
+
+    _fields_ = [("limit", _i64), ("need", _i64), ("p_min", _f64), ("confident", ctypes.c_int32),
+                ("ngram_max", ctypes.c_int32), ("ngram_tokens", ctypes.c_int32)]
+
+
 # bound when the library has them (a library built before them keeps its other functions)
 _OPTIONAL = {
     "fly_greedy_run": (_i64, [_p, _p, _p, _p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _i64, _p, _i64, _p, _p]),
+    "fly_ngram_match": (_i64, [_p, _i64, ctypes.c_int32, _i64, _p]),
+    "fly_draft_run": (_i64, [ctypes.POINTER(DraftContext), ctypes.POINTER(DraftRules), _p, _i64, _p, _p, _p, _p, _p]),
 }
 
 
@@ -249,3 +269,40 @@ def greedy_run(decode: int, get_logits: int, ctx: int, batch: int, token: int, p
     got = _need().fly_greedy_run(decode, get_logits, ctx, batch, token, pos, seq, n_vocab, stop_ptr, n,
                                  _ptr(out), ctypes.byref(status))
     return out[:got].tolist(), status.value
+
+
+def has_draft_run() -> bool:
+    """Whether ``draft_run`` is available (the library is in use and has it)."""
+    lib = _library()
+    return lib is not None and hasattr(lib, "fly_draft_run")
+
+
+def ngram_match(tokens: np.ndarray, max_n: int, n_pred: int) -> tuple[int, int]:
+    """(start, length) of the guess ``fly_ngram_match`` finds in (size,) int32 ``tokens``, the
+    draft runs' n-gram lookup (== ``ngram.Index.match``; for tests)."""
+    t = np.ascontiguousarray(tokens, dtype=np.int32)
+    start = ctypes.c_int64(0)
+    got = _need().fly_ngram_match(_ptr(t), len(t), max_n, n_pred, ctypes.byref(start))
+    return start.value, got
+
+
+def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: int, n_done: int,
+              ) -> tuple[list[int], list[float], int, int, int]:
+    """A fixed-k round of greedy drafting inside the library (``fly_draft_run``), after the text
+    ``hist[:n_hist]`` ((>= n_hist + limit,) int32: the drafted tokens are appended there) of which
+    the cache holds the first ``n_done``. Returns (the drafted tokens, their confidences (empty
+    unless asked), what the cache holds after (``hist[:that]``), the draft's own token after
+    that, the status: 0, llama_decode's error, -1 no logits, -2 bad arguments, -3 a refused
+    rollback)."""
+    if not (hist.dtype == np.int32 and hist.ndim == 1 and hist.flags.c_contiguous
+            and len(hist) >= n_hist + rules.limit):
+        raise ValueError("hist must be a contiguous int32 array with room for the drafted tokens")
+    out = np.empty(max(rules.limit, 1), dtype=np.int32)
+    conf = np.empty(max(rules.limit, 1), dtype=np.float64)
+    done = ctypes.c_int64(n_done)
+    last = ctypes.c_int32(-1)
+    status = ctypes.c_int32(0)
+    got = _need().fly_draft_run(ctypes.byref(where), ctypes.byref(rules), _ptr(hist), n_hist, ctypes.byref(done),
+                                _ptr(out), _ptr(conf), ctypes.byref(last), ctypes.byref(status))
+    asked = rules.confident or rules.p_min > 0
+    return out[:got].tolist(), conf[:got].tolist() if asked else [], done.value, last.value, status.value

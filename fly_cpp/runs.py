@@ -15,6 +15,11 @@ Only where the target's choice is the raw argmax: greedy, no penalties or logit 
 ignore_eos), no grammar, no log-probabilities asked, no draft; a context that cannot run
 natively (rpc, recurrent state, several sequences, MTP hidden states, no library) decodes
 token by token as before. The text is the same either way (``tests/test_runs.py``).
+
+Speculative generations whose verification is exact (spd, fly with loosening off) take their
+first token from the prompt's last row too (``Runs.first``): the target's choice there is the
+one the first round would have verified, and it comes one round earlier (the first draft then
+continues it); a loosening rule may keep a draft token there instead, so fly keeps its first round.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from time import perf_counter
 
 import numpy as np
 
+from fly_cpp import rollback as rb
 from fly_cpp._llama import Context
 from fly_cpp.rows import argmax
 from fly_cpp.output import Output
@@ -41,10 +47,17 @@ class Runs:
 
     @classmethod
     def make(cls, request: Request, target: Context, drafting: bool, constrained: bool) -> Runs | None:
-        s = request.sampling
-        plain = (not drafting and not constrained and s.greedy and not s.penalised and not request.bias
-                 and not request.n_probs)
+        """Runs for a target-only generation whose choice is the raw argmax, on a context that runs them."""
+        plain = not drafting and _raw_argmax(request, constrained)
         return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
+
+    @classmethod
+    def first(cls, request: Request, target: Context, constrained: bool) -> Runs | None:
+        """Where the first token can come from the prompt's last row (``start``), without runs:
+        the raw argmax, an exact verification, and a KV cache of one sequence."""
+        exact = not request.spec.policy().loosens
+        one = isinstance(target, Context) and target.rollback == rb.KV and target.n_seq == 1
+        return cls(target, target.model.eog_mask) if exact and one and _raw_argmax(request, constrained) else None
 
     def start(self, committed: list[int], out: Output) -> None:
         """The prompt (``committed``) decoded through its last token in one batch (what the
@@ -81,3 +94,10 @@ class Runs:
             if out.finish is not None:
                 break
         self.target.truncate(len(committed) - 1)  # tokens decoded past the end of the text
+
+
+def _raw_argmax(request: Request, constrained: bool) -> bool:
+    """Whether the target's choice is its raw argmax: greedy, no penalties, logit bias (nor
+    ignore_eos), grammar or log-probabilities."""
+    s = request.sampling
+    return not constrained and s.greedy and not s.penalised and not request.bias and not request.n_probs

@@ -478,3 +478,133 @@ int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_llama_batc
     }
     return n;
 }
+
+/* ---- draft runs -------------------------------------------------------------------------- */
+
+/* One pass: m is how many tokens before position i match the text's last tokens. */
+int64_t fly_ngram_match(const int32_t *t, int64_t size, int32_t max_n, int64_t n_pred, int64_t *start) {
+    if (max_n > FLY_MAX_NGRAM) max_n = FLY_MAX_NGRAM;
+    if (n_pred < 1) return 0;
+    int64_t top = max_n < size - 1 ? max_n : size - 1;
+    int64_t first[FLY_MAX_NGRAM + 1]; /* first[m]: the earliest i after exactly m matching tokens */
+    for (int64_t n = 1; n <= top; n++) first[n] = -1;
+    for (int64_t i = 1; i < size && top > 0; i++) {
+        if (t[i - 1] != t[size - 1]) continue;
+        int64_t m = 1, most = top < i ? top : i;
+        while (m < most && t[i - 1 - m] == t[size - 1 - m]) m++;
+        if (first[m] < 0) first[m] = i; /* the longest m found is what counts, at its earliest */
+        if (m == top) break;
+    }
+    for (int64_t n = top; n >= 1; n--) {
+        if (first[n] >= 0) {
+            *start = first[n];
+            return size - first[n] < n_pred ? size - first[n] : n_pred;
+        }
+    }
+    return 0;
+}
+
+/* Decode t[base..end) at their positions, the last `want` with logits, in batches of n_batch,
+ * the last batch ending the span (Context._decode_range's split, so that rows come out the same). */
+static int32_t decode_span(const fly_draft_ctx *dc, const int32_t *t, int64_t base, int64_t end, int64_t want) {
+    fly_decode_fn dec = (fly_decode_fn)dc->decode;
+    fly_llama_batch *b = dc->batch;
+    int64_t last = end - dc->n_batch > base ? end - dc->n_batch : base;
+    for (int64_t lo = base; lo < end;) {
+        int64_t hi = lo < last ? (lo + dc->n_batch < last ? lo + dc->n_batch : last) : end;
+        for (int64_t p = lo; p < hi; p++) {
+            int64_t i = p - lo;
+            b->token[i] = t[p];
+            b->pos[i] = (int32_t)p;
+            b->n_seq_id[i] = 1;
+            b->seq_id[i][0] = dc->seq;
+            b->logits[i] = p >= end - want;
+        }
+        b->n_tokens = (int32_t)(hi - lo);
+        int32_t rc = dec(dc->ctx, *b);
+        if (rc != 0) return rc;
+        lo = hi;
+    }
+    return 0;
+}
+
+static inline double top_probability_row(const struct kernels *k, const float *row, int64_t n) {
+    return 1.0 / k->exp_sum(row, n, k->row_max(row, n)); /* fly_top_probability's */
+}
+
+int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int32_t *hist, int64_t n_hist,
+                      int64_t *n_done, int32_t *out, double *conf, int32_t *path_last, int32_t *status) {
+    const struct kernels *k = kset();
+    fly_logits_fn logits = (fly_logits_fn)dc->get_logits;
+    fly_seq_rm_fn seq_rm = (fly_seq_rm_fn)dc->seq_rm;
+    int64_t limit = rules->limit, size = n_hist, done = *n_done, n_out = 0;
+    int want_conf = rules->confident || rules->p_min > 0;
+    *status = 0;
+    if (limit < 1 || n_hist < 1 || done < 0 || done >= n_hist || dc->n_batch < 1 || rules->ngram_max < 0 ||
+        rules->ngram_max > FLY_MAX_NGRAM || dc->n_vocab < 1 || dc->n_vocab > dc->row_len || (want_conf && !conf)) {
+        *status = -2;
+        return 0;
+    }
+    while (n_out < limit) {
+        /* the guess and the text's last token fit one batch */
+        int64_t room = limit - n_out - 1;
+        room = rules->ngram_tokens < room ? rules->ngram_tokens : room;
+        room = dc->n_batch - 1 < room ? dc->n_batch - 1 : room;
+        int64_t guess = 0, from = 0;
+        if (rules->ngram_max > 0 && room > 0) guess = fly_ngram_match(hist, size, rules->ngram_max, room, &from);
+        memmove(hist + size, hist + from, (size_t)guess * sizeof *hist); /* the guess after the text */
+        int32_t rc = decode_span(dc, hist, done, size + guess, guess + 1);
+        if (rc != 0) {
+            *status = rc;
+            break;
+        }
+        done = size + guess;
+        const float *rows = logits(dc->ctx);
+        if (!rows) {
+            *status = -1;
+            break;
+        }
+        /* the draft's token after each agreed prefix of the guess; confidences at rows 0..agree */
+        int64_t agree = 0;
+        int32_t token;
+        double sure = 0.0;
+        for (;;) {
+            const float *row = rows + agree * dc->row_len;
+            token = (int32_t)k->argmax(row, dc->n_vocab);
+            if (want_conf) sure = top_probability_row(k, row, dc->row_len);
+            if (agree < guess && token == hist[size + agree]) {
+                if (want_conf) conf[n_out + agree] = sure;
+                agree++;
+                continue;
+            }
+            break;
+        }
+        if (size + agree < done) { /* the cache keeps the text and the agreed part of the guess */
+            if (!seq_rm(dc->memory, dc->seq, (int32_t)(size + agree), -1)) {
+                *status = -3;
+                break;
+            }
+            done = size + agree;
+        }
+        *path_last = token;
+        int64_t fresh = agree;
+        if (rules->p_min <= 0 || n_out + agree < rules->need || sure >= rules->p_min) {
+            hist[size + agree] = token;
+            if (want_conf) conf[n_out + agree] = sure;
+            fresh++;
+        }
+        memcpy(out + n_out, hist + size, (size_t)fresh * sizeof *out);
+        int64_t end_at = -1; /* the first end-of-generation token among the fresh ones */
+        for (int64_t j = 0; j < fresh && end_at < 0; j++)
+            if (dc->eog[out[n_out + j]]) end_at = j;
+        n_out += fresh;
+        size += fresh;
+        if (end_at >= 0) {
+            n_out += end_at + 1 - fresh;
+            break;
+        }
+        if (fresh == agree) break; /* the draft lost confidence */
+    }
+    *n_done = done;
+    return n_out;
+}

@@ -93,6 +93,66 @@ FLY_API int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_ll
                                int32_t pos, int32_t seq, int64_t n_vocab, const uint8_t *stop, int64_t n,
                                int32_t *out, int32_t *status);
 
+/* ---- draft runs ----------------------------------------------------------------------------
+ * A fixed-k round of greedy drafting with a draft model (fly_cpp.draft_model.ModelDrafter.draft,
+ * the reference) without returning to Python per drafted token. */
+
+/* llama_memory_seq_rm, passed in as llama_decode is. */
+typedef uint8_t (*fly_seq_rm_fn)(void *memory, int32_t seq, int32_t p0, int32_t p1);
+
+/* Longest n-gram looked up (fly_cpp.ngram.Index's max_n) that fly_draft_run handles. */
+#define FLY_MAX_NGRAM 16
+
+/* fly_cpp.ngram.Index.match over the text t[0..size): the continuation (up to n_pred tokens) of
+ * the earliest earlier occurrence of the text's longest suffix of n <= max_n tokens (max_n is
+ * capped at FLY_MAX_NGRAM) seen before; returns its length (0: none), *start where it begins. */
+FLY_API int64_t fly_ngram_match(const int32_t *t, int64_t size, int32_t max_n, int64_t n_pred, int64_t *start);
+
+/* What a draft run works on: the draft context and its batch (room for n_batch tokens), its
+ * rows' length (row_len: the draft model's vocabulary) and how much of each row the argmax
+ * reads (n_vocab: ids the target knows too), eog: row_len flags, a draft ends after a token
+ * flagged there. */
+typedef struct {
+    void *decode;     /* llama_decode */
+    void *get_logits; /* llama_get_logits */
+    void *seq_rm;     /* llama_memory_seq_rm */
+    void *ctx;
+    void *memory; /* llama_get_memory(ctx) */
+    fly_llama_batch *batch;
+    int32_t n_batch;
+    int32_t seq;
+    int64_t row_len;
+    int64_t n_vocab;
+    const uint8_t *eog;
+} fly_draft_ctx;
+
+/* The round's rules (fly_cpp.config.SpecSettings): up to `limit` tokens, the first `need` of them
+ * whatever the draft's confidence; a draft stops where the draft's top probability falls under
+ * p_min (when > 0); `confident` (or p_min > 0): the top probability of each drafted token is
+ * written to conf. ngram_max > 0: each step first looks up an n-gram guess (the earliest
+ * continuation of the longest suffix of the text, as fly_cpp.ngram.Index.match, up to ngram_tokens
+ * tokens) and checks it in the same decode. */
+typedef struct {
+    int64_t limit;
+    int64_t need;
+    double p_min;
+    int32_t confident;
+    int32_t ngram_max;
+    int32_t ngram_tokens;
+} fly_draft_rules;
+
+/* Draft after the text hist[0..n_hist) (the committed tokens), the cache holding its first
+ * *n_done tokens (< n_hist): the first step decodes the rest of the text (the catch-up) with its
+ * last token. hist must have room for n_hist + limit tokens: the drafted tokens are appended.
+ * Writes the drafted tokens to out (room for limit) and, when asked, their confidences to conf.
+ * On return *n_done is what the cache holds (hist[0..*n_done)): the text, the drafted tokens but
+ * the last; *path_last the draft's own token after them (the path it drafted along). Returns how
+ * many tokens were drafted; *status is 0, llama_decode's non-zero result (the cache then holds
+ * hist[0..*n_done) and maybe part of the failed decode), -1 when there were no logits, -2 when
+ * the arguments are outside what this function handles, -3 when llama.cpp refused a rollback. */
+FLY_API int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int32_t *hist, int64_t n_hist,
+                              int64_t *n_done, int32_t *out, double *conf, int32_t *path_last, int32_t *status);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,125 @@
+"""Native draft runs (``DraftModel.run``, ``fly_draft_run``): a fixed-k round of greedy drafting
+inside the library gives exactly the Python steps' tokens and confidences, and leaves the draft
+cache and the path it drafted along as they do, on real llama.cpp contexts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fly_cpp import Engine, ModelSettings, SpecSettings, native, ngram
+from fly_cpp._llama import Context, Model
+from fly_cpp.draft_model import DraftModel, ModelDrafter
+from fly_cpp.models import bundled
+
+pytestmark = pytest.mark.skipif(not native.has_draft_run(), reason=f"no native draft runs: {native.status()}")
+PROMPT = "Once upon a time, there was a little girl named Lily. She liked to play with her ball. One day"
+
+
+@pytest.fixture(scope="module")
+def draft_path():
+    return bundled.DRAFT
+
+
+def _drafter(model: Model, spec: SpecSettings, n_batch: int) -> ModelDrafter:
+    ctx = Context(model, n_ctx=512, n_threads=1, n_batch=n_batch)
+    return ModelDrafter(DraftModel(ctx, model.n_vocab), spec)
+
+
+def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "has_draft_run", lambda: False)  # the library stays on for its row functions
+
+
+def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, *, n_batch: int = 512,
+             rounds: int = 24, seed: int = 0) -> int:
+    """Draft a generation's rounds both ways, each drafter on its own context, committing the same
+    (random) part of each draft and a correction; returns the tokens drafted."""
+    rng = np.random.default_rng(seed)
+    fast, slow = _drafter(model, spec, n_batch), _drafter(model, spec, n_batch)
+    committed = model.tokenize(PROMPT)
+    drafted = 0
+    try:
+        assert fast.draft_model.ctx.drafts_natively
+        for r in range(rounds):
+            limit, need, confident = int(rng.integers(1, 9)), int(rng.integers(0, 3)), bool(rng.integers(0, 2))
+            a = fast.draft(committed, limit, need, confident)
+            with monkeypatch.context() as m:
+                _python_steps(m)
+                b = slow.draft(committed, limit, need, confident)
+            assert a == b, (r, limit, need, confident)
+            for d in (fast.draft_model, slow.draft_model):
+                assert d.ctx.tokens == d.ctx.tokens[: len(d.path) - 1] and d.ctx.tokens == d.path[:-1]
+            assert fast.draft_model.ctx.tokens == slow.draft_model.ctx.tokens
+            assert (fast.draft_model.path, fast.draft_model._own) == (slow.draft_model.path, slow.draft_model._own)
+            drafted += len(a)
+            kept = int(rng.integers(0, len(a) + 1))
+            correction = int(rng.integers(3, model.n_vocab))
+            if rng.random() < 0.5:  # the draft's own token there (read off the path, or one Python step)
+                correction = fast.candidate([*committed, *a.tokens[:kept]])
+                assert slow.candidate([*committed, *a.tokens[:kept]]) == correction
+            committed = [*committed, *a.tokens[:kept], correction]
+            if len(committed) > 400:
+                committed = committed[:60]  # a new request sharing part of the text
+    finally:
+        fast.draft_model.ctx.close()
+        slow.draft_model.ctx.close()
+    return drafted
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+@pytest.mark.parametrize("p_min", [0.0, 0.4, 0.8])
+def test_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, p_min):
+    with Model(draft_path) as model:
+        spec = SpecSettings(mode="spd", k=8, ngram=ngram, p_min=p_min, ngram_max=3 if p_min == 0.4 else 4,
+                            ngram_tokens=3 if p_min else 6)
+        assert _compare(model, spec, monkeypatch, seed=int(p_min * 10) + ngram) > 0
+
+
+def test_small_batches_split_as_decode_does(draft_path, monkeypatch):
+    """A catch-up longer than a batch, and guesses cut to the batch."""
+    with Model(draft_path) as model:
+        _compare(model, SpecSettings(mode="spd", k=8, ngram_tokens=8), monkeypatch, n_batch=4, rounds=12)
+
+
+def test_a_draft_ends_after_end_of_text(period_is_eos, monkeypatch):
+    with Model(period_is_eos) as model:
+        assert _compare(model, SpecSettings(mode="spd", k=8), monkeypatch, rounds=16, seed=3) > 0
+
+
+def test_python_steps_where_the_library_cannot(draft_path):
+    """A logit bias, a longer n-gram than the library looks up, or no room left in the cache."""
+    with Model(draft_path) as model, Context(model, n_ctx=64, n_threads=1) as ctx:
+        committed = model.tokenize(PROMPT)
+        spec = SpecSettings(mode="spd", k=4)
+        drafts = DraftModel(ctx, model.n_vocab)
+        drafts.start(committed)
+        assert drafts.run(committed, 4, 0, spec, False) is not None
+        long = SpecSettings(mode="spd", k=4, ngram_max=native.MAX_NGRAM + 1)
+        drafts.start(committed)
+        assert drafts.run(committed, 4, 0, long, False) is None
+        drafts.start(committed)
+        assert drafts.run(committed, 64, 0, spec, False) is None  # past n_ctx
+
+
+def test_spd_text_is_the_same_either_way(stories, draft_path):
+    with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(draft_path), n_ctx=256)) as engine:
+        for spec in (SpecSettings(mode="spd", k=4), SpecSettings(mode="spd", k=6, p_min=0.5, ngram=False)):
+            fast = engine.generate(PROMPT, spec=spec, max_tokens=96).run()
+            with native.enabled(False):
+                slow = engine.generate(PROMPT, spec=spec, max_tokens=96).run()
+            assert fast.tokens == slow.tokens
+            assert fast.stats.n_drafted == slow.stats.n_drafted
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 8, 50])
+def test_the_libraries_ngram_lookup_is_the_index(alphabet):
+    """fly_ngram_match == ngram.Index.match: the same guess from the same place."""
+    rng = np.random.default_rng(alphabet)
+    for _ in range(300):
+        tokens = rng.integers(0, alphabet, int(rng.integers(0, 40))).tolist()
+        max_n, n_pred = int(rng.integers(1, 7)), int(rng.integers(1, 8))
+        start, length = native.ngram_match(np.array(tokens, dtype=np.int32), max_n, n_pred)
+        n, guess = ngram.Index(max_n).match(tokens, n_pred)
+        assert guess == tokens[start:start + length] and (length > 0) == (n > 0), (tokens, max_n, n_pred)
+        if guess:
+            assert ngram.match(tokens, max_n, n_pred)[1] == guess
