@@ -75,6 +75,8 @@ IGNORED: dict[str, Rule] = {
     "xtc_threshold": Rule(_TUNES, ANY),
     "top_n_sigma": Rule(_SAMPLER, (None, -1, -1.0, 0, 0.0)),
     "tfs_z": Rule(_SAMPLER, (None, 1, 1.0)),
+    "adaptive_target": Rule(_SAMPLER, (None, -1, -1.0)),
+    "adaptive_decay": Rule(_TUNES, ANY),
     "min_keep": Rule("samplers keep at least one token", (None, 0, 1)),
     "penalize_nl": Rule("penalties apply to every token alike", ANY),
     "samplers": Rule("fly-cpp's sampler chain has a fixed order (penalties, top-k, top-p, min-p, temperature)",
@@ -114,6 +116,9 @@ IGNORED: dict[str, Rule] = {
     "safety_identifier": Rule("accepted for compatibility", ANY),
 }
 
+# those samplers as generation settings report them (llama-server lists every sampler): switched off
+OFF: dict[str, Any] = {"typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "dry_multiplier": 0.0,
+                       "xtc_probability": 0.0, "top_n_sigma": -1.0, "adaptive_target": -1.0, "adaptive_decay": 0.9}
 
 
 class HasUnused(Protocol):

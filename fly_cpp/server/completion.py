@@ -18,6 +18,7 @@ from fly_cpp.errors import FlyError
 from fly_cpp.oai import step_flags
 from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
+from fly_cpp.server.compat import OFF
 from fly_cpp.server.fields import settings_dict
 from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
 from fly_cpp.server.probs import entries
@@ -128,7 +129,7 @@ class _Result:
             "truncated": self.truncated, "has_new_line": "\n" in gen.text,
             "stop_type": finish.kind if finish is not None else "none",
             "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
-            "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
+            "generation_settings": {**OFF, **settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
                                     "n_keep": body.n_keep, "cache_prompt": body.cache_prompt,
                                     "logit_bias": _bias(gen.request.bias)},

@@ -13,7 +13,7 @@ import fly_cpp
 from fly_cpp import rpc
 from fly_cpp.api import Fly
 from fly_cpp.server import errors
-from fly_cpp.server.compat import IGNORED, Compat
+from fly_cpp.server.compat import IGNORED, OFF, Compat
 from fly_cpp.server.completion import complete
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
@@ -138,7 +138,7 @@ def _pair_props(fly: Fly) -> dict[str, Any]:
         "draft_model_path": info.draft.path if info.draft is not None else None,
         "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
         "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
-        "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
+        "default_generation_settings": {**OFF, **settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
         "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)),
     }
 
