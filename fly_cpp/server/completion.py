@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
+from fly_cpp.generation import Generation
 from fly_cpp.oai import step_flags
 from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
@@ -120,26 +121,32 @@ class _Result:
         """The last answer: whole (``content``: the text) or a stream's last event (``content``
         "", and the tokens not yet sent)."""
         gen, body = self.gen, self.body
-        finish = gen.finish
         out: dict[str, Any] = {
-            "index": self.index, "id_slot": gen.stats.slot, "content": content,
-            "tokens": tokens if body.return_tokens or body.stream else [], "stop": True, "model": self.fly.model,
-            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
-            "prompt": self.fly.engine.detokenize(gen.request.prompt, special=True),
-            "truncated": self.truncated, "has_new_line": "\n" in gen.text,
-            "stop_type": finish.kind if finish is not None else "none",
-            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
+            "index": self.index, **outcome(self.fly, gen), "content": content,
+            "tokens": tokens if body.return_tokens or body.stream else [], "truncated": self.truncated,
             "generation_settings": {**OFF, **settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
                                     "n_keep": body.n_keep, "cache_prompt": body.cache_prompt,
                                     "logit_bias": _bias(gen.request.bias)},
-            "timings": timings(gen.stats),
             "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
-                    "interrupted": finish is not None and finish.interrupted},
+                    "interrupted": gen.finish is not None and gen.finish.interrupted},
         }
         if body.n_probs:
             out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
         return out
+
+
+def outcome(fly: Fly, gen: Generation) -> dict[str, Any]:
+    """What /completion tells of a finished generation whatever its body asked: the text, the
+    prompt as the model read it, the counts, how it ended, the timings. OpenAI's endpoints add it
+    as ``__verbose`` (``verbose``, or the server's --verbose), as llama-server does."""
+    finish = gen.finish
+    return {"id_slot": gen.stats.slot, "content": gen.text, "stop": True, "model": fly.model,
+            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
+            "prompt": fly.engine.detokenize(gen.request.prompt, special=True), "has_new_line": "\n" in gen.text,
+            "stop_type": finish.kind if finish is not None else "none",
+            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
+            "timings": timings(gen.stats)}
 
 
 def _bias(bias: LogitBias) -> list[dict[str, Any]]:

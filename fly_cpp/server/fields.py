@@ -179,6 +179,8 @@ class _OpenAI(_Generation):
                                                                    "no choices (else in the last chunk)")
     n: int = Field(1, ge=1, le=16, description="choices, generated one after another (answered whole)")
     user: str | None = None
+    verbose: bool | None = Field(None, description="add __verbose: /completion's answer, the prompt as the model "
+                                                   "read it included (default: the server's --verbose)")
 
 
 class _TextCompletion(_OpenAI):
