@@ -100,6 +100,15 @@ PHI_3 = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
+COMMAND_R = (
+    "{% set turn = {'system': 'SYSTEM', 'user': 'USER', 'assistant': 'CHATBOT'} %}"
+    "{% for message in messages %}{% if message['role'] in turn %}"
+    "{{ '<|START_OF_TURN_TOKEN|><|' + turn[message['role']] + '_TOKEN|>' + message['content'] | trim"
+    " + '<|END_OF_TURN_TOKEN|>' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"
+)
+
 BUILTIN: dict[str, tuple[str, tuple[str, ...]]] = {  # name -> (template, stop strings)
     "plain": (PLAIN, ("\nUser:",)),
     "chatml": (CHATML, ("<|im_end|>",)),
@@ -107,6 +116,7 @@ BUILTIN: dict[str, tuple[str, tuple[str, ...]]] = {  # name -> (template, stop s
     "mistral-instruct": (MISTRAL_INSTRUCT, ("[INST]",)),
     "gemma": (GEMMA, ("<end_of_turn>",)),
     "phi-3": (PHI_3, ("<|end|>",)),
+    "command-r": (COMMAND_R, ("<|END_OF_TURN_TOKEN|>",)),
 }
 
 

@@ -42,6 +42,9 @@ def test_family_builtins_render_as_their_models_expect():
     assert builtin("phi-3").render(CHAT[:2]) == "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
     assert builtin("llama-3").stop == ("<|eot_id|>",) and builtin("gemma").stop == ("<end_of_turn>",)
     assert builtin("phi-3").stop == ("<|end|>",)
+    assert builtin("command-r").render(CHAT[:2]) == (  # llama.cpp's --chat-template command-r
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
     # the names as llama.cpp and llama-cpp-python users spell them
     assert builtin("llama3").name == "llama-3" and builtin("Phi3").name == "phi-3" and is_builtin("mistral_instruct")
     assert resolve("gemma", "{{ 'the GGUF template' }}").name == "gemma"  # a chosen format beats the GGUF's
