@@ -217,6 +217,25 @@ def resolve(chat_format: str | None, gguf_template: str | None, *, bos_token: st
     return builtin("plain", bos_token=bos_token, eos_token=eos_token)
 
 
+def continued(messages: Any) -> str | None:
+    """The text a conversation ending with an assistant's message (a prefill, without tool calls)
+    goes on from, as llama-server continues it: its text parts joined by blank lines; None when
+    the conversation ends otherwise. Two assistant messages at the end are refused."""
+    if not isinstance(messages, (list, tuple)) or len(messages) < 2:
+        return None
+    last, before = messages[-1], messages[-2]
+    if not isinstance(last, Mapping) or last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    if isinstance(before, Mapping) and before.get("role") == "assistant":
+        raise FlyError("two assistant messages at the end of the conversation: the last one is the answer's "
+                       "beginning, the one before it has nowhere to go")
+    content = last.get("content")
+    if isinstance(content, list):
+        check_messages([last])
+        return "\n\n".join(str(p.get("text", "")) for p in content)
+    return check_messages([last])[0]["content"]
+
+
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Validate OpenAI-style messages; content given as a list of text parts is joined."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):

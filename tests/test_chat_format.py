@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp.chat_format import BUILTIN, ChatFormat, builtin, check_messages, is_builtin, resolve
+from fly_cpp.chat_format import BUILTIN, ChatFormat, builtin, check_messages, continued, is_builtin, resolve
 from fly_cpp.errors import FlyError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -85,3 +85,13 @@ def test_todays_date_as_llama_cpp_gives_it():
     today = datetime.now()
     assert fmt.render([{"role": "user", "content": "x"}]) == f"{today:%d %b %Y}|{today:%b %d %Y}"
     assert fmt.render([{"role": "user", "content": "x"}], date_string="1 Jan 2025").startswith("1 Jan 2025|")
+
+
+def test_a_final_assistant_message_is_continued():
+    assert continued(CHAT) is None and continued(CHAT[:1]) is None
+    assert continued(CHAT[:3]) == "Hello."
+    parts = {"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}
+    assert continued([CHAT[1], parts]) == "Wh\n\nill"  # as llama-server joins a continued message's parts
+    assert continued([CHAT[1], {"role": "assistant", "content": None, "tool_calls": [{}]}]) is None
+    with pytest.raises(FlyError, match="two assistant messages"):
+        continued([*CHAT[:3], {"role": "assistant", "content": "again"}])

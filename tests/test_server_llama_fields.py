@@ -60,3 +60,17 @@ def test_a_seed_writes_llama_servers_text(client):
     out = client.post("/completion", json={"prompt": "I believe the meaning of life is", "n_predict": 8,
                                            "temperature": 0.8, "seed": 42}).json()
     assert out["content"] == " going to bed. I"
+
+
+def test_a_final_assistant_message_is_continued(client):
+    prefill = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "Whill"}], "verbose": True}
+    prompt = client.post("/v1/chat/completions", json=prefill).json()["__verbose"]["prompt"]
+    assert prompt.endswith("<|im_start|>user\nWhat is the best book<|im_end|>\n<|im_start|>assistant\nWhill")
+    explicit = client.post("/v1/chat/completions", json={**prefill, "continue_final_message": True,
+                                                           "add_generation_prompt": False}).json()
+    assert explicit["__verbose"]["prompt"] == prompt
+    both = client.post("/v1/chat/completions", json={**prefill, "continue_final_message": True})
+    assert both.status_code == 400 and "add_generation_prompt" in both.json()["error"]["message"]
+    twice = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "A"},
+                                  {"role": "assistant", "content": "B"}]}
+    assert client.post("/v1/chat/completions", json=twice).status_code == 400

@@ -206,6 +206,8 @@ class _ChatCompletion(_OpenAI):
                                                            "none: it stays in the content (default: the server's)")
     add_generation_prompt: bool = Field(True, description="/apply-template: end the prompt with the opening of the "
                                                           "assistant's turn")
+    continue_final_message: bool = Field(False, description="continue the last (assistant's) message: with "
+                                         "add_generation_prompt false; a final assistant message is continued anyway")
 
 
 CompletionRequest = _body("CompletionRequest", _Completion)

@@ -112,6 +112,9 @@ async def chat_generation(served: Served, compat: Compat, body: Any, where: str,
     """The generation a chat body asks for (OpenAI's chat, and the surfaces converted to it:
     Anthropic's messages, OpenAI's Responses), checked and prepared off the event loop."""
     compat.check(body, where)
+    if body.continue_final_message and body.add_generation_prompt:
+        raise FlyError("continue_final_message and add_generation_prompt cannot both be true: the answer either "
+                       "continues the last message or opens a new one")
     fly = served.ready
     shown = shown_logprobs(body)
     max_tokens = limit(body.n_predict, body.max_completion_tokens, body.max_tokens, default=n_predict)
