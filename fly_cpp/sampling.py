@@ -54,12 +54,15 @@ class LlamaUniforms:
     from two 32-bit outputs, low word first (``std::generate_canonical<double, 53>``)."""
 
     def __init__(self, seed: int) -> None:
-        legacy = np.random.RandomState(seed & 0xFFFFFFFF).get_state()  # the C++ engine's seeding
-        self._bits = np.random.MT19937()
-        self._bits.state = {"bit_generator": "MT19937", "state": {"key": legacy[1], "pos": legacy[2]}}
+        self.seed = seed
+        self._bits: np.random.MT19937 | None = None  # made at the first draw (greedy runs never draw)
         self._made: list[float] = []
 
     def __getitem__(self, n: int) -> float:
+        if self._bits is None:
+            legacy = np.random.RandomState(self.seed & 0xFFFFFFFF).get_state()  # the C++ engine's seeding
+            self._bits = np.random.MT19937()
+            self._bits.state = {"bit_generator": "MT19937", "state": {"key": legacy[1], "pos": legacy[2]}}
         while len(self._made) <= n:
             lo, hi = (int(x) for x in self._bits.random_raw(2))
             self._made.append(min((lo + hi * 2.0**32) / 2.0**64, 1.0 - 2.0**-53))

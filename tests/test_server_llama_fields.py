@@ -4,6 +4,8 @@ that is llama-server's."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -74,3 +76,28 @@ def test_a_final_assistant_message_is_continued(client):
     twice = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "A"},
                                   {"role": "assistant", "content": "B"}]}
     assert client.post("/v1/chat/completions", json=twice).status_code == 400
+
+
+def test_post_sampling_probs_are_the_chains(client):
+    body = {"prompt": "Today was the day. Today I would finally become a", "n_probs": 10, "n_predict": 5,
+            "temperature": 1.0, "top_k": 40, "seed": 3}
+    raw = client.post("/completion", json=body).json()
+    post = client.post("/completion", json={**body, "post_sampling_probs": True}).json()
+    assert raw["content"] == post["content"]  # the same draws: only the report differs
+    for before, after in zip(raw["completion_probabilities"], post["completion_probabilities"]):
+        assert after["id"] == before["id"] and "logprob" not in after and 0.0 < after["prob"] <= 1.0
+        tops = after["top_probs"]
+        assert 0 < len(tops) <= 10 and all(p["prob"] > 0 for p in tops)
+        assert [p["prob"] for p in tops] == sorted((p["prob"] for p in tops), reverse=True)
+        if len(tops) < 10:  # the chain kept fewer: they are all it kept
+            assert sum(p["prob"] for p in tops) == pytest.approx(1.0)
+        # the chain's most likely token is the raw most likely one, made likelier by the cut
+        assert tops[0]["id"] == before["top_logprobs"][0]["id"]
+        assert tops[0]["prob"] >= math.exp(before["top_logprobs"][0]["logprob"]) - 1e-6
+    greedy = client.post("/completion", json={**body, "temperature": 0, "post_sampling_probs": True}).json()
+    assert all(e["prob"] == 1.0 and len(e["top_probs"]) == 1 for e in greedy["completion_probabilities"])
+
+
+def test_a_prompt_too_long_says_so_in_llama_servers_words(client):
+    r = client.post("/completion", json={"prompt": "once " * 400, "n_predict": 1})
+    assert r.status_code == 400 and "exceeds the available context size" in r.json()["error"]["message"]

@@ -86,8 +86,8 @@ IGNORED: dict[str, Rule] = {
     "functions": Rule("the legacy functions API: send tools", (None, [])),
     "function_call": Rule("the legacy functions API: send tool_choice", (None, "none", "auto")),
     # llama-server's slots, extras and multimodal inputs
-    "post_sampling_probs": Rule("probabilities are always the target's raw distribution (before sampling)",
-                                (None, False)),
+    "post_sampling_probs": Rule("probabilities are the target's raw distribution here (/completion gives them "
+                                "after the sampler chain)", (None, False)),
     "t_max_predict_ms": Rule("no time limit on generation (use n_predict)", (None, 0)),
     "t_max_prompt_ms": Rule("no time limit on prompt processing", (None, 0, -1)),
     "n_indent": Rule("no indentation stop", (None, 0)),

@@ -22,7 +22,7 @@ from fly_cpp.server import prompts, sse
 from fly_cpp.server.compat import OFF
 from fly_cpp.server.fields import settings_dict
 from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
-from fly_cpp.server.probs import entries
+from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
@@ -47,8 +47,10 @@ async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict:
 
 async def _start(fly: Fly, runs: Runs, body: Any, prompt: Any, index: int, n_predict: int) -> _Result:
     max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
-    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=body.n_probs,
-                                                max_tokens=max_tokens))
+    n_probs = body.n_probs
+    if n_probs and body.post_sampling_probs:  # the chain runs on the raw top entries (``probs``)
+        n_probs = raw_needed(n_probs, body.settings().get("top_k", fly.sampling.top_k), fly.info.n_vocab)
+    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=n_probs, max_tokens=max_tokens))
     gen = prepared.gen
 
     def steps() -> Iterator[Step | None]:
@@ -74,6 +76,7 @@ class _Result:
         self.fly, self.gen, self.truncated, self.body = fly, prepared.gen, prepared.truncated, body
         self.index, self.items = index, items
         self.piece = fly.engine.piece
+        self.post = self.gen.sampling if body.post_sampling_probs else None  # probabilities after the chain
 
     async def stream(self) -> AsyncIterator[bytes]:
         gen, body = self.gen, self.body
@@ -99,7 +102,7 @@ class _Result:
         yield sse.event(self.fields(self.final("", [s.token for s in pending], [s.probs for s in pending])))
 
     def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
-        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs)
+        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs, self.post)
 
     def fields(self, out: dict[str, Any]) -> dict[str, Any]:
         """``out`` with only the ``response_fields`` asked for (all when none)."""
@@ -132,7 +135,7 @@ class _Result:
                     "interrupted": gen.finish is not None and gen.finish.interrupted},
         }
         if body.n_probs:
-            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
+            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs, self.post)
         return out
 
 

@@ -167,6 +167,8 @@ class _Completion(_Generation):
     max_tokens: int | None = Field(None, ge=-1, description="llama-server's alias of n_predict")
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS, description="the target's top-n log-probabilities with "
                                                               "every generated token, streamed per token")
+    post_sampling_probs: bool = Field(False, description="n_probs as probabilities after the sampler chain "
+                                                         "(prob, top_probs)")
 
 
 class _OpenAI(_Generation):
