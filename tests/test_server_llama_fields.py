@@ -54,7 +54,8 @@ def test_generation_settings_list_the_samplers_fly_cpp_does_not_run_as_off(clien
     assert out["adaptive_target"] == -1.0 and out["mirostat"] == 0 and out["typical_p"] == 1.0
     assert out["top_k"] == 40  # fly-cpp's own chain is reported as it ran
     props = client.get("/props").json()["default_generation_settings"]
-    assert props["adaptive_target"] == -1.0
+    assert props["adaptive_target"] == -1.0 and props["params"]["adaptive_target"] == -1.0
+    assert props["params"]["top_k"] == props["top_k"] and "seed" in props["params"]
 
 
 def test_a_seed_writes_llama_servers_text(client):
