@@ -26,6 +26,12 @@ class ContextExceeded(FlyError):
         self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
+class CacheFull(FlyError):
+    """llama.cpp found no room for a decode in the KV cache: the slots sharing one cache
+    (``kv_unified``) filled it together. The server's limit, not the request's fault (HTTP 500
+    in llama-server's words, "the context size has been exceeded")."""
+
+
 class RpcServerLost(FlyError):
     """An rpc-server holding model layers stopped answering: the models on it are gone until
     the process restarts (the server answers HTTP 503)."""

@@ -102,3 +102,15 @@ def test_post_sampling_probs_are_the_chains(client):
 def test_a_prompt_too_long_says_so_in_llama_servers_words(client):
     r = client.post("/completion", json={"prompt": "once " * 400, "n_predict": 1})
     assert r.status_code == 400 and "exceeds the available context size" in r.json()["error"]["message"]
+
+
+def test_a_full_shared_cache_is_the_servers_limit():
+    # slots sharing one cache (--kv-unified) may fill it together: llama-server answers 500 in these words
+    from fly_cpp._llama import _decode_failed
+    from fly_cpp.errors import CacheFull
+    from fly_cpp.server.errors import of, status_of
+
+    full = _decode_failed("stories260K.gguf", 1)
+    assert isinstance(full, CacheFull) and status_of(full) == 500
+    assert "context size has been exceeded" in of(full)["error"]["message"]
+    assert status_of(_decode_failed("stories260K.gguf", 2)) == 400

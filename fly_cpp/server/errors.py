@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import ContextExceeded, FlyError, RpcServerLost
+from fly_cpp.errors import CacheFull, ContextExceeded, FlyError, RpcServerLost
 from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -26,6 +26,8 @@ def status_of(exc: BaseException) -> int:
     """The HTTP status an exception raised while serving a request stands for."""
     if isinstance(exc, (Unavailable, RpcServerLost)):
         return 503
+    if isinstance(exc, CacheFull):
+        return 500
     return 400 if isinstance(exc, (FlyError, TypeError)) else 500
 
 
