@@ -132,6 +132,17 @@ def is_builtin(name: str) -> bool:
     return _key(name) in _BY_KEY
 
 
+class _Undefined(jinja2.Undefined):
+    """An undefined variable joined to text with ``+`` reads as empty text, as llama.cpp's Jinja
+    reads it (templates written for a caller that fills more variables, e.g. firefunction-v2's
+    ``functions``); any other use still fails."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    __radd__ = __add__
+
+
 class _TemplateError(Exception):
     """What ``raise_exception`` in a template raises (turned into FlyError by ``render``)."""
 
@@ -168,7 +179,7 @@ class ChatFormat:
 
     def __post_init__(self) -> None:
         env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+                                            undefined=_Undefined, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson
         env.globals.update(raise_exception=_raise_exception, strftime_now=lambda f: datetime.now().strftime(f))
         try:

@@ -95,3 +95,11 @@ def test_a_final_assistant_message_is_continued():
     assert continued([CHAT[1], {"role": "assistant", "content": None, "tool_calls": [{}]}]) is None
     with pytest.raises(FlyError, match="two assistant messages"):
         continued([*CHAT[:3], {"role": "assistant", "content": "again"}])
+
+
+def test_an_undefined_variable_joined_to_text_is_empty_text():
+    # llama.cpp's Jinja: firefunction-v2's template adds a ``functions`` variable only its caller fills
+    fmt = ChatFormat("{{ 'Tools:' + functions + '.' }}{{ functions ~ '!' }}", "", "", (), "custom")
+    assert fmt.render(CHAT[1:2]) == "Tools:.!"
+    with pytest.raises(FlyError, match="failed"):
+        ChatFormat("{{ functions.name + 1 }}", "", "", (), "custom").render(CHAT[1:2])
