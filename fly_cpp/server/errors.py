@@ -92,7 +92,10 @@ def install(app: FastAPI, on_server_error: Any) -> None:
     @app.exception_handler(FlyError)
     @app.exception_handler(TypeError)
     async def refused(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(of(exc), status_code=400)
+        status = status_of(exc)  # 400, but 500 for the server's own limits (CacheFull)
+        if status >= 500:
+            on_server_error()
+        return JSONResponse(of(exc), status_code=status)
 
     @app.exception_handler(Unavailable)
     @app.exception_handler(RpcServerLost)
