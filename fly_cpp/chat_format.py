@@ -248,7 +248,8 @@ def continued(messages: Any) -> str | None:
 
 
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Validate OpenAI-style messages; content given as a list of text parts is joined."""
+    """Validate OpenAI-style messages; content given as a list of text parts is joined, a line
+    each."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
     if not messages:
@@ -265,7 +266,7 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         if isinstance(content, list):
             if any(not isinstance(p, Mapping) or p.get("type") != "text" for p in content):
                 raise FlyError(f"messages[{i}]: only text content parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
+            content = "\n".join(str(p.get("text", "")) for p in content)  # as llama.cpp joins them
         if not isinstance(content, str):
             raise FlyError(f"messages[{i}]: content must be a string, got {type(content).__name__}")
         out.append({**m, "role": role, "content": content})

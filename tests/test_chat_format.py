@@ -67,7 +67,7 @@ def test_template_helpers_and_errors():
 
 def test_check_messages():
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert check_messages(parts)[0]["content"] == "ab"
+    assert check_messages(parts)[0]["content"] == "a\nb"  # a line each, as llama-server joins them
     with pytest.raises(FlyError, match="messages is empty"):
         check_messages([])
     with pytest.raises(FlyError, match="role must be one of"):
