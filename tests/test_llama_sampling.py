@@ -42,3 +42,16 @@ def test_the_suites_seed_writes_llama_servers_text(pair, spec):
     sampling = SamplingSettings(temperature=0.8, seed=42)
     gen = pair.generate("I believe the meaning of life is", spec=spec, sampling=sampling, max_tokens=8).run()
     assert gen.text == " going to bed. I"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_default_mode_writes_the_same_text_at_any_batch_size(stories, stories_draft, temperature):
+    # llama-server's suite: the same request twice, and at batch sizes 16 and 32, write one text
+    sampling = SamplingSettings(temperature=temperature, seed=42)
+    texts = []
+    for n_batch in (16, 32):
+        with Engine(ModelSettings(str(stories), n_ctx=256, n_batch=n_batch, n_threads=1),
+                    ModelSettings(str(stories_draft), n_ctx=256, n_batch=n_batch, n_threads=1)) as e:
+            for _ in range(2):
+                texts.append(e.generate("I believe the meaning of life is", sampling=sampling, max_tokens=40).run().text)
+    assert len(set(texts)) == 1, texts
