@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from fly_cpp import native
 from fly_cpp import rollback as rb
 from fly_cpp import rpc as _rpc
-from fly_cpp.errors import FlyError
+from fly_cpp.errors import CacheFull, FlyError
 
 GGUF_MAGIC = b"GGUF"
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
@@ -466,7 +466,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _decode_failed(name: str, rc: int, more: dict[int, str] | None = None) -> FlyError:
     """The error of a llama_decode that returned ``rc`` (``more``: a caller's own codes)."""
-    what = {1: "no KV slot (context full)", 2: "aborted", **(more or {})}.get(rc, f"error {rc}")
+    if rc == 1 and not (more and 1 in more):
+        return CacheFull(f"llama_decode failed on {name}: no KV slot: the context size has been exceeded "
+                         "(the KV cache has no room for the batch)")
+    what = {2: "aborted", **(more or {})}.get(rc, f"error {rc}")
     return FlyError(f"llama_decode failed on {name}: {what}")
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from fly_cpp import oai, reply, structured
 from fly_cpp import tools as tool_calls
-from fly_cpp.chat_format import ChatFormat, resolve
+from fly_cpp.chat_format import ChatFormat, continued, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp._llama import set_verbose
 from fly_cpp.engine import Engine
@@ -189,8 +189,13 @@ class Fly:
         return self._prompt_tokens(self._chat_text(messages, template_vars))
 
     def _chat_text(self, messages: Sequence[Mapping[str, Any]], template_vars: Mapping[str, Any]) -> str:
-        return self.chat_format.render(tool_calls.template_messages(messages), add_generation_prompt=True,
-                                       **template_vars)
+        """The rendered conversation; one that ends with an assistant's message is continued from
+        its text (the messages before it, the assistant's opening, then that text)."""
+        messages = tool_calls.template_messages(messages)
+        prefill = continued(messages)
+        if prefill is not None:
+            messages = messages[:-1]
+        return self.chat_format.render(messages, add_generation_prompt=True, **template_vars) + (prefill or "")
 
     def chat_turn(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None, tool_choice: Any = None,
                   parallel_tool_calls: bool | None = None, reasoning_format: str | None = None,

@@ -100,6 +100,15 @@ PHI_3 = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
+COMMAND_R = (
+    "{% set turn = {'system': 'SYSTEM', 'user': 'USER', 'assistant': 'CHATBOT'} %}"
+    "{% for message in messages %}{% if message['role'] in turn %}"
+    "{{ '<|START_OF_TURN_TOKEN|><|' + turn[message['role']] + '_TOKEN|>' + message['content'] | trim"
+    " + '<|END_OF_TURN_TOKEN|>' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"
+)
+
 BUILTIN: dict[str, tuple[str, tuple[str, ...]]] = {  # name -> (template, stop strings)
     "plain": (PLAIN, ("\nUser:",)),
     "chatml": (CHATML, ("<|im_end|>",)),
@@ -107,6 +116,7 @@ BUILTIN: dict[str, tuple[str, tuple[str, ...]]] = {  # name -> (template, stop s
     "mistral-instruct": (MISTRAL_INSTRUCT, ("[INST]",)),
     "gemma": (GEMMA, ("<end_of_turn>",)),
     "phi-3": (PHI_3, ("<|end|>",)),
+    "command-r": (COMMAND_R, ("<|END_OF_TURN_TOKEN|>",)),
 }
 
 
@@ -120,6 +130,17 @@ _BY_KEY = {_key(name): name for name in BUILTIN}
 def is_builtin(name: str) -> bool:
     """Whether ``name`` names a built-in format (``llama3`` and ``Llama-3`` name ``llama-3``)."""
     return _key(name) in _BY_KEY
+
+
+class _Undefined(jinja2.Undefined):
+    """An undefined variable joined to text with ``+`` reads as empty text, as llama.cpp's Jinja
+    reads it (templates written for a caller that fills more variables, e.g. firefunction-v2's
+    ``functions``); any other use still fails."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    __radd__ = __add__
 
 
 class _TemplateError(Exception):
@@ -158,7 +179,7 @@ class ChatFormat:
 
     def __post_init__(self) -> None:
         env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+                                            undefined=_Undefined, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson
         env.globals.update(raise_exception=_raise_exception, strftime_now=lambda f: datetime.now().strftime(f))
         try:
@@ -207,8 +228,28 @@ def resolve(chat_format: str | None, gguf_template: str | None, *, bos_token: st
     return builtin("plain", bos_token=bos_token, eos_token=eos_token)
 
 
+def continued(messages: Any) -> str | None:
+    """The text a conversation ending with an assistant's message (a prefill, without tool calls)
+    goes on from, as llama-server continues it: its text parts joined by blank lines; None when
+    the conversation ends otherwise. Two assistant messages at the end are refused."""
+    if not isinstance(messages, (list, tuple)) or len(messages) < 2:
+        return None
+    last, before = messages[-1], messages[-2]
+    if not isinstance(last, Mapping) or last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    if isinstance(before, Mapping) and before.get("role") == "assistant":
+        raise FlyError("two assistant messages at the end of the conversation: the last one is the answer's "
+                       "beginning, the one before it has nowhere to go")
+    content = last.get("content")
+    if isinstance(content, list):
+        check_messages([last])
+        return "\n\n".join(str(p.get("text", "")) for p in content)
+    return check_messages([last])[0]["content"]
+
+
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Validate OpenAI-style messages; content given as a list of text parts is joined."""
+    """Validate OpenAI-style messages; content given as a list of text parts is joined, a line
+    each."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
     if not messages:
@@ -225,7 +266,7 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         if isinstance(content, list):
             if any(not isinstance(p, Mapping) or p.get("type") != "text" for p in content):
                 raise FlyError(f"messages[{i}]: only text content parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
+            content = "\n".join(str(p.get("text", "")) for p in content)  # as llama.cpp joins them
         if not isinstance(content, str):
             raise FlyError(f"messages[{i}]: content must be a string, got {type(content).__name__}")
         out.append({**m, "role": role, "content": content})

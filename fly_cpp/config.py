@@ -493,6 +493,9 @@ class ServerSettings:
         "chat_template_kwargs win", aliases=("-rea",)))
     reasoning_format: str = field(default="auto", metadata=_help(
         "auto|deepseek: a reasoning model's <think> block goes to reasoning_content; none: it stays in the content"))
+    verbose: bool = field(default=False, metadata=_help(
+        "OpenAI's whole answers carry __verbose: /completion's answer, the prompt as the model read it included "
+        "(a request's verbose wins)"))
 
     def __post_init__(self) -> None:
         _require(isinstance(self.host, str) and bool(self.host.strip()), "host must not be empty")

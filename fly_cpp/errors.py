@@ -20,8 +20,16 @@ class ContextExceeded(FlyError):
     ``exceed_context_size_error`` with both numbers)."""
 
     def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(f"the prompt is {n_prompt_tokens} tokens, longer than the context (n_ctx={n_ctx})")
+        # llama-server's words ("exceeds the available context size"): clients look for them
+        super().__init__(f"the prompt is {n_prompt_tokens} tokens, longer than the context (n_ctx={n_ctx}): "
+                         "the request exceeds the available context size")
         self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
+
+class CacheFull(FlyError):
+    """llama.cpp found no room for a decode in the KV cache: the slots sharing one cache
+    (``kv_unified``) filled it together. The server's limit, not the request's fault (HTTP 500
+    in llama-server's words, "the context size has been exceeded")."""
 
 
 class RpcServerLost(FlyError):

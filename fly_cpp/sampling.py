@@ -3,12 +3,19 @@
 Chain order follows llama.cpp's default sampler: penalties -> top-k -> top-p -> min-p ->
 temperature -> draw. Temperature 0 is greedy (argmax after penalties).
 
-A draw is the Gumbel-max trick with noise that is a function of (seed, position in the text,
-stream, token id) alone: the token is argmax over the kept ids of log p + G, which is an exact
-sample of p, and the same position with the same history gives the same token whatever else
-happened before it. So a seed reproduces a generation whatever the draft lengths were (the
-cost-aware controller picks them from timings), and speculative verification only has to
-compare a drafted token with the target's own draw at its position (``fly_cpp.verify``).
+A draw depends only on (seed, position in the text, stream): the same position with the same
+history gives the same token whatever else happened before it. So a seed reproduces a
+generation whatever the draft lengths were (the cost-aware controller picks them from timings),
+and speculative verification only has to compare a drafted token with the target's own draw at
+its position (``fly_cpp.verify``).
+
+- stream 0, the target's own draw: llama.cpp's. Its last sampler walks the chain's survivors,
+  most likely first, until their probability reaches u times the total, with u the next number
+  of a Mersenne Twister seeded with the request's seed, one number per generated token. Here the
+  n-th generated token takes the n-th number (``LlamaUniforms``), so a seed writes the text
+  llama-server writes with that seed, target-only or speculative.
+- other streams (FLy's second draw): the Gumbel-max trick with noise that is a function of
+  (seed, position, stream, token id) alone: argmax over the kept ids of log p + G.
 """
 
 from __future__ import annotations
@@ -40,6 +47,26 @@ def uniforms(seed: int, position: int, stream: int, ids: np.ndarray) -> np.ndarr
                    + np.uint64(position & 0xFFFFFFFF) * _MIX2 + np.uint64(stream & 0xFFFF) * _MIX1)
         bits = _mix(key + np.asarray(ids, dtype=np.uint64) * _GOLDEN)
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+class LlamaUniforms:
+    """The numbers in [0, 1) llama.cpp's sampler draws from ``std::mt19937(seed)``: a double built
+    from two 32-bit outputs, low word first (``std::generate_canonical<double, 53>``)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._bits: np.random.MT19937 | None = None  # made at the first draw (greedy runs never draw)
+        self._made: list[float] = []
+
+    def __getitem__(self, n: int) -> float:
+        if self._bits is None:
+            legacy = np.random.RandomState(self.seed & 0xFFFFFFFF).get_state()  # the C++ engine's seeding
+            self._bits = np.random.MT19937()
+            self._bits.state = {"bit_generator": "MT19937", "state": {"key": legacy[1], "pos": legacy[2]}}
+        while len(self._made) <= n:
+            lo, hi = (int(x) for x in self._bits.random_raw(2))
+            self._made.append(min((lo + hi * 2.0**32) / 2.0**64, 1.0 - 2.0**-53))
+        return self._made[n]
 
 
 class LogitBias:
@@ -82,10 +109,13 @@ NO_BIAS = LogitBias(())
 class Sampler:
     """Target-side token choice for one generation (its seed fixes every draw)."""
 
-    def __init__(self, settings: SamplingSettings, seed: int, bias: LogitBias = NO_BIAS) -> None:
+    def __init__(self, settings: SamplingSettings, seed: int, bias: LogitBias = NO_BIAS, start: int = 0) -> None:
+        """``start``: the position of the first generated token (the prompt's length)."""
         self.settings = settings
         self.seed = seed
         self.bias = bias
+        self.start = start
+        self.uniforms = LlamaUniforms(seed)
         self.adjusts = settings.penalised or bool(bias)  # whether rows are changed before the chain
 
     def penalise(self, row: np.ndarray, history: Sequence[int]) -> np.ndarray:
@@ -153,6 +183,9 @@ class Sampler:
         """The token of (position, stream) from the distribution (ids, probs)."""
         if ids.shape[0] == 1:
             return int(ids[0])
+        if stream == 0:  # probs are in order of logit, as llama.cpp walks them
+            u = self.uniforms[max(position - self.start, 0)]
+            return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="left")), ids.shape[0] - 1)])
         gumbel = -np.log(-np.log(uniforms(self.seed, position, stream, ids)))
         with np.errstate(divide="ignore"):
             return int(ids[int(np.argmax(np.log(probs) + gumbel))])

@@ -50,7 +50,7 @@ class Verifier:
         accept rule only ever sees, and keeps, tokens the grammar allows."""
         self.constraint = constraint
         self.policy = request.spec.policy()
-        self.sampler = Sampler(request.sampling, request.seed, request.bias)
+        self.sampler = Sampler(request.sampling, request.seed, request.bias, len(request.prompt))
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
 

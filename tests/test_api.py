@@ -254,8 +254,8 @@ def test_bad_arguments_raise_clear_errors(fly, stories, tmp_path):
 
 
 def test_text_content_parts_are_joined(fly):
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a story."}]}]
-    assert fly.chat_tokens(parts) == fly.chat_tokens([{"role": "user", "content": "Tell me a story."}])
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Tell me"}, {"type": "text", "text": "a story."}]}]
+    assert fly.chat_tokens(parts) == fly.chat_tokens([{"role": "user", "content": "Tell me\na story."}])
     with pytest.raises(FlyError, match="only text content parts"):
         fly.chat_tokens([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp.chat_format import BUILTIN, ChatFormat, builtin, check_messages, is_builtin, resolve
+from fly_cpp.chat_format import BUILTIN, ChatFormat, builtin, check_messages, continued, is_builtin, resolve
 from fly_cpp.errors import FlyError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -42,6 +42,9 @@ def test_family_builtins_render_as_their_models_expect():
     assert builtin("phi-3").render(CHAT[:2]) == "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
     assert builtin("llama-3").stop == ("<|eot_id|>",) and builtin("gemma").stop == ("<end_of_turn>",)
     assert builtin("phi-3").stop == ("<|end|>",)
+    assert builtin("command-r").render(CHAT[:2]) == (  # llama.cpp's --chat-template command-r
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
     # the names as llama.cpp and llama-cpp-python users spell them
     assert builtin("llama3").name == "llama-3" and builtin("Phi3").name == "phi-3" and is_builtin("mistral_instruct")
     assert resolve("gemma", "{{ 'the GGUF template' }}").name == "gemma"  # a chosen format beats the GGUF's
@@ -64,7 +67,7 @@ def test_template_helpers_and_errors():
 
 def test_check_messages():
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert check_messages(parts)[0]["content"] == "ab"
+    assert check_messages(parts)[0]["content"] == "a\nb"  # a line each, as llama-server joins them
     with pytest.raises(FlyError, match="messages is empty"):
         check_messages([])
     with pytest.raises(FlyError, match="role must be one of"):
@@ -82,3 +85,21 @@ def test_todays_date_as_llama_cpp_gives_it():
     today = datetime.now()
     assert fmt.render([{"role": "user", "content": "x"}]) == f"{today:%d %b %Y}|{today:%b %d %Y}"
     assert fmt.render([{"role": "user", "content": "x"}], date_string="1 Jan 2025").startswith("1 Jan 2025|")
+
+
+def test_a_final_assistant_message_is_continued():
+    assert continued(CHAT) is None and continued(CHAT[:1]) is None
+    assert continued(CHAT[:3]) == "Hello."
+    parts = {"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}
+    assert continued([CHAT[1], parts]) == "Wh\n\nill"  # as llama-server joins a continued message's parts
+    assert continued([CHAT[1], {"role": "assistant", "content": None, "tool_calls": [{}]}]) is None
+    with pytest.raises(FlyError, match="two assistant messages"):
+        continued([*CHAT[:3], {"role": "assistant", "content": "again"}])
+
+
+def test_an_undefined_variable_joined_to_text_is_empty_text():
+    # llama.cpp's Jinja: firefunction-v2's template adds a ``functions`` variable only its caller fills
+    fmt = ChatFormat("{{ 'Tools:' + functions + '.' }}{{ functions ~ '!' }}", "", "", (), "custom")
+    assert fmt.render(CHAT[1:2]) == "Tools:.!"
+    with pytest.raises(FlyError, match="failed"):
+        ChatFormat("{{ functions.name + 1 }}", "", "", (), "custom").render(CHAT[1:2])

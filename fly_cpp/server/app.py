@@ -85,7 +85,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     app.include_router(llama.router(served, runs, compat, slots=settings.slots, metrics=settings.metrics,
                                     n_predict=settings.n_predict, defaults=defaults))
     app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,
-                                  n_predict=settings.n_predict, defaults=defaults))
+                                  n_predict=settings.n_predict, defaults=defaults, verbose=settings.verbose))
     app.include_router(anthropic.router(served, runs, compat, n_predict=settings.n_predict, defaults=defaults))
     app.include_router(responses.router(served, runs, compat, n_predict=settings.n_predict, defaults=defaults))
     # middlewares, innermost first: bodies are read (limits) only for callers with the key

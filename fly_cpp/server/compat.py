@@ -75,6 +75,8 @@ IGNORED: dict[str, Rule] = {
     "xtc_threshold": Rule(_TUNES, ANY),
     "top_n_sigma": Rule(_SAMPLER, (None, -1, -1.0, 0, 0.0)),
     "tfs_z": Rule(_SAMPLER, (None, 1, 1.0)),
+    "adaptive_target": Rule(_SAMPLER, (None, -1, -1.0)),
+    "adaptive_decay": Rule(_TUNES, ANY),
     "min_keep": Rule("samplers keep at least one token", (None, 0, 1)),
     "penalize_nl": Rule("penalties apply to every token alike", ANY),
     "samplers": Rule("fly-cpp's sampler chain has a fixed order (penalties, top-k, top-p, min-p, temperature)",
@@ -84,8 +86,8 @@ IGNORED: dict[str, Rule] = {
     "functions": Rule("the legacy functions API: send tools", (None, [])),
     "function_call": Rule("the legacy functions API: send tool_choice", (None, "none", "auto")),
     # llama-server's slots, extras and multimodal inputs
-    "post_sampling_probs": Rule("probabilities are always the target's raw distribution (before sampling)",
-                                (None, False)),
+    "post_sampling_probs": Rule("probabilities are the target's raw distribution here (/completion gives them "
+                                "after the sampler chain)", (None, False)),
     "t_max_predict_ms": Rule("no time limit on generation (use n_predict)", (None, 0)),
     "t_max_prompt_ms": Rule("no time limit on prompt processing", (None, 0, -1)),
     "n_indent": Rule("no indentation stop", (None, 0)),
@@ -114,6 +116,9 @@ IGNORED: dict[str, Rule] = {
     "safety_identifier": Rule("accepted for compatibility", ANY),
 }
 
+# those samplers as generation settings report them (llama-server lists every sampler): switched off
+OFF: dict[str, Any] = {"typical_p": 1.0, "mirostat": 0, "dynatemp_range": 0.0, "dry_multiplier": 0.0,
+                       "xtc_probability": 0.0, "top_n_sigma": -1.0, "adaptive_target": -1.0, "adaptive_decay": 0.9}
 
 
 class HasUnused(Protocol):

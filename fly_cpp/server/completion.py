@@ -15,12 +15,14 @@ from fastapi.responses import JSONResponse, Response
 
 from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
+from fly_cpp.generation import Generation
 from fly_cpp.oai import step_flags
 from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
+from fly_cpp.server.compat import OFF
 from fly_cpp.server.fields import settings_dict
 from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
-from fly_cpp.server.probs import entries
+from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
@@ -45,8 +47,10 @@ async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict:
 
 async def _start(fly: Fly, runs: Runs, body: Any, prompt: Any, index: int, n_predict: int) -> _Result:
     max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
-    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=body.n_probs,
-                                                max_tokens=max_tokens))
+    n_probs = body.n_probs
+    if n_probs and body.post_sampling_probs:  # the chain runs on the raw top entries (``probs``)
+        n_probs = raw_needed(n_probs, body.settings().get("top_k", fly.sampling.top_k), fly.info.n_vocab)
+    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=n_probs, max_tokens=max_tokens))
     gen = prepared.gen
 
     def steps() -> Iterator[Step | None]:
@@ -72,6 +76,7 @@ class _Result:
         self.fly, self.gen, self.truncated, self.body = fly, prepared.gen, prepared.truncated, body
         self.index, self.items = index, items
         self.piece = fly.engine.piece
+        self.post = self.gen.sampling if body.post_sampling_probs else None  # probabilities after the chain
 
     async def stream(self) -> AsyncIterator[bytes]:
         gen, body = self.gen, self.body
@@ -97,7 +102,7 @@ class _Result:
         yield sse.event(self.fields(self.final("", [s.token for s in pending], [s.probs for s in pending])))
 
     def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
-        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs)
+        return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs, self.post)
 
     def fields(self, out: dict[str, Any]) -> dict[str, Any]:
         """``out`` with only the ``response_fields`` asked for (all when none)."""
@@ -119,26 +124,32 @@ class _Result:
         """The last answer: whole (``content``: the text) or a stream's last event (``content``
         "", and the tokens not yet sent)."""
         gen, body = self.gen, self.body
-        finish = gen.finish
         out: dict[str, Any] = {
-            "index": self.index, "id_slot": gen.stats.slot, "content": content,
-            "tokens": tokens if body.return_tokens or body.stream else [], "stop": True, "model": self.fly.model,
-            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
-            "prompt": self.fly.engine.detokenize(gen.request.prompt, special=True),
-            "truncated": self.truncated, "has_new_line": "\n" in gen.text,
-            "stop_type": finish.kind if finish is not None else "none",
-            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
-            "generation_settings": {**settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
+            "index": self.index, **outcome(self.fly, gen), "content": content,
+            "tokens": tokens if body.return_tokens or body.stream else [], "truncated": self.truncated,
+            "generation_settings": {**OFF, **settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
                                     "n_keep": body.n_keep, "cache_prompt": body.cache_prompt,
                                     "logit_bias": _bias(gen.request.bias)},
-            "timings": timings(gen.stats),
             "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
-                    "interrupted": finish is not None and finish.interrupted},
+                    "interrupted": gen.finish is not None and gen.finish.interrupted},
         }
         if body.n_probs:
-            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs)
+            out["completion_probabilities"] = entries(self.piece, tokens, probs, body.n_probs, self.post)
         return out
+
+
+def outcome(fly: Fly, gen: Generation) -> dict[str, Any]:
+    """What /completion tells of a finished generation whatever its body asked: the text, the
+    prompt as the model read it, the counts, how it ended, the timings. OpenAI's endpoints add it
+    as ``__verbose`` (``verbose``, or the server's --verbose), as llama-server does."""
+    finish = gen.finish
+    return {"id_slot": gen.stats.slot, "content": gen.text, "stop": True, "model": fly.model,
+            "tokens_predicted": len(gen.tokens), "tokens_evaluated": len(gen.request.prompt),
+            "prompt": fly.engine.detokenize(gen.request.prompt, special=True), "has_new_line": "\n" in gen.text,
+            "stop_type": finish.kind if finish is not None else "none",
+            "stopping_word": finish.word if finish is not None else "", "finish_reason": gen.finish_reason,
+            "timings": timings(gen.stats)}
 
 
 def _bias(bias: LogitBias) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import ContextExceeded, FlyError, RpcServerLost
+from fly_cpp.errors import CacheFull, ContextExceeded, FlyError, RpcServerLost
 from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -26,6 +26,8 @@ def status_of(exc: BaseException) -> int:
     """The HTTP status an exception raised while serving a request stands for."""
     if isinstance(exc, (Unavailable, RpcServerLost)):
         return 503
+    if isinstance(exc, CacheFull):
+        return 500
     return 400 if isinstance(exc, (FlyError, TypeError)) else 500
 
 
@@ -90,7 +92,10 @@ def install(app: FastAPI, on_server_error: Any) -> None:
     @app.exception_handler(FlyError)
     @app.exception_handler(TypeError)
     async def refused(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(of(exc), status_code=400)
+        status = status_of(exc)  # 400, but 500 for the server's own limits (CacheFull)
+        if status >= 500:
+            on_server_error()
+        return JSONResponse(of(exc), status_code=status)
 
     @app.exception_handler(Unavailable)
     @app.exception_handler(RpcServerLost)

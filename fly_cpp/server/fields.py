@@ -167,6 +167,8 @@ class _Completion(_Generation):
     max_tokens: int | None = Field(None, ge=-1, description="llama-server's alias of n_predict")
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS, description="the target's top-n log-probabilities with "
                                                               "every generated token, streamed per token")
+    post_sampling_probs: bool = Field(False, description="n_probs as probabilities after the sampler chain "
+                                                         "(prob, top_probs)")
 
 
 class _OpenAI(_Generation):
@@ -179,6 +181,8 @@ class _OpenAI(_Generation):
                                                                    "no choices (else in the last chunk)")
     n: int = Field(1, ge=1, le=16, description="choices, generated one after another (answered whole)")
     user: str | None = None
+    verbose: bool | None = Field(None, description="add __verbose: /completion's answer, the prompt as the model "
+                                                   "read it included (default: the server's --verbose)")
 
 
 class _TextCompletion(_OpenAI):
@@ -204,6 +208,8 @@ class _ChatCompletion(_OpenAI):
                                                            "none: it stays in the content (default: the server's)")
     add_generation_prompt: bool = Field(True, description="/apply-template: end the prompt with the opening of the "
                                                           "assistant's turn")
+    continue_final_message: bool = Field(False, description="continue the last (assistant's) message: with "
+                                         "add_generation_prompt false; a final assistant message is continued anyway")
 
 
 CompletionRequest = _body("CompletionRequest", _Completion)

@@ -13,7 +13,7 @@ import fly_cpp
 from fly_cpp import rpc
 from fly_cpp.api import Fly
 from fly_cpp.server import errors
-from fly_cpp.server.compat import IGNORED, Compat
+from fly_cpp.server.compat import IGNORED, OFF, Compat
 from fly_cpp.server.completion import complete
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
@@ -133,12 +133,14 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
 def _pair_props(fly: Fly) -> dict[str, Any]:
     """What /props says of the served pair (kept while the server sleeps)."""
     info = fly.info
+    settings = {**OFF, **settings_dict(fly.spec, fly.sampling)}
     return {
         "model": fly.model, "model_path": info.target.path, "draft_model": info.draft_name,
         "draft_model_path": info.draft.path if info.draft is not None else None,
         "n_ctx": fly.n_ctx, "n_vocab": info.n_vocab,
         "chat_format": fly.chat_format.name, "chat_template": fly.chat_format.template,
-        "default_generation_settings": {**settings_dict(fly.spec, fly.sampling), "n_ctx": fly.n_ctx},
+        # flat as fly-cpp has always given them, and under params as llama-server gives them
+        "default_generation_settings": {**settings, "n_ctx": fly.n_ctx, "params": settings},
         "total_slots": fly.engine.n_seq, "serving": SERVING.format(n=_generations(fly.engine.n_seq)),
     }
 

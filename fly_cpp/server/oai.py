@@ -19,6 +19,7 @@ from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import Compat
+from fly_cpp.server.completion import outcome
 from fly_cpp.server.fields import ChatCompletionRequest, GenerationBody, TextCompletionRequest
 from fly_cpp.server.prepare import ChatDefaults, Prepared, chat_prompt, generation, limit, prepare, slot_of
 from fly_cpp.server.runs import Runs
@@ -29,8 +30,15 @@ Chunk = dict[str, Any]
 
 
 def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None = None,
-           tags: list[str] | None = None, n_predict: int = -1, defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
+           tags: list[str] | None = None, n_predict: int = -1, defaults: ChatDefaults = ChatDefaults(),
+           verbose: bool = False) -> APIRouter:
+    """``verbose``: whole answers carry ``__verbose`` (/completion's answer) unless a request's
+    ``verbose`` says otherwise."""
     r = APIRouter()
+
+    def verbosely(body: Any, answer: Chunk, fly: Fly, gen: Generation) -> Chunk:
+        return {**answer, "__verbose": outcome(fly, gen)} if (verbose if body.verbose is None else body.verbose) \
+            else answer
     created = int(time.time())
 
     def listed(fly: Fly) -> dict[str, Any]:
@@ -50,17 +58,18 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
     async def completions(body: TextCompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
         compat.check(body, "/v1/completions")
         fly = served.ready
-        shown = body.logprobs
+        logprobs = body.logprobs
         max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
         gens = []
         for choice in _choices(body):
             prepared = await prepare(lambda: generation(fly, choice, prompt=body.prompt, max_tokens=max_tokens,
-                                                        n_probs=0 if shown is None else max(shown, 1)))
+                                                        n_probs=0 if logprobs is None else max(logprobs, 1)))
             gens.append(prepared.gen)
         gen, piece = gens[0], fly.engine.piece
         top = oai.head("text_completion", fly.model)
-        return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, shown, piece),
-                            lambda: _whole([oai.completion(g, top, shown, piece) for g in gens], gen),
+        return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, logprobs, piece),
+                            lambda: verbosely(body, _whole([oai.completion(g, top, logprobs, piece) for g in gens], gen),
+                                              fly, gen),
                             lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
                             more=gens[1:], pinned=slot_of(body) is not None)
 
@@ -75,8 +84,8 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
         gen, shown, piece, reading = gens[0], shown_logprobs(body), fly.engine.piece, readings[0]
         top = oai.head("chat.completion", fly.model)
         return await answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top, shown, piece, reading),
-                            lambda: _whole([oai.chat_completion(g, top, shown, piece, r)
-                                            for g, r in zip(gens, readings)], gen),
+                            lambda: verbosely(body, _whole([oai.chat_completion(g, top, shown, piece, r)
+                                                            for g, r in zip(gens, readings)], gen), fly, gen),
                             lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
                             more=gens[1:], pinned=slot_of(body) is not None)
 
@@ -103,6 +112,9 @@ async def chat_generation(served: Served, compat: Compat, body: Any, where: str,
     """The generation a chat body asks for (OpenAI's chat, and the surfaces converted to it:
     Anthropic's messages, OpenAI's Responses), checked and prepared off the event loop."""
     compat.check(body, where)
+    if body.continue_final_message and body.add_generation_prompt:
+        raise FlyError("continue_final_message and add_generation_prompt cannot both be true: the answer either "
+                       "continues the last message or opens a new one")
     fly = served.ready
     shown = shown_logprobs(body)
     max_tokens = limit(body.n_predict, body.max_completion_tokens, body.max_tokens, default=n_predict)
