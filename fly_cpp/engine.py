@@ -9,6 +9,7 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 import threading
 import weakref
@@ -405,7 +406,12 @@ class Engine:
                *(("mtp",) if isinstance(base, MtpDrafter) else ()))  # the head learns apart from n-gram lookup on the same file
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
-            self._pacers[key] = pacer = Pacer(self._cost_model, spec.k_max, recall.load(record))
+            # the costs are measured where the pacer first needs them: with one slot inside the
+            # generation, which holds the engine's lock; in a slot, on that slot's own sequence
+            # under the lock (measuring on another slot's raced its generation: llama_decode
+            # refused positions that two threads wrote)
+            load = self._cost_model if self.slots is None else functools.partial(self._slot_costs, slot)
+            self._pacers[key] = pacer = Pacer(load, spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
@@ -421,6 +427,10 @@ class Engine:
                 return self._cost_model(refresh=refresh)
         with self.slots.take(None) as at, self._lock:
             return self._cost_model(refresh=refresh, slot=at)
+
+    def _slot_costs(self, slot: int) -> Costs:
+        with self._lock:
+            return self._cost_model(slot=slot)
 
     def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
         if self._costs is None or refresh:
@@ -461,8 +471,7 @@ class Engine:
             stats.slot = at
             steps, pacer = start(at)
             if pacer is not None:
-                with self._lock:
-                    self._cost_model(slot=at)
+                self._slot_costs(at)
             if fresh:
                 for ctx in self._pair(at):
                     if ctx is not None:

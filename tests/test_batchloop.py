@@ -255,3 +255,21 @@ def test_shared_decodes_are_counted(slots):
 
 def test_one_slot_shares_nothing(alone):
     assert alone.sharing() == {}
+
+
+def test_k_auto_measures_the_costs_in_its_own_slot(stories, stories_draft, tmp_path, monkeypatch):
+    """A slot's k auto pacer measures the pair's costs (when it first needs them: as soon as it
+    begins, once a pair has a long record) on its own slot's sequence, under the engine's lock:
+    measured on slot 0's (as it was), the measuring decodes raced slot 0's generation, and
+    llama_decode refused the positions two threads had written."""
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    with Engine(exact(stories), exact(stories_draft), n_seq=2) as e:
+        busy = e.generate(PROMPTS[0], spec=spec("target"), max_tokens=N, slot=0)
+        steps = iter(busy)
+        next(steps)  # slot 0 is generating
+        seq0, calls = e.slots.targets[0], []
+        decode = seq0.decode
+        monkeypatch.setattr(seq0, "decode", lambda *a, **k: calls.append(a) or decode(*a, **k))
+        pacer = e.drafter(SpecSettings(mode="spd"), slot=1).pacer  # type: ignore[attr-defined]
+        assert pacer.costs.cached is False and calls == []  # measured now, and not on slot 0's sequence
+        busy.close()
