@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import struct
 import sys
@@ -1150,12 +1151,35 @@ class Grammar:
         self.close()
 
 
+# one character of a JSON string: any but the quote, the backslash and U+0000..U+001F, or an escape
+JSON_CHAR = r'[^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
 def json_schema_grammar(schema: str) -> str:
-    """GBNF for a JSON schema (text), by llama-cpp-python's converter; FlyError on a bad one."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    """GBNF for a JSON schema (text), by llama-cpp-python's converter, with two of its gaps
+    closed: integer bounds (``int_bounds``), which it ignores, are enforced, and a string's
+    characters exclude the control characters JSON forbids raw (its ``char`` rule let a newline
+    into a string, and the answer then failed to parse). FlyError on a bad schema."""
+    from llama_cpp import llama_grammar
+
+    from fly_cpp import int_bounds
+
+    class Converter(llama_grammar.SchemaConverter):
+        def visit(self, schema: Any, name: str) -> str:
+            if isinstance(schema, dict) and schema.get("type") == "integer" and \
+                    any(k in schema for k in int_bounds.KEYWORDS):
+                rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+                return self._add_rule(rule, int_bounds.integer_range(*int_bounds.bounds(schema)) + " space")
+            return super().visit(schema, name)
 
     try:
-        return json_schema_to_gbnf(schema)
+        converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        converter.visit(converter.resolve_refs(json.loads(schema), "stdin"), "")
+        if "char" in converter._rules:
+            converter._rules["char"] = JSON_CHAR
+        return converter.format_grammar()
+    except FlyError:
+        raise
     except Exception as e:  # the converter raises whatever its parsing hits
         raise FlyError(f"invalid JSON schema: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 

