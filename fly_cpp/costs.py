@@ -23,7 +23,6 @@ import functools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from fly_cpp.rollback_costs import Rollbacks
 
@@ -97,20 +96,6 @@ def _interpolate(rows: Sequence[int], values: Sequence[float], n: int) -> float:
             lo, hi = rows[i - 1], rows[i]
             return values[i - 1] + (values[i] - values[i - 1]) * (n - lo) / (hi - lo)
     raise AssertionError("unreachable")
-
-
-class Prices(Protocol):
-    """What k auto prices a round by (``fly_cpp.worth``): ``Costs``, or ``Shared`` under load."""
-
-    host: float
-
-    def target(self, rows: int) -> float: ...
-
-    def draft(self, rows: int) -> float: ...
-
-    def entering(self) -> float: ...
-
-    def rollback(self, h: int, accept: float) -> float: ...
 
 
 class Costs:
@@ -229,29 +214,6 @@ class Costs:
                 "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
                 "cached": self.cached, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
-
-
-class Shared:
-    """The prices of one of ``n`` sequences whose rounds run in step, sharing each decode
-    (``fly_cpp.batchloop``), as each of them would make the same plan: a round's target decode
-    holds every sequence's rows and its draft steps every sequence's drafting row, so a
-    sequence's round costs the shared decodes, and its plain round the shared decode of one row
-    each. A shared decode is a batch already: no switch to pay for."""
-
-    def __init__(self, costs: Costs, n: int) -> None:
-        self.costs, self.n, self.host = costs, n, costs.host
-
-    def target(self, rows: int) -> float:
-        return self.costs.target(self.n * rows)
-
-    def draft(self, rows: int) -> float:
-        return self.costs.draft(self.n * rows)
-
-    def entering(self) -> float:
-        return 0.0
-
-    def rollback(self, h: int, accept: float) -> float:
-        return self.costs.rollback(h, accept)
 
 
 def _per_1k(curve: Curve) -> dict[str, float]:

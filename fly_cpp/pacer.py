@@ -16,10 +16,7 @@ kind as the round before's) teach that record: on a GPU the first batch after on
 pays for a new graph.
 
 Under load (``sharing``: several sequences' rounds share each decode, ``fly_cpp.batchloop``)
-a round is priced as the slots run, in step (``fly_cpp.costs.Shared``): its draft steps and its
-verification are shared decodes holding every sequence's rows, and the plan to beat is the
-shared decode of one row each. Such rounds teach acceptance only (their timings are the shared
-decodes'), and never explore at the others' expense.
+rounds teach acceptance only: their timings are the shared decodes', not this sequence's.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fly_cpp import worth
-from fly_cpp.costs import Costs, Prices, Shared
+from fly_cpp.costs import Costs
 from fly_cpp.decayed import Tally, ema
 from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
 
@@ -79,22 +76,15 @@ class Pacer:
             self._costs = self.load()
         return self._costs
 
-    @property
-    def prices(self) -> Prices:
-        """What this round is priced by: the costs, shared with the others' rows under load."""
-        return Shared(self.costs, self.sharing) if self.sharing > 1 else self.costs
-
     def alone(self) -> float:
-        """The target's own pace, the sequence alone (what the drafting rounds' record is weighed against)."""
         return worth.alone(self.costs)
 
     def floor(self) -> float:
-        """The pace to beat: what the rounds achieve lately, and at least the target's own;
-        under load, the shared decode's without this sequence's drafts."""
-        return worth.alone(self.prices) if self.sharing > 1 else max(self.pace, self.alone())
+        """The pace to beat: what the rounds achieve lately, and at least the target's own."""
+        return max(self.pace, self.alone())
 
     def best(self, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
-        return worth.best(self.prices, accept, h_max, first, step)
+        return worth.best(self.costs, accept, h_max, first, step)
 
     def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], tuple[int, int]],
              has_draft: bool) -> tuple[str, int]:
@@ -104,10 +94,10 @@ class Pacer:
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
-        if self.explore_next and has_draft and self.sharing == 1:  # judged on its second round: see ``observe``
+        if self.explore_next and has_draft:  # judged on its second round: see ``observe``
             self.explore_next = False
             return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
-        target_rate = worth.alone(self.prices)
+        target_rate = self.alone()
         g_rate, g = 0.0, 0
         guesses_may_pay = self.best(self.guesses.surest(), limit, 0.0, 0.0)[1] > 0
         # looked up also when guesses cannot pay: what the round then writes tells whether the
@@ -127,8 +117,6 @@ class Pacer:
         if has_draft and self.best(1.0, limit, first, step)[1] > 0:
             if not losing and self.probe_pays(limit, first, step):
                 return self._chose("draft", limit)
-            if self.sharing > 1:  # under load: no tries at the others' expense, no rest decided by it
-                return self._chose("target", 0)
             # drafting could pay if the draft were right more often: try it now and then, as far
             # as it would pay if the draft were right as often as it is at best. When no length
             # would pay even then (the draft caught up: what it lags by is a debt of the idle
@@ -143,7 +131,7 @@ class Pacer:
                     self.rest = self.patience - self.idle - 1  # decode alone till then without planning
                     self.idle += self.rest
                 return self._chose("target", 0)
-        if not guesses_may_pay and self.sharing == 1:  # neither drafting nor guesses (as often right as they are) pay: rest a while
+        if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
 
@@ -181,7 +169,7 @@ class Pacer:
         firsts = self.evidence.firsts
         if firsts.total() < PROBES_SEEN:
             return False
-        return worth.probe(self.prices, self.floor(), firsts.counts, [self.model.of_bin(b) for b in range(len(firsts.counts))],
+        return worth.probe(self.costs, self.floor(), firsts.counts, [self.model.of_bin(b) for b in range(len(firsts.counts))],
                            limit, first, step)
 
     def drafts_lose(self) -> bool:
@@ -199,14 +187,14 @@ class Pacer:
 
     # inside a round, valued at the pace (``worth.value``)
     def guess_length(self, available: int, catchup: int) -> int:
-        return worth.guess_length(self.prices, self.agree.mean(), available, catchup)
+        return worth.guess_length(self.costs, self.agree.mean(), available, catchup)
 
     def more(self, chances: Sequence[float], accept: float) -> bool:
-        return worth.more(self.prices, self.floor(), chances, accept, self.k_max)
+        return worth.more(self.costs, self.floor(), chances, accept, self.k_max)
 
     def trim(self, chances: Sequence[float]) -> int:
         """How many drafted tokens to verify: the prefix of most value at the pace."""
-        return worth.value(self.prices, self.floor(), chances)[1]
+        return worth.value(self.costs, self.floor(), chances)[1]
 
     # learning from the rounds
     def probed(self, confidence: float | None) -> None:

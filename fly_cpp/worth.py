@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fly_cpp.costs import Prices
+from fly_cpp.costs import Costs
 
 ASK_SHARE = 0.5  # FLy loosens under k auto where the draft model has less than this share of the target's parameters
 LOOSE_MIN_BYTES = 256 << 20  # ... and where the target's weights are at least this large
@@ -49,12 +49,12 @@ def head_params(n_params: int, n_vocab: int, n_embd: int, n_layer: int, n_nextn:
     return int(output + n_nextn * per_layer)
 
 
-def alone(costs: Prices) -> float:
+def alone(costs: Costs) -> float:
     """Tokens per second of a plain target decode (host time included), now."""
     return 1.0 / (costs.host + costs.target(1))
 
 
-def best(costs: Prices, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
+def best(costs: Costs, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
     """(tokens per second, h) of the best draft length h <= h_max for a round whose first draft
     step costs ``first`` seconds and later ones ``step``, each token kept with probability
     ``accept`` given the earlier ones were. A batch after one-row decodes also pays for
@@ -71,7 +71,7 @@ def best(costs: Prices, accept: float, h_max: int, first: float, step: float) ->
     return top, top_h
 
 
-def value(costs: Prices, pace: float, chances: Sequence[float]) -> tuple[float, int]:
+def value(costs: Costs, pace: float, chances: Sequence[float]) -> tuple[float, int]:
     """(value, n) of verifying the best prefix of a draft (``chances[i]``: the chance that its
     tokens 0..i are all kept); drafting is paid already."""
     top, top_n, expected = -pace * costs.target(1), 0, 0.0
@@ -83,7 +83,7 @@ def value(costs: Prices, pace: float, chances: Sequence[float]) -> tuple[float, 
     return top, top_n
 
 
-def more(costs: Prices, pace: float, chances: Sequence[float], accept: float, k_max: int) -> bool:
+def more(costs: Costs, pace: float, chances: Sequence[float], accept: float, k_max: int) -> bool:
     """After drafting ``len(chances)`` tokens: would drafting h more (each kept with ``accept``)
     be worth more than stopping now and verifying the best prefix?"""
     drafted, step = len(chances), costs.draft(1)
@@ -97,7 +97,7 @@ def more(costs: Prices, pace: float, chances: Sequence[float], accept: float, k_
     return False
 
 
-def probe(costs: Prices, pace: float, firsts: Sequence[float], accept_of_bin: Sequence[float], limit: int,
+def probe(costs: Costs, pace: float, firsts: Sequence[float], accept_of_bin: Sequence[float], limit: int,
           first: float, step: float) -> bool:
     """Is one draft step worth its cost for what its token's confidence tells? After it the round
     goes on drafting (each token then as likely kept as that one) or decodes plainly, whichever
@@ -118,7 +118,7 @@ def probe(costs: Prices, pace: float, firsts: Sequence[float], accept_of_bin: Se
     return worth / sum(firsts) - pace * first > plain
 
 
-def guess_length(costs: Prices, agree: float, available: int, catchup: int) -> int:
+def guess_length(costs: Costs, agree: float, available: int, catchup: int) -> int:
     """How many tokens of an n-gram guess the draft model should check in its next step (each
     agreed with ``agree``): a step over 1 + g rows costs more than a plain one and pays only if
     the draft agrees with enough of the guess (its own next token comes either way)."""
