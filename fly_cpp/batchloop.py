@@ -14,9 +14,8 @@ them.
 Drafting under load (``Throttled``): while more than one slot is active, rounds draft only
 what an open cross-round window needs to be judged; alone, a slot drafts as it always does.
 Pricing a round as the slots run it, in step (each slot's draft steps and rows in shared
-decodes), was measured on the F16 pair with long chat prompts and lost to this rule and to the
-same slots without speculation (docs/slots.md), so total throughput under load stays that of the
-slots without speculation. k auto learns nothing about costs from shared decodes
+decodes), was measured on the F16 pair with chat prompts and gained nothing over this rule
+(docs/slots.md). k auto learns nothing about costs from shared decodes
 (``Pacer.sharing``): their timings are every slot's.
 """
 
