@@ -20,7 +20,7 @@ from fly_cpp.oai import step_flags
 from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
 from fly_cpp.server.compat import OFF
-from fly_cpp.server.fields import settings_dict
+from fly_cpp.server.fields import GenerationBody, settings_dict
 from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
 from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
@@ -45,7 +45,7 @@ async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict:
     return JSONResponse(results[0] if len(asked) == 1 else results)
 
 
-async def _start(fly: Fly, runs: Runs, body: Any, prompt: Any, index: int, n_predict: int) -> _Result:
+async def _start(fly: Fly, runs: Runs, body: GenerationBody, prompt: Any, index: int, n_predict: int) -> _Result:
     max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
     n_probs = body.n_probs
     if n_probs and body.post_sampling_probs:  # the chain runs on the raw top entries (``probs``)
