@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import httpx
 
@@ -59,6 +60,7 @@ async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, prompts:
         first = None
         usage = None
         pieces = 0  # text chunks: the token count where a server sends no usage
+        whole = []
         async with http.stream("POST", path, json=payload) as r:
             if r.status_code != 200:
                 await r.aread()
@@ -68,11 +70,12 @@ async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, prompts:
                     continue
                 chunk = json.loads(line[6:])
                 text = _text(chunk)
+                whole.append(text)
                 pieces += bool(text)
                 if first is None and text:
                     first = time.perf_counter() - start
                 usage = chunk.get("usage") or usage
-        out.append({"seconds": time.perf_counter() - start, "ttft": first or 0.0,
+        out.append({"seconds": time.perf_counter() - start, "ttft": first or 0.0, "text": "".join(whole),
                     "tokens": usage["completion_tokens"] if usage else pieces})
 
 
@@ -99,7 +102,22 @@ async def load(url: str, key: str | None, clients: int, requests: int, body: dic
             "mean_ttft_seconds": statistics.mean(r["ttft"] for r in results),
             "p50_ttft_seconds": _percentile([r["ttft"] for r in results], 0.5),
             "p95_ttft_seconds": _percentile([r["ttft"] for r in results], 0.95),
-            "mean_accepted": _mean_accepted(metrics), **_sharing(metrics)}
+            "mean_accepted": _mean_accepted(metrics), **_sharing(metrics),
+            **({"valid_answers": _valid(results, body["response_format"])} if "response_format" in body else {})}
+
+
+def _valid(results: list[dict], response_format: dict) -> int:
+    """How many answers parse as JSON and validate against the request's schema."""
+    import jsonschema
+
+    schema, n = response_format["json_schema"]["schema"], 0
+    for r in results:
+        try:
+            jsonschema.validate(json.loads(r["text"]), schema)
+            n += 1
+        except (ValueError, jsonschema.ValidationError):
+            pass
+    return n
 
 
 def _metrics(text: str) -> dict[str, str]:
@@ -180,13 +198,20 @@ def main() -> None:
                    help="llama-server speculates with the same draft model (off: the target alone; its build of "
                         "these sources crashes at start with the bundled stories260K draft)")
     p.add_argument("--peer-args", default="", help="more options for llama-server, e.g. '--spec-draft-n-max 5'")
+    p.add_argument("--extract", action="store_true",
+                   help="chat requests of scripts/data/extraction.json's ten prompts, constrained by its JSON schema "
+                        "(response_format json_schema)")
     p.add_argument("--dataset", help="chat requests of this dataset's prompts (humaneval, spec_bench, ...; "
                                      "several, comma-separated: taken in turn)")
     p.add_argument("--prompts", type=int, default=20, help="how many of the dataset's prompts (default 20)")
     args = p.parse_args(argv)
     body = {"max_tokens": args.max_tokens, "temperature": 0, **({"mode": args.mode} if args.mode else {})}
     prompts = None
-    if args.dataset:
+    if args.extract:
+        data = json.loads((Path(__file__).parent / "data" / "extraction.json").read_text())
+        prompts = data["prompts"]
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": data["schema"]}}
+    elif args.dataset:
         from fly_cpp.bench.datasets import load as load_dataset, select
         names = args.dataset.split(",")  # several: the prompts split evenly between them, taken in turn
         sets = [[q.text for q in select(load_dataset(name).prompts, -(-args.prompts // len(names)))] for name in names]
@@ -204,8 +229,8 @@ def main() -> None:
                                                 props.get("draft_model_path") if args.peer_draft == "on" else None,
                                                 args.parallel, args.threads, shlex.split(args.peer_args))
             try:
-                result["llama-server"] = asyncio.run(load(peer_url, None, args.clients, args.requests,
-                                                          {"max_tokens": args.max_tokens, "temperature": 0}, prompts))
+                peer_body = {key: value for key, value in body.items() if key != "mode"}
+                result["llama-server"] = asyncio.run(load(peer_url, None, args.clients, args.requests, peer_body, prompts))
             finally:
                 peer.terminate()
                 peer.wait()

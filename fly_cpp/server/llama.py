@@ -34,6 +34,7 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
     r = APIRouter()
     started = str(int(time.time()))  # llama-server's Process-Start-Time-Unix header on /metrics
     slot_totals: list[dict[str, int]] = []
+    sharing: dict[str, tuple[int, int, int]] = {}
 
     @r.get("/health")
     @r.get("/v1/health")
@@ -68,14 +69,16 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
         if not metrics:
             return errors.response(501, "this server does not answer /metrics (start it with --metrics)")
         engine = served.fly.engine if served.fly is not None else None  # none while loading or asleep
-        if engine is not None:  # asleep, the slots' counters are the ones seen last
+        if engine is not None:  # asleep, the slots' counters and shared decodes are the ones seen last
             slot_totals[:] = [view.totals for view in engine.slot_views()]
+            sharing.clear()
+            sharing.update(engine.sharing())
         text = runs.metrics.render({
             "requests_processing": ("Number of requests processing (at most -np/--parallel).",
                                     engine.generations_running if engine is not None else 0),
             "requests_deferred": ("Number of requests deferred (waiting for a slot).",
                                   runs.worker.waiting + (engine.generations_waiting if engine is not None else 0))},
-            slot_totals, engine.sharing() if engine is not None else None)
+            slot_totals, sharing)
         out = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
         # spelled as llama-server spells it (clients that read headers as a plain dict look for
         # this case); Starlette would lower-case a header given the usual way
