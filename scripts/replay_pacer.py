@@ -136,6 +136,10 @@ class TraceModel:
         self.cache = list(committed[:keep])
         return list(committed[keep:-1])
 
+    def run(self, committed: list[int], limit: int, need: int, spec: object, confident: bool) -> None:
+        """No native draft runs in a replay: a fixed k drafts through ``step``, as the Python steps do."""
+        return None
+
     def step(self, catchup: list[int], history: list[int], guess: list[int], confident: bool = False) -> Stepped:
         rows = len(catchup) + 1 + len(guess)
         self.clock.seconds += self.clock.costs.draft(rows)

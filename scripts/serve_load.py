@@ -56,27 +56,39 @@ async def client(http: httpx.AsyncClient, cid: int, n: int, body: dict, prompts:
             path, payload = "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": text}]}
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
-        start = time.perf_counter()
-        first = None
-        usage = None
-        pieces = 0  # text chunks: the token count where a server sends no usage
-        whole = []
-        async with http.stream("POST", path, json=payload) as r:
-            if r.status_code != 200:
-                await r.aread()
-                sys.exit(f"{path}: HTTP {r.status_code}: {r.text[:500]}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                text = _text(chunk)
-                whole.append(text)
-                pieces += bool(text)
-                if first is None and text:
-                    first = time.perf_counter() - start
-                usage = chunk.get("usage") or usage
-        out.append({"seconds": time.perf_counter() - start, "ttft": first or 0.0, "text": "".join(whole),
-                    "tokens": usage["completion_tokens"] if usage else pieces})
+        for attempt in (1, 2):  # a keep-alive connection the server closed just as it was reused: once more
+            try:
+                got = await _one(http, path, payload)
+                break
+            except httpx.RemoteProtocolError:
+                if attempt == 2:
+                    raise
+        out.append(got)
+
+
+async def _one(http: httpx.AsyncClient, path: str, payload: dict) -> dict:
+    """One streamed request: its time, time to first text, text and tokens."""
+    start = time.perf_counter()
+    first = None
+    usage = None
+    pieces = 0  # text chunks: the token count where a server sends no usage
+    whole = []
+    async with http.stream("POST", path, json=payload) as r:
+        if r.status_code != 200:
+            await r.aread()
+            sys.exit(f"{path}: HTTP {r.status_code}: {r.text[:500]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            text = _text(chunk)
+            whole.append(text)
+            pieces += bool(text)
+            if first is None and text:
+                first = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
+    return {"seconds": time.perf_counter() - start, "ttft": first or 0.0, "text": "".join(whole),
+            "tokens": usage["completion_tokens"] if usage else pieces}
 
 
 def _percentile(values: list[float], q: float) -> float:
