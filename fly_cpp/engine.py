@@ -425,12 +425,13 @@ class Engine:
         if self.slots is None:
             with self._lock:
                 return self._cost_model(refresh=refresh)
-        with self.slots.take(None) as at, self._lock:
-            return self._cost_model(refresh=refresh, slot=at)
+        with self.slots.take(None) as at:
+            return self._slot_costs(at, refresh=refresh)
 
-    def _slot_costs(self, slot: int) -> Costs:
+    def _slot_costs(self, slot: int, *, refresh: bool = False) -> Costs:
+        """The cost model, measured (when it must be) on ``slot``'s own sequence under the lock."""
         with self._lock:
-            return self._cost_model(slot=slot)
+            return self._cost_model(refresh=refresh, slot=slot)
 
     def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
         if self._costs is None or refresh:
