@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fly_cpp.bench.datasets import load, select
+from fly_cpp.bench.datasets import mixed
 from fly_cpp.bench.modes import Mode, peer_modes
 from fly_cpp.bench.peer import Peer
 from fly_cpp.models.sources import resolve
@@ -44,8 +44,8 @@ def main() -> None:
     ap.add_argument("--pair")
     ap.add_argument("-m", "--model")
     ap.add_argument("-d", "--draft")
-    ap.add_argument("--dataset", default="humaneval")
-    ap.add_argument("--limit", type=int, default=4)
+    ap.add_argument("--dataset", default="humaneval", help="a dataset, or several comma-separated (taken in turn)")
+    ap.add_argument("--limit", type=int, default=4, help="prompts of each dataset")
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--llama-cpp-bin", required=True)
@@ -64,7 +64,7 @@ def main() -> None:
             for k in ks} if ks else {m.label: m for m in peer_modes() if m.peer == "speculative"})
     configs = ["fly-cpp defaults", "fly-cpp target", "llama-completion", *spd]
     speeds: dict[str, list[float]] = {c: [] for c in configs}
-    prompts = select(load(a.dataset).prompts, a.limit)
+    prompts = mixed(a.dataset, a.limit)
     for i, p in enumerate(prompts):
         order = configs[i % len(configs):] + configs[:i % len(configs)]
         for c in order:

@@ -224,10 +224,9 @@ def main() -> None:
         prompts = data["prompts"]
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": data["schema"]}}
     elif args.dataset:
-        from fly_cpp.bench.datasets import load as load_dataset, select
-        names = args.dataset.split(",")  # several: the prompts split evenly between them, taken in turn
-        sets = [[q.text for q in select(load_dataset(name).prompts, -(-args.prompts // len(names)))] for name in names]
-        prompts = [q for group in zip(*sets) for q in group][: args.prompts]
+        from fly_cpp.bench.datasets import mixed
+        each = -(-args.prompts // len(args.dataset.split(",")))  # several: split evenly between them, taken in turn
+        prompts = [q.text for q in mixed(args.dataset, each)][: args.prompts]
     proc = None
     url = args.url
     if url is None:

@@ -134,3 +134,10 @@ def select(prompts: list[Prompt], limit: int | None, offset: int = 0) -> list[Pr
             if p is not None and len(out) < limit:
                 out.append(p)
     return out
+
+
+def mixed(names: str, each: int) -> list[Prompt]:
+    """``each`` prompts of every dataset in the comma-separated ``names``, taken in turn (one of the
+    first, one of the second, ...), so that a run cut short still has covered every dataset."""
+    sets = [select(load(name).prompts, each) for name in names.split(",")]
+    return [p for group in zip(*sets) for p in group]
