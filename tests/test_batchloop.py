@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+import slot_runs
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
 from fly_cpp.errors import FlyError
@@ -39,18 +40,7 @@ def spec(mode: str) -> SpecSettings:
 
 def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N) -> list[list[int]]:
     """Run every prompt in its own slot at once; each slot's tokens."""
-    gens = [engine.generate(p, spec=spec(mode), max_tokens=max_tokens, slot=i) for i, p in enumerate(prompts)]
-    out: list[list[int]] = [[] for _ in gens]
-
-    def drive(i: int) -> None:
-        out[i] = gens[i].run().tokens
-
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(gens))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+    return [g.tokens for g in slot_runs.together(engine, spec(mode), prompts, max_tokens)]
 
 
 @pytest.mark.parametrize("mode", ["target", "spd", "fly"])
@@ -64,31 +54,7 @@ def test_slots_return_what_each_returns_alone(alone, slots, mode):
 
 
 def test_slot_finishing_or_closed_early_does_not_disturb_others(alone, slots):
-    expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in PROMPTS[1:]]
-    short = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0)
-    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i + 1) for i, p in enumerate(PROMPTS[1:])]
-    its = [iter(g) for g in gens]
-    first = iter(short)
-    next(first)
-    for it in its:
-        next(it)
-    short.close()  # a cancelled client: its slot stops between rounds
-    out = [[] for _ in gens]
-
-    def drive(i: int) -> None:
-        for _ in its[i]:
-            pass
-        out[i] = gens[i].tokens
-
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(gens))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert out == expected
-    # the cancelled slot serves its next request as if nothing had happened
-    again = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run().tokens
-    assert again == alone.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N).run().tokens
+    slot_runs.check_a_cancelled_slot(alone, slots, spec("spd"), PROMPTS, N)
 
 
 def test_a_slot_outside_the_engine_is_refused(slots):

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+import slot_runs
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
 from fly_cpp._llama import Context, Model
@@ -54,14 +55,7 @@ def drafting(monkeypatch):
 
 def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N):
     """Run the prompts in slots 0.. at once (as many as the engine has); each generation's result."""
-    gens = [engine.generate(p, spec=spec(mode), max_tokens=max_tokens, slot=i) for i, p in enumerate(prompts)]
-    out: list = [None] * len(gens)
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, gens[i].run())) for i in range(len(gens))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+    return slot_runs.together(engine, spec(mode), prompts, max_tokens)
 
 
 @pytest.mark.parametrize("mode", ["target", "spd"])
@@ -80,25 +74,7 @@ def test_hybrid_slots_return_what_each_returns_alone(alone, slots, mode, draftin
 
 
 def test_a_cancelled_hybrid_slot_does_not_disturb_the_others(alone, slots, drafting):
-    prompts = PROMPTS[1: slots.n_seq]
-    expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in prompts]
-    short = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0)
-    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i + 1) for i, p in enumerate(prompts)]
-    its = [iter(g) for g in gens]
-    first = iter(short)
-    next(first)
-    for it in its:
-        next(it)
-    short.close()  # a cancelled client: its slot stops between rounds
-    threads = [threading.Thread(target=lambda it=it: [None for _ in it]) for it in its]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [g.tokens for g in gens] == expected
-    # the cancelled slot serves its next request as if nothing had happened
-    again = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run().tokens
-    assert again == alone.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N).run().tokens
+    slot_runs.check_a_cancelled_slot(alone, slots, spec("spd"), PROMPTS[: slots.n_seq], N)
 
 
 def _script(rng: random.Random, n_ops: int) -> list[tuple[str, list[int] | int]]:
