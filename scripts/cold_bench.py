@@ -12,28 +12,36 @@ default), all on the same raw prompt text. Decode tokens/s of each (prompt proce
 loading left out on both sides, as `fly-cpp bench` does); medians and ratios to fly-cpp's
 target-only, and fly-cpp's defaults over llama.cpp's best configuration. The cost and evidence
 caches are whatever `$FLY_CPP_COSTS` / `$FLY_CPP_EVIDENCE` name (a user's are warm after their
-first runs; point them at an empty directory for a first-ever run).
+first runs); `--first-run` adds the defaults as a first-ever run on the pair beside them (an empty
+evidence file each time), and `--peer LABEL` keeps only those configurations of the peer set.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from fly_cpp.bench.datasets import mixed
 from fly_cpp.bench.modes import Mode, peer_modes
 from fly_cpp.bench.peer import Peer
+from fly_cpp.errors import FlyError
 from fly_cpp.models.sources import resolve
 
 
-def fly(target: str, draft: str, prompt: str, n: int, threads: int, extra: list[str]) -> float:
+def fly(target: str, draft: str, prompt: str, n: int, threads: int, extra: list[str], first: bool = False) -> float:
+    """A fresh ``fly-cpp generate``'s decode tokens/s; ``first``: as a first-ever run on the pair
+    (k auto's evidence file empty; the machine's cost cache as it is)."""
     argv = [sys.executable, "-m", "fly_cpp.cli.main", "generate", "-m", target, "-d", draft, "-t", str(threads),
             "-n", str(n), "--temperature", "0", "--json", "-p", prompt, *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory(prefix="fly-cold-") as empty:
+        env = {**os.environ, "FLY_CPP_EVIDENCE": str(Path(empty) / "evidence.json")} if first else None
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL, env=env)
     if done.returncode != 0:
         sys.exit(f"cold_bench: fly-cpp failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     return float(json.loads(done.stdout)["stats"]["tokens_per_second"])
@@ -51,7 +59,11 @@ def main() -> None:
     ap.add_argument("--llama-cpp-bin", required=True)
     ap.add_argument("--peer-k", default="")
     ap.add_argument("--peer-p-min", type=float, default=0.0)
+    ap.add_argument("--peer", action="append", default=[],
+                    help="only this speculative configuration of the default peer set (its label; repeatable)")
     ap.add_argument("--fly-arg", action="append", default=[], help="an extra argument for the fly-cpp defaults run")
+    ap.add_argument("--first-run", action="store_true",
+                    help="also the defaults as a first-ever run on the pair (an empty evidence file each time)")
     ap.add_argument("-o", "--out", default="cold.json")
     a = ap.parse_args()
     pair = resolve(a.model, a.draft, pair=a.pair)
@@ -61,8 +73,13 @@ def main() -> None:
     peer = Peer(a.llama_cpp_bin, target, draft, n_ctx=4096, n_threads=a.threads)
     ks = [int(k) for k in a.peer_k.split(",") if k]
     spd = ({f"llama.cpp spd k {k}": Mode(f"llama.cpp spd k {k}", None, peer="speculative", k=k, p_min=a.peer_p_min)
-            for k in ks} if ks else {m.label: m for m in peer_modes() if m.peer == "speculative"})
-    configs = ["fly-cpp defaults", "fly-cpp target", "llama-completion", *spd]
+            for k in ks} if ks else {m.label: m for m in peer_modes() if m.peer == "speculative"
+                                     and (not a.peer or m.label in a.peer)})
+    if a.peer and set(a.peer) - set(spd):
+        sys.exit(f"cold_bench: --peer {sorted(set(a.peer) - set(spd))[0]!r} is not one of "
+                 f"{', '.join(m.label for m in peer_modes() if m.peer == 'speculative')}")
+    configs = ["fly-cpp defaults", *(["fly-cpp defaults, first run"] if a.first_run else []), "fly-cpp target",
+               "llama-completion", *spd]
     speeds: dict[str, list[float]] = {c: [] for c in configs}
     prompts = mixed(a.dataset, a.limit)
     for i, p in enumerate(prompts):
@@ -70,6 +87,8 @@ def main() -> None:
         for c in order:
             if c == "fly-cpp defaults":
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg))
+            elif c == "fly-cpp defaults, first run":
+                speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg, first=True))
             elif c == "fly-cpp target":
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, ["--mode", "target"]))
             elif c == "llama-completion":
@@ -85,9 +104,13 @@ def main() -> None:
     print("| config | tok/s (median) | vs fly-cpp target |\n|---|---|---|")
     for c in configs:
         print(f"| {c} | {med[c]:.2f} | {med[c] / med['fly-cpp target']:.2f}x |")
-    print(f"\nfly-cpp defaults / llama.cpp's best ({best}): {med['fly-cpp defaults'] / med[best]:.3f}x")
+    for c in configs[: 1 + a.first_run]:
+        print(f"\n{c} / llama.cpp's best ({best}): {med[c] / med[best]:.3f}x")
     Path(a.out).write_text(json.dumps({"args": vars(a), "speeds": speeds, "median": med, "best_peer": best}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FlyError as e:
+        sys.exit(f"cold_bench: {e}")
