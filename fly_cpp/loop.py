@@ -19,6 +19,9 @@ Target-only decoding is the same loop with empty drafts (m = 0); when the target
 its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
 There, and in speculative generations whose verification is exact, the first token comes from
 the prompt's last row (``Runs.start``), before the first round.
+
+A text that fills the context (the cache holding n_ctx - 1 tokens, as llama-server stops) ends
+there, or with ``request.shift`` drops part of its middle and goes on (``fly_cpp.shift``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from fly_cpp.request import Request
 from fly_cpp.runs import Runs
 from fly_cpp.scoring import token_probs
 from fly_cpp.shape import Steady, padded
+from fly_cpp.shift import shift
 from fly_cpp.step import Stats, Step
 from fly_cpp.verify import Verifier
 
@@ -71,10 +75,14 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
             yield from out.take()
             paused += perf_counter() - t3
         while out.finish is None:
-            room = target.n_ctx - len(committed)  # drafted tokens that still fit the cache
-            if room < 0 and window.pending is None:
-                out.end("length", "limit", context_full=True)
-                break
+            # tokens a round may still commit: the text ends (or shifts) once it fills the
+            # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
+            room = target.n_ctx - len(committed)
+            if room <= 0 and window.pending is None:
+                if request.shift is None or not shift(request.shift, committed, target, drafter, verify, stats):
+                    out.end("length", "limit", context_full=True)
+                    break
+                room = target.n_ctx - len(committed)
             assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
             if runs is not None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
                 runs.run(committed, out)
@@ -83,7 +91,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 paused += perf_counter() - t3
                 continue
             # a round verifies at most k drafts, in one batch, within the cache and the token budget
-            limit = min(spec.max_draft, room, target.n_batch - 1,
+            limit = min(spec.max_draft, room - 1, target.n_batch - 1,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()

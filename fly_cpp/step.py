@@ -74,6 +74,7 @@ class Stats:
     n_refuted_rounds: int = 0
     n_eog: int = 0
     n_asked: int = 0
+    n_shifts: int = 0  # context shifts (``fly_cpp.shift``)
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
