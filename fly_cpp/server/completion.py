@@ -21,21 +21,22 @@ from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
 from fly_cpp.server.compat import OFF
 from fly_cpp.server.fields import GenerationBody, settings_dict
-from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
+from fly_cpp.server.prepare import Defaults, Prepared, generation, limit, prepare, slot_of
 from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.timings import timings
 from fly_cpp.step import Step
 
 
-async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict: int) -> Response:
+async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict: int,
+                   defaults: Defaults = Defaults()) -> Response:
     """Answer a /completion body (already checked for unused fields)."""
     asked = prompts.split(body.prompt)
     if len(asked) > 1 and body.stream:
         raise FlyError("stream: one prompt per streamed request (several prompts are answered whole)")
     results = []
     for index, prompt in enumerate(asked):
-        result = await _start(fly, runs, body, prompt, index, n_predict)
+        result = await _start(fly, runs, body, prompt, index, n_predict, defaults)
         if body.stream:
             return sse.response(runs.events(result.stream()))
         got = await runs.collect(request, result.items)
@@ -45,12 +46,14 @@ async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict:
     return JSONResponse(results[0] if len(asked) == 1 else results)
 
 
-async def _start(fly: Fly, runs: Runs, body: GenerationBody, prompt: Any, index: int, n_predict: int) -> _Result:
+async def _start(fly: Fly, runs: Runs, body: GenerationBody, prompt: Any, index: int, n_predict: int,
+                 defaults: Defaults) -> _Result:
     max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
     n_probs = body.n_probs
     if n_probs and body.post_sampling_probs:  # the chain runs on the raw top entries (``probs``)
         n_probs = raw_needed(n_probs, body.settings().get("top_k", fly.sampling.top_k), fly.info.n_vocab)
-    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=n_probs, max_tokens=max_tokens))
+    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=n_probs, max_tokens=max_tokens,
+                                                chat=defaults))
     gen = prepared.gen
 
     def steps() -> Iterator[Step | None]:
@@ -126,10 +129,12 @@ class _Result:
         gen, body = self.gen, self.body
         out: dict[str, Any] = {
             "index": self.index, **outcome(self.fly, gen), "content": content,
-            "tokens": tokens if body.return_tokens or body.stream else [], "truncated": self.truncated,
+            "tokens": tokens if body.return_tokens or body.stream else [],
+            # llama-server's: the prompt lost a middle part, or the text filled the context
+            "truncated": self.truncated or gen.context_full or gen.stats.n_shifts > 0,
             "generation_settings": {**OFF, **settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
-                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt,
+                                    "n_keep": body.n_keep, "n_discard": body.n_discard, "cache_prompt": body.cache_prompt,
                                     "logit_bias": _bias(gen.request.bias)},
             "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
                     "interrupted": gen.finish is not None and gen.finish.interrupted},

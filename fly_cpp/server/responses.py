@@ -28,7 +28,7 @@ from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest
 from fly_cpp.server.oai import answer, chat_body, chat_generation, prompt_tokens
-from fly_cpp.server.prepare import ChatDefaults
+from fly_cpp.server.prepare import Defaults
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -38,7 +38,7 @@ ROLES = {"developer": "system"}  # the Responses role -> the chat template's
 
 
 def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1,
-           defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
+           defaults: Defaults = Defaults()) -> APIRouter:
     r = APIRouter()
 
     @r.post("/v1/responses")
