@@ -38,7 +38,7 @@ from fly_cpp.pacer import Pacer
 from fly_cpp.request import Request, Shift
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.shape import Steady
-from fly_cpp.step import Stats, Step
+from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -315,7 +315,7 @@ class Engine:
             drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
 
-        def start(at: int) -> tuple[Iterator[Step], Pacer | None]:
+        def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at`` (0 without slots), its drafter made there."""
             made = self.drafter(spec, bias, at) if own else drafter
             if isinstance(made.inner if isinstance(made, PacedDrafter) else made, MtpDrafter):
@@ -456,8 +456,8 @@ class Engine:
         with self._lock:
             yield 0
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, limit: int,
-                fresh: bool = False) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step | Progress], stats: Stats, pacer: Pacer | None, limit: int,
+                fresh: bool = False) -> Iterator[Step | Progress]:
         with self._ledger.hold(self._engine_held(), stats, limit):
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
@@ -473,8 +473,8 @@ class Engine:
                     self._finish(pacer, stats)
                 stats.rollback = _rollback_spent(marks)
 
-    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], request: Request, stats: Stats,
-                 fresh: bool, slot: int | None) -> Iterator[Step]:
+    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step | Progress], Pacer | None]], request: Request, stats: Stats,
+                 fresh: bool, slot: int | None) -> Iterator[Step | Progress]:
         """A generation in one of several slots (``slot``, or the free one whose cache shares
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None

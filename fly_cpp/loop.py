@@ -42,16 +42,18 @@ from fly_cpp.runs import Runs
 from fly_cpp.scoring import token_probs
 from fly_cpp.shape import Steady, padded
 from fly_cpp.shift import shift
-from fly_cpp.step import Stats, Step
+from fly_cpp.prefill import prefill
+from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.verify import Verifier
 
 
 def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
-        steady: Steady | None = None, grammar: Rules | None = None) -> Iterator[Step]:
+        steady: Steady | None = None, grammar: Rules | None = None) -> Iterator[Step | Progress]:
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
     tokens through ``out`` (which keeps the stats and records how the text ends). ``steady``:
     pad the verification batches to its width (``fly_cpp.shape``). ``grammar``: its state
-    before the first generated token; every emitted token obeys it (``fly_cpp.constrain``)."""
+    before the first generated token; every emitted token obeys it (``fly_cpp.constrain``).
+    Before the first token it yields a ``Progress`` per batch of the prompt (``fly_cpp.prefill``)."""
     spec, stats = request.spec, out.stats
     constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
     verify, window = Verifier(request, out.detok.piece, constraint), Window(spec)
@@ -62,10 +64,10 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
     first = runs or (Runs.first(request, target, constraint is not None) if steady is None else None)
-    if first is not None and out.finish is None and len(committed) <= target.n_ctx:
-        first.start(committed, out)  # the prompt decoded through its last token, the first token picked
-    else:
-        target.sync(committed)
+    if first is None or out.finish is not None or len(committed) > target.n_ctx:
+        first = None  # else: the prompt decoded through its last token, the first token picked
+    yield from prefill(committed, target, first, out, begin)
+    prompt_left = first is None  # the prompt's last token, which the first round decodes
     start = perf_counter()
     stats.prompt_seconds = start - begin
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
@@ -174,6 +176,9 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
             if drafter is not None:
                 kept = verdict.accepted if verdict.refuted_at is None else 0
                 drafter.accept(Report(draft, len(drafted), kept, committed, drafting, t2 - t1, t3 - t0, width))
+            if prompt_left:  # this round's decode finished the prompt's last batch
+                prompt_left = False
+                yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), t2 - begin)
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()

@@ -25,7 +25,7 @@ from fly_cpp.server.prepare import Defaults, Prepared, generation, limit, prepar
 from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.timings import timings
-from fly_cpp.step import Step
+from fly_cpp.step import Progress, Step
 
 
 async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict: int,
@@ -56,9 +56,9 @@ async def _start(fly: Fly, runs: Runs, body: GenerationBody, prompt: Any, index:
                                                 chat=defaults))
     gen = prepared.gen
 
-    def steps() -> Iterator[Step | None]:
+    def steps() -> Iterator[Step | Progress | None]:
         try:
-            yield from gen
+            yield from gen.events() if body.stream and body.return_progress else gen
         finally:
             gen.close()
             runs.metrics.record(gen.stats)
@@ -88,6 +88,9 @@ class _Result:
         async for step in self.items:
             if step is None:
                 break
+            if isinstance(step, Progress):
+                yield sse.event(self.fields(self._progress(step)))
+                continue
             pending.append(step)
             sent += 1
             if not step.text:
@@ -103,6 +106,16 @@ class _Result:
             pending = []
             yield sse.event(self.fields(event))
         yield sse.event(self.fields(self.final("", [s.token for s in pending], [s.probs for s in pending])))
+
+    def _progress(self, done: Progress) -> dict[str, Any]:
+        """A stream's event for one batch of the prompt (``return_progress``)."""
+        gen = self.gen
+        event: dict[str, Any] = {"index": self.index, "content": "", "tokens": [], "stop": False,
+                                 "id_slot": gen.stats.slot, "tokens_predicted": 0, "tokens_evaluated": done.total,
+                                 "prompt_progress": done.as_dict()}
+        if self.body.timings_per_token:
+            event["timings"] = timings(gen.stats, done)
+        return event
 
     def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
         return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs, self.post)

@@ -154,6 +154,8 @@ class _Generation(_Body):
     id_slot: int = Field(-1, ge=-1, description="the slot to run in (-np/--parallel slots; -1 = the first free one)")
     return_tokens: bool = Field(False, description="add the generated token ids (tokens)")
     timings_per_token: bool = Field(False, description="streaming: put timings in every chunk")
+    return_progress: bool = Field(False, description="streaming: before the first token, a prompt_progress report "
+                                                     "per batch of the prompt (total, cache, processed, time_ms)")
 
 
 GenerationBody = _Generation  # what every generation endpoint's body is

@@ -68,7 +68,9 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
             gens.append(prepared.gen)
         gen, piece = gens[0], fly.engine.piece
         top = oai.head("text_completion", fly.model)
-        return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, logprobs, piece),
+        progress = body.return_progress
+        return await answer(runs, request, gen, body.stream,
+                            lambda: oai.completion_chunks(gen, top, logprobs, piece, progress),
                             lambda: verbosely(body, _whole([oai.completion(g, top, logprobs, piece) for g in gens], gen),
                                               fly, gen),
                             lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
@@ -84,7 +86,9 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
             readings.append(made.reading)
         gen, shown, piece, reading = gens[0], shown_logprobs(body), fly.engine.piece, readings[0]
         top = oai.head("chat.completion", fly.model)
-        return await answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top, shown, piece, reading),
+        progress = body.return_progress
+        return await answer(runs, request, gen, body.stream,
+                            lambda: oai.chat_chunks(gen, top, shown, piece, reading, progress),
                             lambda: verbosely(body, _whole([oai.chat_completion(g, top, shown, piece, r)
                                                             for g, r in zip(gens, readings)], gen), fly, gen),
                             lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),

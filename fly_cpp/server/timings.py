@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fly_cpp.step import Stats
+from fly_cpp.step import Progress, Stats
 
 
-def timings(s: Stats) -> dict[str, Any]:
+def timings(s: Stats, progress: Progress | None = None) -> dict[str, Any]:
+    """The block for ``s``; with ``progress`` (a prompt batch's report), the prompt as far as
+    that report and nothing generated yet."""
+    if progress is not None:
+        s = Stats(s.mode, n_prompt=progress.processed, n_cached=progress.cache, prompt_seconds=progress.seconds)
     prompt_n = s.n_prompt - s.n_cached
     prompt_ms = s.prompt_seconds * 1e3
     return {
