@@ -178,6 +178,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 drafter.accept(Report(draft, len(drafted), kept, committed, drafting, t2 - t1, t3 - t0, width))
             if prompt_left:  # this round's decode finished the prompt's last batch
                 prompt_left = False
+                stats.first_seconds = t2 - start
                 yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), t2 - begin)
             yield from out.take()
             paused += perf_counter() - t3

@@ -97,6 +97,7 @@ class Stats:
     n_asked: int = 0
     n_shifts: int = 0  # context shifts (``fly_cpp.shift``)
     prompt_seconds: float = 0.0
+    first_seconds: float = 0.0  # of ``seconds``, until the decode that finished the prompt (the first round's, with a draft)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     seconds: float = 0.0
