@@ -37,12 +37,12 @@ from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
 from fly_cpp.output import Output
+from fly_cpp.prefill import prefill
 from fly_cpp.request import Request
 from fly_cpp.runs import Runs
 from fly_cpp.scoring import token_probs
 from fly_cpp.shape import Steady, padded
 from fly_cpp.shift import shift
-from fly_cpp.prefill import prefill
 from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.verify import Verifier
 
