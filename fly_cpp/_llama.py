@@ -619,6 +619,24 @@ class _Cache:
         if n < self._done:
             self._physical(n)
 
+    @property
+    def can_shift(self) -> bool:
+        """Whether ``shift`` works here: a KV cache whose positions llama.cpp can move."""
+        return self.rollback == rb.KV and bool(self._call(ll.llama_memory_can_shift, self._memory))
+
+    def shift(self, keep: int, discard: int) -> None:
+        """A context shift: drop positions keep..keep+discard-1 and move what follows down by
+        ``discard`` (llama.cpp re-rotates the moved keys), so ``tokens`` loses that middle part
+        and position p still holds ``tokens[p]`` (``can_shift`` must hold)."""
+        end = len(self.tokens)
+        if not (0 <= keep and 0 < discard and keep + discard <= end):
+            raise ValueError(f"no shift of {discard} tokens after {keep} in a cache of {end}")
+        if not self._call(ll.llama_memory_seq_rm, self._memory, self.seq_id, keep, keep + discard):
+            raise FlyError(f"{self.model.name}: llama.cpp refused to drop positions {keep}..{keep + discard - 1}")
+        self._call(ll.llama_memory_seq_add, self._memory, self.seq_id, keep + discard, end, -discard)
+        del self.tokens[keep:keep + discard]
+        self._done = len(self.tokens)
+
     def checkpoint(self, pos: int | None = None, *, pin: bool = False) -> None:
         """Make a later rollback to ``pos`` tokens (default: all of ``tokens``) cheap: nothing on
         a KV cache; on a recurrent state a copy of it there, taken now, or during the next
@@ -855,6 +873,10 @@ class Context(_Cache):
         ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
         self._hidden_valid = min(self._hidden_valid, max(n, 0))
         super().truncate(n)
+
+    def shift(self, keep: int, discard: int) -> None:
+        self._hidden_valid = min(self._hidden_valid, keep)  # the moved positions' states are not moved
+        super().shift(keep, discard)
 
     @property
     def runs_natively(self) -> bool:

@@ -30,6 +30,7 @@ from fly_cpp._llama import set_verbose
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
+from fly_cpp.request import Shift
 
 PathLike = str | os.PathLike[str]
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name != "path")
@@ -231,13 +232,14 @@ class Fly:
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int | None = 128,
                  stop: str | Sequence[str] | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,
                  n_probs: int = 0, cache_prompt: bool = True, slot: int | None = None,
-                 **settings: Any) -> Generation:
+                 shift: Shift | None = None, **settings: Any) -> Generation:
         """Prepare a generation; iterate it for Steps. ``settings``: SpecSettings and
         SamplingSettings fields for this call (over the instance's defaults); ``fly``: a whole
         SpecSettings, or a dict of its fields. ``max_tokens=None``: until the context is full.
         ``n_probs``: each Step carries the target's top-n log-probabilities (``Step.probs``).
         ``cache_prompt=False``: start from empty KV caches. ``slot``: the engine's slot to run in
-        (None: the first free one). Request errors are raised here,
+        (None: the first free one). ``shift``: a text that fills the context shifts it and goes
+        on (``fly_cpp.shift``; None: it ends there). Request errors are raised here,
         before any token."""
         if self._closed:
             raise FlyError("this Fly instance is closed")
@@ -261,7 +263,7 @@ class Fly:
         sampling = dataclasses.replace(self.sampling, **{k: v for k, v in sampling_changes.items() if v is not None})
         return self.engine.generate(prompt, spec=spec, sampling=sampling,
                                     max_tokens=self.n_ctx if max_tokens is None else max_tokens, stop=_stop_list(stop),
-                                    n_probs=n_probs, cache_prompt=cache_prompt, slot=slot)
+                                    n_probs=n_probs, cache_prompt=cache_prompt, slot=slot, shift=shift)
 
     def generate_chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = 128,
                       stop: str | Sequence[str] | None = None, fly: SpecSettings | Mapping[str, Any] | None = None,

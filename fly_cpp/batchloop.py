@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from fly_cpp._llama import Context, Seq, common_prefix
-from fly_cpp.drafters import Draft, Drafter, Report
+from fly_cpp.drafters import Draft, Drafter, Report, shift_drafter
 from fly_cpp.pacer import Pacer
 
 
@@ -93,6 +93,9 @@ class Throttled:
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         return self.inner.candidate(committed)
+
+    def shift(self, keep: int, drop: int) -> None:
+        shift_drafter(self.inner, keep, drop)
 
     def accept(self, report: Report) -> None:
         self.inner.accept(report)

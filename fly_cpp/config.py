@@ -493,6 +493,9 @@ class ServerSettings:
         "chat_template_kwargs win", aliases=("-rea",)))
     reasoning_format: str = field(default="auto", metadata=_help(
         "auto|deepseek: a reasoning model's <think> block goes to reasoning_content; none: it stays in the content"))
+    context_shift: bool = field(default=False, metadata=_help(
+        "a text that fills the context keeps its first n_keep tokens (the request's, BOS included), drops half "
+        "of the rest (or the request's n_discard) and goes on; off: it ends there (as llama-server)"))
     verbose: bool = field(default=False, metadata=_help(
         "OpenAI's whole answers carry __verbose: /completion's answer, the prompt as the model read it included "
         "(a request's verbose wins)"))

@@ -108,6 +108,15 @@ class Constraint:
             self.states.append(_after(self.states[-1], token))
             self.tokens.append(token)
 
+    def rebase(self, committed: Sequence[int], drop: int) -> None:
+        """A context shift takes ``drop`` tokens out of ``committed`` (``fly_cpp.shift``): the
+        state after all of it stays, and the text after the shift is followed from there (no
+        rollback reaches back past a shift)."""
+        self.sync(committed)
+        for state in self.states[1:-1]:  # states[0] is the caller's
+            state.close()
+        self.states, self.tokens, self.start = self.states[-1:], [], len(committed) - drop
+
     def ahead(self, committed: Sequence[int], drafted: Sequence[int]) -> list[Rules]:
         """The states after ``committed`` and each allowed prefix of ``drafted``: [s_0, .., s_j]
         where d_1..d_j are allowed and d_{j+1} (if any) is not."""

@@ -113,6 +113,17 @@ class DraftModel:
         self.path = [*committed, *self.ctx.tokens[n:], last]
         return out, confidences
 
+    def shift(self, keep: int, drop: int) -> None:
+        """Follow a context shift (``fly_cpp.shift``): the cache drops the same positions and
+        moves what follows them, where it holds them (else it keeps its first ``keep``); the
+        path it drafted along is forgotten."""
+        ctx = self.ctx
+        if len(ctx.tokens) > keep + drop and ctx.can_shift:
+            ctx.shift(keep, drop)
+        else:
+            ctx.truncate(min(len(ctx.tokens), keep))
+        self.path, self._own, self._text = [], 0, []
+
     def candidate(self, committed: Sequence[int]) -> int:
         """The draft model's greedy token after ``committed``: read off the path it last drafted
         along when ``committed`` follows it, else one decode."""
@@ -187,6 +198,9 @@ class ModelDrafter:
 
     def candidate(self, committed: Sequence[int]) -> int:
         return self.draft_model.candidate(committed)
+
+    def shift(self, keep: int, drop: int) -> None:
+        self.draft_model.shift(keep, drop)
 
     def accept(self, report: Report) -> None:
         pass

@@ -123,6 +123,15 @@ class _Plain:
         pass
 
 
+def shift_drafter(drafter: object, keep: int, drop: int) -> None:
+    """Tell ``drafter`` of a context shift (``fly_cpp.shift``) where it follows one itself
+    (its ``shift(keep, drop)``: the draft model moves its cache as the target's moved); any
+    other drafter finds the shifted text by common prefix on its next draft."""
+    follow = getattr(drafter, "shift", None)
+    if callable(follow):
+        follow(keep, drop)
+
+
 def as_drafter(drafter: object) -> Drafter:
     """``drafter`` as the whole seam: a full ``Drafter`` as it is, and the simplest custom one,
     an object with ``draft(committed, limit) -> list[int]``, wrapped."""

@@ -35,10 +35,10 @@ from fly_cpp.mtp import MtpDrafter
 from fly_cpp.output import Output
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
-from fly_cpp.request import Request
+from fly_cpp.request import Request, Shift
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.shape import Steady
-from fly_cpp.step import Stats, Step
+from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.vocab import check_compatible
 
 DEFAULT_MAX_CTX = 4096
@@ -261,6 +261,7 @@ class Engine:
         n_probs: int = 0,
         cache_prompt: bool = True,
         slot: int | None = None,
+        shift: Shift | None = None,
     ) -> Generation:
         """Prepare a generation (errors about the request are raised here, before any token).
         ``drafter``: who drafts (default: the draft model, else n-gram lookup; see ``drafter``).
@@ -268,7 +269,9 @@ class Engine:
         ``cache_prompt`` False: both KV caches start empty instead of keeping what they hold in
         common with the prompt (slower; the same numbers whatever ran before). ``slot``: which
         sequence of an engine with several (``n_seq``; None: the first free one when it starts);
-        generations of different slots run at once, each slot's one at a time.
+        generations of different slots run at once, each slot's one at a time. ``shift``: a
+        text that fills the context shifts it and goes on (``fly_cpp.shift``; where the caches
+        cannot shift, ``can_shift``, and with None it ends there).
         ``sampling.grammar`` / ``sampling.json_schema``: every emitted token obeys the grammar
         (``fly_cpp.constrain``); an invalid one is a FlyError here."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -302,7 +305,7 @@ class Engine:
             rules = Lazy(rules, sampling.grammar_trigger, self.target_model.tokenize)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
-                          min(n_probs, self.n_vocab), cache_prompt)
+                          min(n_probs, self.n_vocab), cache_prompt, shift if self.can_shift else None)
         if slot is not None and not 0 <= slot < self.n_seq:
             raise FlyError(f"id_slot {slot} is outside 0..{self.n_seq - 1}")
         own = spec.mode != "target" and drafter is None
@@ -312,7 +315,7 @@ class Engine:
             drafter = as_drafter(drafter)
         out = Output(request, self.target_model.piece, self.target_model.is_eog)
 
-        def start(at: int) -> tuple[Iterator[Step], Pacer | None]:
+        def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at`` (0 without slots), its drafter made there."""
             made = self.drafter(spec, bias, at) if own else drafter
             if isinstance(made.inner if isinstance(made, PacedDrafter) else made, MtpDrafter):
@@ -330,6 +333,13 @@ class Engine:
             gen = Generation(request, out, self._in_slot(start, request, out.stats, not cache_prompt, slot))
         self._open.add(gen)
         return gen
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether a generation's context can shift (``fly_cpp.shift``): KV caches whose
+        positions llama.cpp can move, and no MTP head (its hidden states stay where they were)."""
+        target, draft = self._pair(0)
+        return self.mtp_ctx is None and target.can_shift and (draft is None or draft.can_shift)
 
     def _loosening_pays(self) -> bool:
         """Whether k auto's fly loosens on this pair with one slot (with several it never does:
@@ -446,8 +456,8 @@ class Engine:
         with self._lock:
             yield 0
 
-    def _locked(self, steps: Iterator[Step], stats: Stats, pacer: Pacer | None, limit: int,
-                fresh: bool = False) -> Iterator[Step]:
+    def _locked(self, steps: Iterator[Step | Progress], stats: Stats, pacer: Pacer | None, limit: int,
+                fresh: bool = False) -> Iterator[Step | Progress]:
         with self._ledger.hold(self._engine_held(), stats, limit):
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
@@ -463,8 +473,8 @@ class Engine:
                     self._finish(pacer, stats)
                 stats.rollback = _rollback_spent(marks)
 
-    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step], Pacer | None]], request: Request, stats: Stats,
-                 fresh: bool, slot: int | None) -> Iterator[Step]:
+    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step | Progress], Pacer | None]], request: Request, stats: Stats,
+                 fresh: bool, slot: int | None) -> Iterator[Step | Progress]:
         """A generation in one of several slots (``slot``, or the free one whose cache shares
         most with the prompt): that slot, not the engine's lock."""
         assert self.slots is not None

@@ -45,6 +45,12 @@ class Fences:
             self.states.append(_advance(self.states[-1], self.piece(t)))
             self.tokens.append(t)
 
+    def rebase(self, committed: Sequence[int], drop: int) -> None:
+        """As ``Constraint.rebase``: the state after all of ``committed`` stays through a
+        context shift that takes ``drop`` tokens out of it."""
+        self._sync(list(committed[self.start:]))
+        self.tokens, self.states, self.start = [], self.states[-1:], len(committed) - drop
+
     def inside(self, committed: Sequence[int], drafted: Sequence[int]) -> np.ndarray:
         """(m,) bool: does drafted token i start inside a code block (after committed + d_1..d_{i-1})?"""
         self._sync(list(committed[self.start:]))

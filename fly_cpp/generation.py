@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.output import Finish, Output
 from fly_cpp.request import Request
-from fly_cpp.step import Stats, Step, TokenProbs
+from fly_cpp.step import Progress, Stats, Step, TokenProbs
 
 
 class Generation:
@@ -17,7 +17,7 @@ class Generation:
     with ``n_probs`` ``probs`` (one TokenProbs per token). ``close()`` abandons it early; both
     caches stay consistent."""
 
-    def __init__(self, request: Request, out: Output, steps: Iterator[Step]) -> None:
+    def __init__(self, request: Request, out: Output, steps: Iterator[Step | Progress]) -> None:
         self.request = request
         self.out = out
         self.text = ""
@@ -26,8 +26,18 @@ class Generation:
         self._steps = steps
 
     def __iter__(self) -> Iterator[Step]:
+        for item in self.events():
+            if isinstance(item, Step):
+                yield item
+
+    def events(self) -> Iterator[Step | Progress]:
+        """The Steps, and before the first one a ``Progress`` per batch of the prompt (what
+        llama-server's ``return_progress`` streams)."""
         keep = self.request.n_probs > 0
         for step in self._steps:
+            if isinstance(step, Progress):
+                yield step
+                continue
             self.text += step.text
             self.tokens.append(step.token)
             if keep:

@@ -19,6 +19,9 @@ Target-only decoding is the same loop with empty drafts (m = 0); when the target
 its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
 There, and in speculative generations whose verification is exact, the first token comes from
 the prompt's last row (``Runs.start``), before the first round.
+
+A text that fills the context (the cache holding n_ctx - 1 tokens, as llama-server stops) ends
+there, or with ``request.shift`` drops part of its middle and goes on (``fly_cpp.shift``).
 """
 
 from __future__ import annotations
@@ -34,20 +37,23 @@ from fly_cpp.accept import Verdict
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
 from fly_cpp.output import Output
+from fly_cpp.prefill import prefill
 from fly_cpp.request import Request
 from fly_cpp.runs import Runs
 from fly_cpp.scoring import token_probs
 from fly_cpp.shape import Steady, padded
-from fly_cpp.step import Stats, Step
+from fly_cpp.shift import shift
+from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.verify import Verifier
 
 
 def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
-        steady: Steady | None = None, grammar: Rules | None = None) -> Iterator[Step]:
+        steady: Steady | None = None, grammar: Rules | None = None) -> Iterator[Step | Progress]:
     """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
     tokens through ``out`` (which keeps the stats and records how the text ends). ``steady``:
     pad the verification batches to its width (``fly_cpp.shape``). ``grammar``: its state
-    before the first generated token; every emitted token obeys it (``fly_cpp.constrain``)."""
+    before the first generated token; every emitted token obeys it (``fly_cpp.constrain``).
+    Before the first token it yields a ``Progress`` per batch of the prompt (``fly_cpp.prefill``)."""
     spec, stats = request.spec, out.stats
     constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
     verify, window = Verifier(request, out.detok.piece, constraint), Window(spec)
@@ -58,10 +64,10 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
     first = runs or (Runs.first(request, target, constraint is not None) if steady is None else None)
-    if first is not None and out.finish is None and len(committed) <= target.n_ctx:
-        first.start(committed, out)  # the prompt decoded through its last token, the first token picked
-    else:
-        target.sync(committed)
+    if first is None or out.finish is not None or len(committed) > target.n_ctx:
+        first = None  # else: the prompt decoded through its last token, the first token picked
+    yield from prefill(committed, target, first, out, begin)
+    prompt_left = first is None  # the prompt's last token, which the first round decodes
     start = perf_counter()
     stats.prompt_seconds = start - begin
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
@@ -71,10 +77,14 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
             yield from out.take()
             paused += perf_counter() - t3
         while out.finish is None:
-            room = target.n_ctx - len(committed)  # drafted tokens that still fit the cache
-            if room < 0 and window.pending is None:
-                out.end("length", "limit", context_full=True)
-                break
+            # tokens a round may still commit: the text ends (or shifts) once it fills the
+            # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
+            room = target.n_ctx - len(committed)
+            if room <= 0 and window.pending is None:
+                if request.shift is None or not shift(request.shift, committed, target, drafter, verify, stats):
+                    out.end("length", "limit", context_full=True)
+                    break
+                room = target.n_ctx - len(committed)
             assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
             if runs is not None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
                 runs.run(committed, out)
@@ -83,7 +93,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                 paused += perf_counter() - t3
                 continue
             # a round verifies at most k drafts, in one batch, within the cache and the token budget
-            limit = min(spec.max_draft, room, target.n_batch - 1,
+            limit = min(spec.max_draft, room - 1, target.n_batch - 1,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
@@ -166,6 +176,10 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
             if drafter is not None:
                 kept = verdict.accepted if verdict.refuted_at is None else 0
                 drafter.accept(Report(draft, len(drafted), kept, committed, drafting, t2 - t1, t3 - t0, width))
+            if prompt_left:  # this round's decode finished the prompt's last batch
+                prompt_left = False
+                stats.first_seconds = t2 - start
+                yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), t2 - begin)
             yield from out.take()
             paused += perf_counter() - t3
         yield from out.take()

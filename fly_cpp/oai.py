@@ -20,7 +20,7 @@ from typing import Any
 
 from fly_cpp import reply
 from fly_cpp.generation import Generation
-from fly_cpp.step import Step, TokenProbs
+from fly_cpp.step import Progress, Step, TokenProbs
 
 Chunk = dict[str, Any]
 Piece = Callable[[int], bytes]
@@ -99,13 +99,18 @@ def completion(gen: Generation, top: dict[str, Any], logprobs: int | None = None
 
 
 def completion_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
-                      piece: Piece | None = None) -> Iterator[Chunk]:
+                      piece: Piece | None = None, progress: bool = False) -> Iterator[Chunk]:
     """``text_completion`` chunks as the generation runs; the last carries ``finish_reason``,
-    ``usage`` and ``fly``. Closing the stream closes the generation."""
+    ``usage`` and ``fly``. ``progress``: first an empty chunk per batch of the prompt with its
+    ``prompt_progress`` (llama-server's ``return_progress``). Closing the stream closes the
+    generation."""
     pending: list[Step] = []
     offset = 0
     try:
-        for step in gen:
+        for step in gen.events() if progress else gen:
+            if isinstance(step, Progress):
+                yield {**top, "choices": [_text_choice("", None, None)], "prompt_progress": step.as_dict()}
+                continue
             pending.append(step)
             if step.text:
                 lp = _text_lp(pending, logprobs, piece, offset)
@@ -143,18 +148,26 @@ def _finish(gen: Generation, got: reply.Reply) -> str | None:
 
 
 def chat_chunks(gen: Generation, top: dict[str, Any], logprobs: int | None = None,
-                piece: Piece | None = None, opts: reply.Options = reply.Options()) -> Iterator[Chunk]:
+                piece: Piece | None = None, opts: reply.Options = reply.Options(),
+                progress: bool = False) -> Iterator[Chunk]:
     """``chat.completion.chunk`` dicts as the generation runs: the role first (its content null,
     as OpenAI and llama-server send it), then ``reasoning_content`` and ``content`` deltas (text
     that can still turn out to be a tag is held back), then each tool call whole in one
     ``delta.tool_calls`` chunk, then one with ``finish_reason``, ``usage`` and ``fly``.
-    Closing the stream closes the generation."""
+    ``progress``: the role comes with each batch of the prompt instead, with its
+    ``prompt_progress`` (llama-server's ``return_progress``). Closing the stream closes the
+    generation."""
     top = {**top, "object": "chat.completion.chunk"}
     pending: list[Step] = []
     splitter = reply.Splitter(opts)
+    role = {**top, "choices": [_delta({"role": "assistant", "content": None}, None)]}
     try:
-        yield {**top, "choices": [_delta({"role": "assistant", "content": None}, None)]}
-        for step in gen:
+        if not progress:
+            yield role
+        for step in gen.events() if progress else gen:
+            if isinstance(step, Progress):
+                yield {**role, "prompt_progress": step.as_dict()}
+                continue
             pending.append(step)
             if (delta := splitter.feed(step.text)):
                 yield {**top, "choices": [_delta(delta, None, _chat_lp(pending, logprobs, piece))],

@@ -13,7 +13,7 @@ from time import perf_counter
 
 from fly_cpp import ngram
 from fly_cpp.draft_model import ModelDrafter, cut_at_end
-from fly_cpp.drafters import Draft, NgramDrafter, Report
+from fly_cpp.drafters import Draft, NgramDrafter, Report, shift_drafter
 from fly_cpp.mtp import MtpDrafter
 from fly_cpp.pacer import Pacer
 
@@ -48,6 +48,11 @@ class PacedDrafter:
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         return self.inner.candidate(committed)
+
+    def shift(self, keep: int, drop: int) -> None:
+        """A context shift moved the text: what was left to learn by position is dropped."""
+        self._unverified = self._guessed = None
+        shift_drafter(self.inner, keep, drop)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         guess: list[int] = []

@@ -74,7 +74,7 @@ class Runs:
         last committed token after."""
         stats = out.stats
         budget = out.max_tokens - stats.n_tokens - len(out.held)
-        n = max(1, min(self.length, budget, self.target.n_ctx - len(committed) + 1))
+        n = max(1, min(self.length, budget, self.target.n_ctx - len(committed)))
         t0 = perf_counter()
         tokens = self.target.greedy_run(committed[-1], n, self.stop)
         seconds = perf_counter() - t0

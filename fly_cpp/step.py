@@ -1,4 +1,5 @@
-"""What a generation emits: one ``Step`` per token, and a ``Stats`` record per generation.
+"""What a generation emits: one ``Step`` per token, and a ``Stats`` record per generation;
+before its first token, a ``Progress`` per batch of the prompt (``Generation.events``).
 
 The same Step flows unchanged from the loop to the CLI, the Python API and the server.
 """
@@ -18,6 +19,26 @@ class TokenProbs:
 
     logprob: float
     top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """The prompt's processing after one of its batches (llama-server's ``prompt_progress``):
+    ``total`` prompt tokens, ``cache`` of them the target's cache held already, ``processed``
+    ones in the cache now (``cache`` included), ``seconds`` since the generation began. The
+    first report comes before any decode (``processed == cache``), the last once the prompt's
+    last token is decoded (``processed == total``): with a draft that is inside the first
+    round, whose decode finishes the prompt's last batch."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, int]:
+        """llama-server's ``prompt_progress`` object."""
+        return {"total": self.total, "cache": self.cache, "processed": self.processed,
+                "time_ms": int(self.seconds * 1e3)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +95,9 @@ class Stats:
     n_refuted_rounds: int = 0
     n_eog: int = 0
     n_asked: int = 0
+    n_shifts: int = 0  # context shifts (``fly_cpp.shift``)
     prompt_seconds: float = 0.0
+    first_seconds: float = 0.0  # of ``seconds``, until the decode that finished the prompt (the first round's, with a draft)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     seconds: float = 0.0

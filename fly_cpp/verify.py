@@ -54,6 +54,15 @@ class Verifier:
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
 
+    def rebase(self, committed: list[int], drop: int) -> None:
+        """Before a context shift takes ``drop`` tokens out of ``committed`` (``fly_cpp.shift``):
+        the sampler's draws, the grammar and the code fences count the generated text on as if
+        nothing had been dropped."""
+        self.sampler.start -= drop
+        for part in (self.constraint, self.fences):
+            if part is not None:
+                part.rebase(committed, drop)
+
     def usable(self, committed: list[int], drafted: list[int]) -> list[int]:
         """The part of a draft worth verifying: under a grammar, up to its first forbidden token."""
         return drafted if self.constraint is None else self.constraint.usable(committed, drafted)

@@ -353,7 +353,7 @@ def test_small_context_is_honoured(stories):
         assert f.n_ctx == 64
         gen = f.generate("Once upon a time", max_tokens=None)
         gen.run()
-        assert gen.context_full and gen.stats.n_prompt + gen.stats.n_tokens == 65
+        assert gen.context_full and gen.stats.n_prompt + gen.stats.n_tokens == 64
 
 
 def test_bundled_pair_by_default():

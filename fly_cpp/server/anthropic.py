@@ -27,7 +27,7 @@ from fly_cpp.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.oai import answer, chat_body, chat_generation, prompt_tokens
-from fly_cpp.server.prepare import ChatDefaults
+from fly_cpp.server.prepare import Defaults
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 
@@ -38,7 +38,7 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 
 def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1,
-           defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
+           defaults: Defaults = Defaults()) -> APIRouter:
     r = APIRouter()
 
     @r.post("/v1/messages")

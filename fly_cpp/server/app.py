@@ -16,7 +16,7 @@ import fly_cpp
 from fly_cpp.api import Fly
 from fly_cpp.config import ServerSettings
 from fly_cpp.server import anthropic, errors, llama, oai, page, responses
-from fly_cpp.server.prepare import ChatDefaults
+from fly_cpp.server.prepare import Defaults
 from fly_cpp.server.auth import ApiKey
 from fly_cpp.server.bodies import Bodies
 from fly_cpp.server.compat import Compat
@@ -81,7 +81,7 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     errors.install(app, on_server_error=lambda: runs.metrics.count("errors"))
     if settings.ui:
         app.include_router(page.router())
-    defaults = ChatDefaults(settings.reasoning, settings.reasoning_format)
+    defaults = Defaults(settings.reasoning, settings.reasoning_format, settings.context_shift)
     app.include_router(llama.router(served, runs, compat, slots=settings.slots, metrics=settings.metrics,
                                     n_predict=settings.n_predict, defaults=defaults))
     app.include_router(oai.router(served, runs, compat, aliases=settings.alias_list, tags=settings.tag_list,

@@ -99,7 +99,6 @@ IGNORED: dict[str, Rule] = {
     "multimodal_data": Rule("text only: no multimodal input", (None, [])),
     "input_extra": Rule("no infill", (None, [])),
     "response_fields": Rule("the whole response is sent (/completion honours it)", (None, [])),
-    "return_progress": Rule("no prompt-processing progress events", (None, False)),
     # OpenAI's
     "echo": Rule("the prompt is not repeated in the answer", (None, False)),
     "best_of": Rule("one candidate per request", (None, 1)),

@@ -21,21 +21,22 @@ from fly_cpp.sampling import LogitBias
 from fly_cpp.server import prompts, sse
 from fly_cpp.server.compat import OFF
 from fly_cpp.server.fields import GenerationBody, settings_dict
-from fly_cpp.server.prepare import Prepared, generation, limit, prepare, slot_of
+from fly_cpp.server.prepare import Defaults, Prepared, generation, limit, prepare, slot_of
 from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.timings import timings
-from fly_cpp.step import Step
+from fly_cpp.step import Progress, Step
 
 
-async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict: int) -> Response:
+async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict: int,
+                   defaults: Defaults = Defaults()) -> Response:
     """Answer a /completion body (already checked for unused fields)."""
     asked = prompts.split(body.prompt)
     if len(asked) > 1 and body.stream:
         raise FlyError("stream: one prompt per streamed request (several prompts are answered whole)")
     results = []
     for index, prompt in enumerate(asked):
-        result = await _start(fly, runs, body, prompt, index, n_predict)
+        result = await _start(fly, runs, body, prompt, index, n_predict, defaults)
         if body.stream:
             return sse.response(runs.events(result.stream()))
         got = await runs.collect(request, result.items)
@@ -45,17 +46,19 @@ async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict:
     return JSONResponse(results[0] if len(asked) == 1 else results)
 
 
-async def _start(fly: Fly, runs: Runs, body: GenerationBody, prompt: Any, index: int, n_predict: int) -> _Result:
+async def _start(fly: Fly, runs: Runs, body: GenerationBody, prompt: Any, index: int, n_predict: int,
+                 defaults: Defaults) -> _Result:
     max_tokens = limit(body.n_predict, body.max_tokens, default=n_predict)
     n_probs = body.n_probs
     if n_probs and body.post_sampling_probs:  # the chain runs on the raw top entries (``probs``)
         n_probs = raw_needed(n_probs, body.settings().get("top_k", fly.sampling.top_k), fly.info.n_vocab)
-    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=n_probs, max_tokens=max_tokens))
+    prepared = await prepare(lambda: generation(fly, body, prompt=prompt, n_probs=n_probs, max_tokens=max_tokens,
+                                                chat=defaults))
     gen = prepared.gen
 
-    def steps() -> Iterator[Step | None]:
+    def steps() -> Iterator[Step | Progress | None]:
         try:
-            yield from gen
+            yield from gen.events() if body.stream and body.return_progress else gen
         finally:
             gen.close()
             runs.metrics.record(gen.stats)
@@ -85,6 +88,9 @@ class _Result:
         async for step in self.items:
             if step is None:
                 break
+            if isinstance(step, Progress):
+                yield sse.event(self.fields(self._progress(step)))
+                continue
             pending.append(step)
             sent += 1
             if not step.text:
@@ -100,6 +106,16 @@ class _Result:
             pending = []
             yield sse.event(self.fields(event))
         yield sse.event(self.fields(self.final("", [s.token for s in pending], [s.probs for s in pending])))
+
+    def _progress(self, done: Progress) -> dict[str, Any]:
+        """A stream's event for one batch of the prompt (``return_progress``)."""
+        gen = self.gen
+        event: dict[str, Any] = {"index": self.index, "content": "", "tokens": [], "stop": False,
+                                 "id_slot": gen.stats.slot, "tokens_predicted": 0, "tokens_evaluated": done.total,
+                                 "prompt_progress": done.as_dict()}
+        if self.body.timings_per_token:
+            event["timings"] = timings(gen.stats, done)
+        return event
 
     def _probs(self, steps: list[Step]) -> list[dict[str, Any]]:
         return entries(self.piece, [s.token for s in steps], [s.probs for s in steps], self.body.n_probs, self.post)
@@ -126,10 +142,12 @@ class _Result:
         gen, body = self.gen, self.body
         out: dict[str, Any] = {
             "index": self.index, **outcome(self.fly, gen), "content": content,
-            "tokens": tokens if body.return_tokens or body.stream else [], "truncated": self.truncated,
+            "tokens": tokens if body.return_tokens or body.stream else [],
+            # llama-server's: the prompt lost a middle part, or the text filled the context
+            "truncated": self.truncated or gen.context_full or gen.stats.n_shifts > 0,
             "generation_settings": {**OFF, **settings_dict(gen.spec, gen.sampling), "seed": gen.seed,
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
-                                    "n_keep": body.n_keep, "cache_prompt": body.cache_prompt,
+                                    "n_keep": body.n_keep, "n_discard": body.n_discard, "cache_prompt": body.cache_prompt,
                                     "logit_bias": _bias(gen.request.bias)},
             "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
                     "interrupted": gen.finish is not None and gen.finish.interrupted},

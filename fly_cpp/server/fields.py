@@ -149,9 +149,13 @@ class _Generation(_Body):
     n_keep: int = Field(0, ge=-1, description="a prompt too long for the context keeps its first n_keep tokens "
                                               "and loses a middle part (llama-server's truncation; -1: as many as "
                                               "fit); 0 = a too-long prompt is refused")
+    n_discard: int = Field(0, ge=0, description="with --context-shift, the tokens a text that fills the context "
+                                                "drops after its first n_keep (0 = half of the rest)")
     id_slot: int = Field(-1, ge=-1, description="the slot to run in (-np/--parallel slots; -1 = the first free one)")
     return_tokens: bool = Field(False, description="add the generated token ids (tokens)")
     timings_per_token: bool = Field(False, description="streaming: put timings in every chunk")
+    return_progress: bool = Field(False, description="streaming: before the first token, a prompt_progress report "
+                                                     "per batch of the prompt (total, cache, processed, time_ms)")
 
 
 GenerationBody = _Generation  # what every generation endpoint's body is

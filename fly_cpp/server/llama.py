@@ -17,7 +17,7 @@ from fly_cpp.server.compat import IGNORED, OFF, Compat
 from fly_cpp.server.completion import complete
 from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                    TokenizeRequest, settings_dict)
-from fly_cpp.server.prepare import ChatDefaults, prepare, template_vars
+from fly_cpp.server.prepare import Defaults, prepare, template_vars
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.slots import slot_states
@@ -30,7 +30,7 @@ N_PROBS = ("top-n target log-probabilities per generated token, from the target 
 
 
 def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metrics: bool = True,
-           n_predict: int = -1, defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
+           n_predict: int = -1, defaults: Defaults = Defaults()) -> APIRouter:
     r = APIRouter()
     started = str(int(time.time()))  # llama-server's Process-Start-Time-Unix header on /metrics
     slot_totals: list[dict[str, int]] = []
@@ -128,7 +128,7 @@ def router(served: Served, runs: Runs, compat: Compat, slots: bool = True, metri
     @r.post("/completions")
     async def completion(body: CompletionRequest, request: Request) -> Response:  # type: ignore[valid-type]
         compat.check(body, "/completion")
-        return await complete(served.ready, runs, request, body, n_predict)
+        return await complete(served.ready, runs, request, body, n_predict, defaults)
 
     return r
 

@@ -21,7 +21,7 @@ from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.completion import outcome
 from fly_cpp.server.fields import ChatCompletionRequest, GenerationBody, TextCompletionRequest
-from fly_cpp.server.prepare import ChatDefaults, Prepared, chat_prompt, generation, limit, prepare, slot_of
+from fly_cpp.server.prepare import Defaults, Prepared, chat_prompt, generation, limit, prepare, slot_of
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -30,7 +30,7 @@ Chunk = dict[str, Any]
 
 
 def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None = None,
-           tags: list[str] | None = None, n_predict: int = -1, defaults: ChatDefaults = ChatDefaults(),
+           tags: list[str] | None = None, n_predict: int = -1, defaults: Defaults = Defaults(),
            verbose: bool = False) -> APIRouter:
     """``verbose``: whole answers carry ``__verbose`` (/completion's answer) unless a request's
     ``verbose`` says otherwise."""
@@ -63,11 +63,14 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
         gens = []
         for choice in _choices(body):
             prepared = await prepare(lambda: generation(fly, choice, prompt=body.prompt, max_tokens=max_tokens,
-                                                        n_probs=0 if logprobs is None else max(logprobs, 1)))
+                                                        n_probs=0 if logprobs is None else max(logprobs, 1),
+                                                        chat=defaults))
             gens.append(prepared.gen)
         gen, piece = gens[0], fly.engine.piece
         top = oai.head("text_completion", fly.model)
-        return await answer(runs, request, gen, body.stream, lambda: oai.completion_chunks(gen, top, logprobs, piece),
+        progress = body.return_progress
+        return await answer(runs, request, gen, body.stream,
+                            lambda: oai.completion_chunks(gen, top, logprobs, piece, progress),
                             lambda: verbosely(body, _whole([oai.completion(g, top, logprobs, piece) for g in gens], gen),
                                               fly, gen),
                             lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
@@ -83,7 +86,9 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
             readings.append(made.reading)
         gen, shown, piece, reading = gens[0], shown_logprobs(body), fly.engine.piece, readings[0]
         top = oai.head("chat.completion", fly.model)
-        return await answer(runs, request, gen, body.stream, lambda: oai.chat_chunks(gen, top, shown, piece, reading),
+        progress = body.return_progress
+        return await answer(runs, request, gen, body.stream,
+                            lambda: oai.chat_chunks(gen, top, shown, piece, reading, progress),
                             lambda: verbosely(body, _whole([oai.chat_completion(g, top, shown, piece, r)
                                                             for g, r in zip(gens, readings)], gen), fly, gen),
                             lambda items: _events(items, gen, body.timings_per_token, _usage_apart(body)),
@@ -108,7 +113,7 @@ def shown_logprobs(body: Any) -> int | None:
 
 
 async def chat_generation(served: Served, compat: Compat, body: Any, where: str, n_predict: int,
-                          defaults: ChatDefaults = ChatDefaults()) -> tuple[Fly, Prepared]:
+                          defaults: Defaults = Defaults()) -> tuple[Fly, Prepared]:
     """The generation a chat body asks for (OpenAI's chat, and the surfaces converted to it:
     Anthropic's messages, OpenAI's Responses), checked and prepared off the event loop."""
     compat.check(body, where)
@@ -124,7 +129,7 @@ async def chat_generation(served: Served, compat: Compat, body: Any, where: str,
 
 
 async def prompt_tokens(served: Served, compat: Compat, body: Any, where: str,
-                        defaults: ChatDefaults = ChatDefaults()) -> int:
+                        defaults: Defaults = Defaults()) -> int:
     """How many tokens a chat body's prompt is (the token-counting endpoints of Anthropic's and
     OpenAI's Responses API), checked and rendered off the event loop as a generation's is."""
     compat.check(body, where)

@@ -18,6 +18,7 @@ from fly_cpp import reply
 from fly_cpp.api import Fly, with_tool_grammar
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
+from fly_cpp.request import Shift
 from fly_cpp.server import prompts
 from fly_cpp.server.fields import GenerationBody, logit_bias
 
@@ -38,16 +39,17 @@ class Prepared:
 
 
 @dataclass(frozen=True)
-class ChatDefaults:
-    """The server's ``--reasoning`` (on, off, auto: the template's enable_thinking, false only
-    for off) and
-    ``--reasoning-format`` (auto, deepseek, none), which requests may override."""
+class Defaults:
+    """The server's options every generation request follows: ``--reasoning`` (on, off, auto:
+    the template's enable_thinking, false only for off) and ``--reasoning-format`` (auto,
+    deepseek, none), which requests may override, and ``--context-shift``."""
 
     reasoning: str = "auto"
     reasoning_format: str = "auto"
+    context_shift: bool = False
 
 
-def template_vars(body: Any, defaults: ChatDefaults) -> dict[str, Any]:
+def template_vars(body: Any, defaults: Defaults) -> dict[str, Any]:
     """The chat template's extra variables, as llama-server sets them: ``enable_thinking`` from
     ``--reasoning`` (on and auto: true; off: false) unless ``chat_template_kwargs`` sets it;
     ``reasoning_effort`` passed on ("none": thinking off)."""
@@ -76,7 +78,7 @@ def limit(*given: int | None, default: int = -1) -> int | None:
 
 def generation(fly: Fly, body: GenerationBody, *, prompt: Any = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int | None,
-               n_probs: int = 0, chat: ChatDefaults = ChatDefaults()) -> Prepared:
+               n_probs: int = 0, chat: Defaults = Defaults()) -> Prepared:
     """The Generation a generation body asks for (one ``prompt`` of any shape ``prompts``
     reads, or chat ``messages``)."""
     settings = body.settings()
@@ -92,13 +94,14 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: Any = None,
     else:
         tokens = prompts.tokens(fly, prompt if prompt is not None else [])
     tokens, truncated = keep(tokens, fly.n_ctx, body.n_keep)
+    shift = shift_of(body, len(tokens), fly.info.add_bos) if chat.context_shift else None
     gen = fly.generate(tokens, max_tokens=max_tokens, stop=stop, n_probs=n_probs, cache_prompt=body.cache_prompt,
-                       slot=slot_of(body), **settings)
+                       slot=slot_of(body), shift=shift, **settings)
     return Prepared(gen, truncated, reading)
 
 
 def chat_prompt(fly: Fly, body: GenerationBody, messages: list[dict[str, Any]],
-                chat: ChatDefaults = ChatDefaults()) -> list[int]:
+                chat: Defaults = Defaults()) -> list[int]:
     """The prompt tokens of a chat body: its messages (and tools) through the chat template,
     with the body's template variables (what a generation would decode, and what the
     token-counting endpoints count)."""
@@ -106,7 +109,7 @@ def chat_prompt(fly: Fly, body: GenerationBody, messages: list[dict[str, Any]],
 
 
 def _chat_turn(fly: Fly, body: GenerationBody, messages: list[dict[str, Any]],
-               chat: ChatDefaults) -> tuple[list[int], dict[str, Any], reply.Options]:
+               chat: Defaults) -> tuple[list[int], dict[str, Any], reply.Options]:
     return fly.chat_turn(
         messages, tools=getattr(body, "tools", None), tool_choice=getattr(body, "tool_choice", None),
         parallel_tool_calls=getattr(body, "parallel_tool_calls", None),
@@ -118,6 +121,13 @@ def slot_of(body: Any) -> int | None:
     """The slot a body asks for (llama-server's ``id_slot``; -1 or absent: any)."""
     slot = getattr(body, "id_slot", -1)
     return None if slot is None or slot < 0 else slot
+
+
+def shift_of(body: Any, n_prompt: int, add_bos: bool) -> Shift:
+    """The context shift a body asks for, counted as llama-server counts it: ``n_keep`` tokens
+    (-1: the whole prompt) and one more for the BOS token a model adds."""
+    n_keep = n_prompt if body.n_keep < 0 else body.n_keep
+    return Shift(n_keep + int(add_bos), body.n_discard)
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -6,8 +6,9 @@ A thin adapter, as llama-server's: ``input`` (a string, or a list of items: mess
 body's messages, ``max_output_tokens`` its ``max_tokens``, the other fields pass as they are;
 the chat endpoint's path generates, and OpenAI's chat shape (``fly_cpp.oai``) is turned into a
 ``response`` with ``output`` items. Streams carry ``timings`` on their last event (and on every
-delta with ``timings_per_token``); ``return_progress`` adds one ``prompt_progress`` report
-(``total``, ``cache``, ``processed``, ``time_ms``) when the prompt has been processed.
+delta with ``timings_per_token``); ``return_progress`` adds a ``response.in_progress`` event
+with a ``prompt_progress`` report (``total``, ``cache``, ``processed``, ``time_ms``) per batch
+of the prompt, as the chat stream reports them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest
 from fly_cpp.server.oai import answer, chat_body, chat_generation, prompt_tokens
-from fly_cpp.server.prepare import ChatDefaults
+from fly_cpp.server.prepare import Defaults
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.timings import timings
@@ -38,7 +39,7 @@ ROLES = {"developer": "system"}  # the Responses role -> the chat template's
 
 
 def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1,
-           defaults: ChatDefaults = ChatDefaults()) -> APIRouter:
+           defaults: Defaults = Defaults()) -> APIRouter:
     r = APIRouter()
 
     @r.post("/v1/responses")
@@ -50,9 +51,10 @@ def router(served: Served, runs: Runs, compat: Compat, n_predict: int = -1,
         gen, reading = prepared.gen, prepared.reading
         ids = Ids()
         top = oai.head("chat.completion", fly.model)
-        return await answer(runs, request, gen, chat.stream, lambda: oai.chat_chunks(gen, top, opts=reading),
+        return await answer(runs, request, gen, chat.stream,
+                            lambda: oai.chat_chunks(gen, top, opts=reading, progress=progress),
                             lambda: response(oai.chat_completion(gen, top, opts=reading), gen, ids, fly.model),
-                            lambda items: _events(items, gen, ids, fly.model, chat.timings_per_token, progress),
+                            lambda items: _events(items, gen, ids, fly.model, chat.timings_per_token),
                             after_error=b"")
 
     async def count(chat: Any, where: str) -> dict[str, Any]:
@@ -186,8 +188,8 @@ def response(chat: Chunk, gen: Generation, ids: Ids, model: str) -> Chunk:
 class _Items:
     """OpenAI chat chunks -> Responses stream events."""
 
-    def __init__(self, gen: Generation, ids: Ids, model: str, progress: bool) -> None:
-        self.gen, self.ids, self.model, self.progress = gen, ids, model, progress
+    def __init__(self, gen: Generation, ids: Ids, model: str) -> None:
+        self.gen, self.ids, self.model = gen, ids, model
         self.created = False
         self.text = ""  # of the message item
         self.reasoning = ""
@@ -198,17 +200,13 @@ class _Items:
 
     def feed(self, chunk: Chunk) -> Iterator[dict[str, Any]]:
         delta = chunk["choices"][0].get("delta", {})
+        if "prompt_progress" in chunk:  # a batch of the prompt (return_progress)
+            yield from self._started(chunk["prompt_progress"])
+            return
         if delta.get("role") and "usage" not in chunk:
             return  # before the prompt is processed
         if not self.created:
-            self.created = True
-            yield {"type": "response.created", "response": self._state("in_progress")}
-            started = {"type": "response.in_progress", "response": self._state("in_progress")}
-            if self.progress:
-                stats, n = self.gen.stats, len(self.gen.request.prompt)
-                started["prompt_progress"] = {"total": n, "cache": stats.n_cached, "processed": n,
-                                              "time_ms": stats.prompt_seconds * 1e3}
-            yield started
+            yield from self._started(None)
         if delta.get("reasoning_content"):
             if not self.reasoning:
                 yield {"type": "response.output_item.added", "item": {
@@ -230,6 +228,17 @@ class _Items:
             yield from self._call(call)
         if "usage" in chunk:
             yield from self._end()
+
+    def _started(self, progress: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+        """``response.created`` once, and ``response.in_progress`` then and with each report of
+        the prompt's progress, as llama-server sends them."""
+        if self.created and progress is None:
+            return
+        if not self.created:
+            self.created = True
+            yield {"type": "response.created", "response": self._state("in_progress")}
+        started = {"type": "response.in_progress", "response": self._state("in_progress")}
+        yield started if progress is None else {**started, "prompt_progress": progress}
 
     def _call(self, call: dict[str, Any]) -> Iterator[dict[str, Any]]:
         fn = call.get("function", {})
@@ -264,9 +273,9 @@ class _Items:
             "usage": _usage(self.gen)}, "timings": timings(self.gen.stats)}
 
 
-async def _events(items: AsyncIterator[Chunk], gen: Generation, ids: Ids, model: str, every: bool,
-                  progress: bool) -> AsyncIterator[bytes]:
-    state = _Items(gen, ids, model, progress)
+async def _events(items: AsyncIterator[Chunk], gen: Generation, ids: Ids, model: str,
+                  every: bool) -> AsyncIterator[bytes]:
+    state = _Items(gen, ids, model)
     async for chunk in items:
         events = list(state.feed(chunk))
         if every and events and "timings" not in events[-1]:

@@ -1,0 +1,39 @@
+"""The prompt's decode before the first round, in the batches llama-server decodes it in: from
+the first token the target's cache lacks, ``n_batch`` tokens at a time, the last batch ending
+at the prompt's end. Each batch is reported as it ends (``Progress``).
+
+The last batch ends differently by path: where the first token comes from the prompt's own
+last row (``Runs.start``) it is decoded here whole; otherwise the loop's invariant leaves the
+prompt's last token to the first round, whose decode finishes that batch and reports it
+(``fly_cpp.loop``). Either way there is one report per llama-server batch, plus the one before
+any decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from time import perf_counter
+
+from fly_cpp._llama import Context, Seq, common_prefix
+from fly_cpp.output import Output
+from fly_cpp.runs import Runs
+from fly_cpp.step import Progress
+
+
+def prefill(committed: list[int], target: Context | Seq, first: Runs | None, out: Output,
+            begin: float) -> Iterator[Progress]:
+    """Bring ``target`` to the loop's invariant for ``committed`` (the prompt), or through its
+    last token with ``first`` (which then commits the first token), reporting each batch."""
+    total, cached = len(committed), out.stats.n_cached
+    yield Progress(total, cached, cached, 0.0)
+    target.truncate(common_prefix(target.tokens, committed[:-1]))
+    at = len(target.tokens)
+    while total - at > target.n_batch:  # a whole batch, and more of the prompt after it
+        target.decode(committed[at:at + target.n_batch], logits="none")
+        at += target.n_batch
+        yield Progress(total, cached, at, perf_counter() - begin)
+    if first is not None:
+        first.start(committed, out)
+        yield Progress(total, cached, total, perf_counter() - begin)
+    else:
+        target.sync(committed)  # all but the last token: the first round decodes it
