@@ -10,6 +10,7 @@ cache, so that list is always the truth about the KV cache.
 from __future__ import annotations
 
 import collections
+import copy
 import ctypes
 import json
 import os
@@ -17,7 +18,7 @@ import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -1182,6 +1183,16 @@ def json_schema_grammar(schema: str) -> str:
     closed: integer bounds (``int_bounds``), which it ignores, are enforced, and a string's
     characters exclude the control characters JSON forbids raw (its ``char`` rule let a newline
     into a string, and the answer then failed to parse). FlyError on a bad schema."""
+    try:
+        parsed = json.loads(schema)
+    except ValueError as e:
+        raise FlyError(f"invalid JSON schema: {e}") from None
+    return json_schema_rules({"": parsed})
+
+
+def json_schema_rules(schemas: Mapping[str, Any]) -> str:
+    """GBNF rules for several parsed JSON schemas at once, each under its own rule name (""
+    names ``root``), the rules they share written once (see ``json_schema_grammar``)."""
     from llama_cpp import llama_grammar
 
     from fly_cpp import int_bounds
@@ -1196,7 +1207,8 @@ def json_schema_grammar(schema: str) -> str:
 
     try:
         converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-        converter.visit(converter.resolve_refs(json.loads(schema), "stdin"), "")
+        for name, schema in schemas.items():
+            converter.visit(converter.resolve_refs(copy.deepcopy(schema), "stdin"), name)  # it resolves in place
         if "char" in converter._rules:
             converter._rules["char"] = JSON_CHAR
         return converter.format_grammar()

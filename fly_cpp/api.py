@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fly_cpp import oai, reply, structured
+from fly_cpp import oai, reply, structured, tool_formats
 from fly_cpp import tools as tool_calls
 from fly_cpp.chat_format import ChatFormat, continued, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
@@ -192,7 +192,7 @@ class Fly:
     def _chat_text(self, messages: Sequence[Mapping[str, Any]], template_vars: Mapping[str, Any]) -> str:
         """The rendered conversation; one that ends with an assistant's message is continued from
         its text (the messages before it, the assistant's opening, then that text)."""
-        messages = tool_calls.template_messages(messages)
+        messages = tool_calls.template_messages(messages, tool_formats.detect(self.chat_format.template))
         prefill = continued(messages)
         if prefill is not None:
             messages = messages[:-1]
@@ -207,17 +207,18 @@ class Fly:
         (auto, deepseek: ``<think>`` goes to reasoning_content; none: it stays in the content)."""
         found = tool_calls.check(tools, tool_choice, parallel_tool_calls)
         spec = found if found is not None and found.active else None
+        fmt = None
         if spec is not None:
-            tool_calls.check_template(self.chat_format.template, self.chat_format.name)
+            fmt = tool_calls.check_template(self.chat_format.template, self.chat_format.name)
             template_vars = {**template_vars, "tools": list(spec.tools)}
         text = self._chat_text(messages, template_vars)
         opened = tool_calls.think_open(text)
         settings: dict[str, Any] = {}
-        if spec is not None:
-            gbnf, trigger = tool_calls.grammar(spec, opened)
+        if spec is not None and fmt is not None:
+            gbnf, trigger = tool_calls.grammar(spec, opened, fmt)
             settings = {"grammar": gbnf, "grammar_trigger": trigger, "json_schema": ""}  # over any default
-        opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), tools=spec is not None,
-                             think_open=opened)
+        opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), calls=fmt,
+                             names=tool_calls.function_names(spec) if spec else (), think_open=opened)
         return self._prompt_tokens(text), settings, opts
 
     def _prompt_tokens(self, text: str) -> list[int]:

@@ -1,35 +1,35 @@
 """A chat answer's text split the way OpenAI clients read it: ``reasoning_content`` (a reasoning
-model's ``<think>...</think>``), ``content``, and ``tool_calls`` (Hermes-style
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, as Qwen2.5/3.x templates
-ask for them), whole (``split``) or as the text grows (``Splitter``, for streamed deltas).
+model's ``<think>...</think>``), ``content``, and ``tool_calls`` (written in the template's
+format: ``fly_cpp.tool_formats``), whole (``split``) or as the text grows (``Splitter``, for
+streamed deltas).
 
 How a reasoning block is found, as llama-server's ``--reasoning-format deepseek`` finds it: the
 answer starts with ``<think>`` (after whitespace), or the prompt already opened it
 (``think_open``: the template's generation prompt ends with ``<think>``); the block ends at
-``</think>``. An answer cut inside it is all reasoning. A ``<tool_call>`` block whose body is not
-a JSON object with a string ``name`` stays in the content.
+``</think>``. An answer cut inside it is all reasoning. Text that starts a call but is none
+(a ``<tool_call>`` block whose body is not a JSON object with a string ``name``) stays in the
+content.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fly_cpp.tool_formats import Format, partial_tail
+
 THINK, END_THINK = "<think>", "</think>"
-CALL, END_CALL = "<tool_call>", "</tool_call>"
-_CALL_RE = re.compile(re.escape(CALL) + r"\s*(.*?)\s*" + re.escape(END_CALL), re.S)
 
 
 @dataclass(frozen=True)
 class Options:
     """``reasoning``: split ``<think>`` blocks off (llama-server's deepseek format; False: its
-    ``none``); ``tools``: parse tool calls; ``think_open``: the prompt opened the block."""
+    ``none``); ``calls``: parse tool calls written in this format; ``names``: the functions
+    given; ``think_open``: the prompt opened the block."""
 
     reasoning: bool = True
-    tools: bool = False
+    calls: Format | None = None
+    names: tuple[str, ...] = ()
     think_open: bool = False
 
 
@@ -65,44 +65,14 @@ def _think(text: str, opts: Options) -> tuple[str | None, str, bool]:
     return body[:end].strip(), body[end + len(END_THINK):], True
 
 
-def call(body: str) -> dict[str, Any] | None:
-    """One ``<tool_call>`` body as an OpenAI tool call (None: not a call)."""
-    try:
-        got = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(got, dict) or not isinstance(got.get("name"), str):
-        return None
-    args = got.get("arguments", got.get("parameters", {}))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": got["name"], "arguments": text}}
-
-
 def split(text: str, opts: Options) -> Reply:
     """The whole answer, split."""
     reasoning, rest, _ = _think(text, opts)
     calls: list[dict[str, Any]] = []
-    if opts.tools:
-        kept = []
-        at = 0
-        for m in _CALL_RE.finditer(rest):
-            if (found := call(m.group(1))) is None:
-                continue
-            calls.append(found)
-            kept.append(rest[at:m.start()])
-            at = m.end()
-        rest = "".join(kept) + rest[at:]
+    if opts.calls is not None:
+        rest, calls = opts.calls.split(rest, opts.names)
     content = rest.strip() if calls or reasoning is not None else rest.lstrip()
     return Reply(content, reasoning, calls)
-
-
-def _partial_tail(text: str, word: str) -> int:
-    """The length of the longest end of ``text`` that begins ``word`` (held back while streaming)."""
-    for n in range(min(len(word) - 1, len(text)), 0, -1):
-        if word.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class Splitter:
@@ -124,13 +94,12 @@ class Splitter:
         if not closed:
             assert reasoning is not None
             body = text.lstrip()[len(THINK):] if not self.opts.think_open else text
-            body = body[: len(body) - _partial_tail(body, END_THINK)]
+            body = body[: len(body) - partial_tail(body, END_THINK)]
             return body.strip(), ""
         content = rest if reasoning is None else rest.lstrip()
-        if self.opts.tools:
-            at = content.find(CALL)
-            content = content[:at] if at >= 0 else content[: len(content) - _partial_tail(content, CALL)]
-        if self.opts.tools or reasoning is not None:  # split() strips both ends then
+        if self.opts.calls is not None:
+            content = content[: self.opts.calls.held(content, self.opts.names)]
+        if self.opts.calls is not None or reasoning is not None:  # split() strips both ends then
             content = content.rstrip()
         return reasoning or "", content.lstrip()
 

@@ -1,19 +1,21 @@
 """OpenAI tool calling: ``tools`` and ``tool_choice`` checked, rendered through the chat template,
 and turned into the grammar the answer obeys while it writes a call.
 
-The format is Hermes-style, as Qwen2.5/3.x templates write it: the template gets the tools as
-its ``tools`` variable and tells the model to answer ``<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>``. What constrains the answer (``fly_cpp.constrain``, in every mode):
+The template gets the tools as its ``tools`` variable; the call format is the one its source
+uses (``fly_cpp.tool_formats``: Hermes ``<tool_call>``, Llama 3.x, Mistral ``[TOOL_CALLS]``).
+What constrains the answer (``fly_cpp.constrain``, in every mode):
 
 - ``required`` or a named function: a grammar that forces one call (several with
-  ``parallel_tool_calls``) from the start of the answer (after the reasoning block the prompt
-  opened, if it did), its ``name`` one of the functions and its ``arguments`` valid against that
-  function's ``parameters`` schema (llama-cpp-python's JSON-schema converter);
-- ``auto``: the same grammar, lazy: free text until the answer writes ``<tool_call>``, then the
-  call (``SamplingSettings.grammar_trigger``);
+  ``parallel_tool_calls`` where the format allows them) from the start of the answer (after the
+  reasoning block the prompt opened, if it did), its name one of the functions and its
+  arguments valid against that function's ``parameters`` schema (llama-cpp-python's
+  JSON-schema converter);
+- ``auto``: the same grammar, lazy: free text until the answer writes the word a call starts
+  with (``<tool_call>``, ``[TOOL_CALLS]``, ``{"name": "``), then the call
+  (``SamplingSettings.grammar_trigger``);
 - ``none``: no tools in the prompt, no grammar, no parsing.
 
-Templates that know no ``<tool_call>`` format are refused when tools are given.
+Templates in no format fly-cpp knows are refused when tools are given.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fly_cpp._llama import json_schema_grammar
+from fly_cpp._llama import json_schema_rules
 from fly_cpp.errors import FlyError
-from fly_cpp.reply import CALL, END_CALL, END_THINK, THINK
+from fly_cpp.reply import END_THINK, THINK
+from fly_cpp.tool_formats import KNOWN, Format, detect, lit
 
 CHOICES = ("auto", "none", "required")
 REASONING_FORMATS = ("auto", "deepseek", "none")
@@ -88,11 +91,13 @@ def _choice(raw: Any, names: list[str]) -> tuple[str, str | None]:
     return "function", str(fn["name"])
 
 
-def check_template(template: str, where: str) -> None:
-    """Refuse a chat template that has no tool-call format fly-cpp knows."""
-    if CALL not in template:
-        raise FlyError(f"the chat template ({where}) has no <tool_call> format: tools need a Hermes-style "
-                       f"template (Qwen2.5/3.x; --chat-template-file)")
+def check_template(template: str, where: str) -> Format:
+    """The tool-call format of a chat template; FlyError when it has none fly-cpp knows."""
+    found = detect(template)
+    if found is None:
+        raise FlyError(f"the chat template ({where}) has no tool-call format fly-cpp knows ({KNOWN}); "
+                       f"give one that has (--chat-template-file)")
+    return found
 
 
 def reasoning(fmt: str | None) -> bool:
@@ -115,32 +120,29 @@ def _functions(tools: Tools) -> list[Mapping[str, Any]]:
     return [f for f in fns if f["name"] == tools.name] if tools.choice == "function" else fns
 
 
-def _call_schema(fn: Mapping[str, Any]) -> dict[str, Any]:
-    params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False}
+def function_names(tools: Tools) -> tuple[str, ...]:
+    return tuple(t["function"]["name"] for t in tools.tools)
 
 
-def grammar(tools: Tools, opened: bool) -> tuple[str, str]:
-    """(GBNF, trigger) for the calls ``tools`` asks for: a grammar that starts the answer
-    (required, a named function; after the opened reasoning block when ``opened``), or one that
-    starts after the trigger word ``<tool_call>`` (auto)."""
-    schemas = [_call_schema(f) for f in _functions(tools)]
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    call = re.sub(r"^root ::=", "tc-call ::=", json_schema_grammar(json.dumps(schema)), count=1, flags=re.M)
-    block = f'tc-ws tc-call tc-ws "{END_CALL}"'
-    more = f' (tc-ws "{CALL}" {block})*' if tools.parallel else ""
-    rules = f"{call}\ntc-ws ::= [ \\n]{{0,2}}\n"
+def grammar(tools: Tools, opened: bool, fmt: Format) -> tuple[str, str]:
+    """(GBNF, trigger) for the calls ``tools`` asks for, written in ``fmt``: a grammar that
+    starts the answer (required, a named function; after the opened reasoning block when
+    ``opened``), or one that starts after the word every call begins with (auto)."""
+    fns = _functions(tools)
+    args = {f"tc-args-{i}": f.get("parameters") or {"type": "object", "properties": {}} for i, f in enumerate(fns)}
+    rest = fmt.rest([(f["name"], f"tc-args-{i}") for i, f in enumerate(fns)], tools.parallel and fmt.parallel)
+    rules = f"{json_schema_rules(args)}\ntc-ws ::= [ \\n]{{0,2}}\n"
     if tools.choice == "auto":
-        return f"root ::= {block}{more}\n{rules}", CALL
+        return f"root ::= {rest}\n{rules}", fmt.trigger
     think = f'[^<]* "{END_THINK}" tc-ws ' if opened else ""
-    return f'root ::= {think}"{CALL}" {block}{more}\n{rules}', ""
+    return f"root ::= {think}{lit(fmt.trigger)} {rest}\n{rules}", ""
 
 
-def template_messages(messages: Any) -> Any:
+def template_messages(messages: Any, fmt: Format | None = None) -> Any:
     """Messages as templates read them: an assistant's ``tool_calls`` with their ``arguments``
-    as objects (OpenAI sends JSON text; Hermes templates write the object), content null as ""
-    (anything but a list is left for ``chat_format.check_messages`` to refuse)."""
+    as objects (OpenAI sends JSON text; templates write the object), content null as "", call
+    ids as ``fmt`` needs them (anything but a list is left for ``chat_format.check_messages``
+    to refuse)."""
     if not isinstance(messages, (list, tuple)):
         return messages
     out = []
@@ -149,12 +151,14 @@ def template_messages(messages: Any) -> Any:
         if isinstance(m, dict) and m.get("tool_calls"):
             if m.get("content") is None:
                 m["content"] = ""
-            m["tool_calls"] = [_call_for_template(c) for c in m["tool_calls"]]
+            m["tool_calls"] = [_call_for_template(c, fmt) for c in m["tool_calls"]]
+        if isinstance(m, dict) and fmt is not None and "tool_call_id" in m:
+            m["tool_call_id"] = fmt.message_id(m["tool_call_id"])
         out.append(m)
     return out
 
 
-def _call_for_template(c: Any) -> Any:
+def _call_for_template(c: Any, fmt: Format | None) -> Any:
     if not isinstance(c, Mapping) or not isinstance(c.get("function"), Mapping):
         raise FlyError("an assistant message's tool_calls must be {\"type\": \"function\", \"function\": {...}}")
     fn = dict(c["function"])
@@ -163,4 +167,7 @@ def _call_for_template(c: Any) -> Any:
             fn["arguments"] = json.loads(fn["arguments"])
         except ValueError:
             raise FlyError(f"tool call {fn.get('name')!r}: arguments are not JSON") from None
-    return {**c, "function": fn, **({"name": fn.get("name"), "arguments": fn.get("arguments")})}
+    out = {**c, "function": fn, "name": fn.get("name"), "arguments": fn.get("arguments")}
+    if fmt is not None and "id" in c:
+        out["id"] = fmt.message_id(c["id"])
+    return out

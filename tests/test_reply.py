@@ -8,8 +8,9 @@ import json
 import pytest
 
 from fly_cpp.reply import Options, Splitter, split
+from fly_cpp.tool_formats import detect
 
-TOOLS = Options(tools=True)
+TOOLS = Options(calls=detect("<tool_call>"), names=("pet",))
 CALL = '<tool_call>\n{"name": "pet", "arguments": {"kind": "cat"}}\n</tool_call>'
 
 

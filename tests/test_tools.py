@@ -16,6 +16,7 @@ from fly_cpp import Fly, FlyError
 from fly_cpp import tools as tool_calls
 from fly_cpp._llama import Grammar
 from fly_cpp.constrain import Lazy
+from fly_cpp.tool_formats import detect
 
 TEMPLATE = (Path(__file__).parent / "data" / "hermes-tools.jinja").read_text()
 PET = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "good": {"type": "boolean"}},
@@ -24,6 +25,7 @@ DAY = {"type": "object", "properties": {"day": {"type": "integer", "maximum": 31
 TOOLS = [{"type": "function", "function": {"name": "pet", "description": "adopt a pet", "parameters": PET}},
          {"type": "function", "function": {"name": "day", "parameters": DAY}}]
 SCHEMAS = {"pet": PET, "day": DAY}
+HERMES = detect(TEMPLATE)
 CHAT = [{"role": "user", "content": "Adopt a pet for me."}]
 
 
@@ -94,7 +96,7 @@ def test_streamed_deltas_join_to_the_same_call(fly):
 def test_none_renders_no_tools_and_auto_renders_them(fly):
     assert "<tools>" not in fly.detokenize(fly.chat_turn(CHAT, tools=TOOLS, tool_choice="none")[0])
     tokens, settings, opts = fly.chat_turn(CHAT, tools=TOOLS)
-    assert "<tools>" in fly.detokenize(tokens) and settings["grammar_trigger"] == "<tool_call>" and opts.tools
+    assert "<tools>" in fly.detokenize(tokens) and settings["grammar_trigger"] == "<tool_call>" and opts.calls
     out = fly.create_chat_completion(CHAT, max_tokens=30, temperature=0, tools=TOOLS, tool_choice="none")
     assert out["choices"][0]["finish_reason"] == "length" and "tool_calls" not in out["choices"][0]["message"]
 
@@ -109,7 +111,7 @@ def test_auto_is_free_text_until_the_trigger(fly):
 
 def test_lazy_grammar_starts_after_the_trigger(fly):
     model = fly.engine.target_model
-    gbnf, trigger = tool_calls.grammar(tool_calls.check(TOOLS, "auto"), False)
+    gbnf, trigger = tool_calls.grammar(tool_calls.check(TOOLS, "auto"), False, HERMES)
     lazy = Lazy(Grammar(model, gbnf), trigger, model.tokenize)
     seen = b""
     for t in model.tokenize('Hi <tool_call>\n{"name": "pe', add_special=False):
@@ -155,7 +157,7 @@ def test_forced_grammar_after_an_opened_reasoning_block(fly, opened):
     close first; without one the call starts the answer."""
     model = fly.engine.target_model
     gbnf, trigger = tool_calls.grammar(tool_calls.check(TOOLS, {"type": "function", "function": {"name": "pet"}}),
-                                       opened)
+                                       opened, HERMES)
     assert trigger == ""
     call = '<tool_call>\n{"name": "pet", "arguments": {"kind": "dog", "good": true}}\n</tool_call>'
     thought = "Dogs are good.\n</think>\n\n"
@@ -213,7 +215,7 @@ def test_a_reasoning_block_the_prompt_opens_goes_to_reasoning_content(stories):
 
 def test_a_template_without_tool_calls_is_refused(stories):
     with Fly(stories, chat_format="chatml", n_ctx=256) as f:
-        with pytest.raises(FlyError, match="no <tool_call> format"):
+        with pytest.raises(FlyError, match="no tool-call format"):
             f.create_chat_completion(CHAT, max_tokens=5, tools=TOOLS)
 
 
