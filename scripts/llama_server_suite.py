@@ -37,6 +37,7 @@ REPO = HERE.parent
 OUT_OF_SCOPE = {"test_mcp_servers", "test_tools_builtin", "test_proxy", "test_compat_gcp", "test_router",
                 "test_stream", "test_slot_save", "test_tool_call"}
 FAST = ["test_tokenize", "test_security", "test_basic", "test_template"]
+WORK = Path(os.environ.get("WORK", REPO.parent / "llama-cpp-src"))
 
 
 def fetch(work: Path, version: str) -> Path:
@@ -57,6 +58,15 @@ def fetch(work: Path, version: str) -> Path:
     if not (tests / "utils.py").is_file():
         raise FileNotFoundError(f"no server tests in {sdist}")
     return tests
+
+
+def templates(work: Path = WORK, version: str | None = None) -> Path:
+    """llama.cpp's chat templates (models/templates/*.jinja) from the same sdist; FileNotFoundError
+    when it cannot be fetched."""
+    found = fetch(work, version or importlib.metadata.version("llama_cpp_python")).parents[2] / "models" / "templates"
+    if not found.is_dir():
+        raise FileNotFoundError(f"no chat templates at {found}")
+    return found
 
 
 def wrapper(tmp: Path) -> Path:
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", help="test files (test_basic ...); default: every in-scope file")
     parser.add_argument("--fast", action="store_true", help=f"only the fast files: {' '.join(FAST)}")
-    parser.add_argument("--work", type=Path, default=Path(os.environ.get("WORK", REPO.parent / "llama-cpp-src")))
+    parser.add_argument("--work", type=Path, default=WORK)
     parser.add_argument("--version", default=importlib.metadata.version("llama_cpp_python"))
     parser.add_argument("--timeout", type=float, default=900, help="seconds per file")
     parser.add_argument("--port", type=int, default=8080, help="the port the suite's servers take")

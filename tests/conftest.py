@@ -12,6 +12,8 @@ Everything here runs in any clone. Models are made in seconds from what the repo
 Optional assets, skipped with the reason when absent:
 - the shared assets next to the project (``$FLY_CPP_SHARED``, else ``../shared``): the
   tinystories-656k checkpoint the converter and the cost-realistic pair are proven on;
+- llama.cpp's chat templates (``llama_templates``: models/templates/*.jinja), from the
+  llama-cpp-python sdist scripts/llama_server_suite.py fetches into ``$WORK`` (../llama-cpp-src);
 - the real pair ``qwen-coder`` (tests marked ``real_pair``): used when built in the kit cache
   (``fly-cpp models make-pair qwen-coder``), built here when ``$CI`` is set.
 """
@@ -62,6 +64,20 @@ def vocabs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with lzma.open(packed) as src, open(out / packed.name.removesuffix(".xz"), "wb") as dst:
             shutil.copyfileobj(src, dst)
     return out
+
+
+@pytest.fixture(scope="session")
+def llama_templates() -> Path:
+    """llama.cpp's real chat templates; skipped when the sdist that holds them cannot be fetched."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import llama_server_suite
+
+    try:
+        return llama_server_suite.templates()
+    except FileNotFoundError as exc:
+        pytest.skip(f"llama.cpp's chat templates are not available: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ pytestmark = pytest.mark.llama_server_suite
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
-    work = Path(os.environ.get("WORK", REPO.parent / "llama-cpp-src"))
+    work = suite.WORK
     try:
         suite.fetch(work, importlib.metadata.version("llama_cpp_python"))
     except FileNotFoundError as exc:
