@@ -1,7 +1,8 @@
 """Tool calls through the server: in process on the stories260K pair (a Hermes-style template
-given), and a real ``fly-cpp serve`` process on the synthetic qwen35-tiny pair (the real Qwen
-tokenizer) with the official ``openai`` client: request with tools -> tool_calls -> a role:tool
-message -> a final answer. Bad tools are 400s with a JSON body."""
+given), and a real ``fly-cpp serve`` process with the official ``openai`` client: request with
+tools -> tool_calls -> a role:tool message -> a final answer, on the synthetic qwen35-tiny pair
+(the real Qwen tokenizer) and, for each other format, on the stories260K pair under llama.cpp's
+real Llama 3.x and Mistral templates. Bad tools are 400s with a JSON body."""
 
 from __future__ import annotations
 
@@ -140,3 +141,31 @@ def test_forced_call_on_the_anthropic_and_responses_endpoints(client):
     calls = [item for item in r.json()["output"] if item["type"] == "function_call"]
     assert calls and calls[0]["name"] == "pet"
     jsonschema.validate(json.loads(calls[0]["arguments"]), PET)
+
+
+@pytest.mark.parametrize("template", ["meta-llama-Llama-3.2-3B-Instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                                      "Mistral-Small-3.2-24B-Instruct-2506.jinja"])
+def test_openai_client_round_trip_in_each_format(stories, stories_draft, llama_templates, template, tmp_path):
+    server = Server(tmp_path, "-m", str(stories), "-d", str(stories_draft), "-t", "1", "-c", "2048", "--mode", "fly",
+                    "--chat-template-file", str(llama_templates / template), "--temp", "0")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        first = client.chat.completions.create(model="any", messages=CHAT, tools=TOOLS, tool_choice=NAMED,
+                                               max_tokens=160)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "pet"
+        jsonschema.validate(json.loads(call.function.arguments), PET)
+        followed = [*CHAT, choice.message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": call.id, "content": "adopted"}]
+        final = client.chat.completions.create(model="any", messages=followed, tools=TOOLS, tool_choice="none",
+                                               max_tokens=12)
+        assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+        stream = client.chat.completions.create(model="any", messages=CHAT, tools=TOOLS, tool_choice=NAMED,
+                                                max_tokens=160, stream=True)
+        deltas = [tc for chunk in stream if chunk.choices for tc in (chunk.choices[0].delta.tool_calls or [])]
+        assert [(d.function.name, d.function.arguments) for d in deltas] == [(call.function.name,
+                                                                              call.function.arguments)]
+    finally:
+        assert server.stop() == 0, server.stderr()
