@@ -32,10 +32,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 # out of scope for fly-cpp serve: MCP, built-in tools and the MCP proxy, GCP /predict, router
-# mode (test_router, and test_stream: stream resume is the router's, on a hub model), slot
-# save/restore and tool-call constrained decoding (other issues)
+# mode (test_router, and test_stream: stream resume is the router's, on a hub model) and slot
+# save/restore (other issues)
 OUT_OF_SCOPE = {"test_mcp_servers", "test_tools_builtin", "test_proxy", "test_compat_gcp", "test_router",
-                "test_stream", "test_slot_save", "test_tool_call"}
+                "test_stream", "test_slot_save"}
 FAST = ["test_tokenize", "test_security", "test_basic", "test_template"]
 WORK = Path(os.environ.get("WORK", REPO.parent / "llama-cpp-src"))
 
