@@ -18,7 +18,7 @@ import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -400,6 +400,18 @@ class Model:
         out = buf.raw[: max(n, 0)]
         self._pieces[token] = out
         return out
+
+    def piece_keeping(self, texts: Sequence[str]) -> Callable[[int], bytes]:
+        """``piece``, except that the special tokens ``texts`` name render as their text (a text
+        that is no single special token of this vocabulary is spelled by plain tokens anyway)."""
+        kept = {}
+        for text in texts:
+            ids = self.tokenize(text, add_special=False, parse_special=True)
+            if len(ids) == 1 and self.piece(ids[0]) != text.encode():
+                kept[ids[0]] = text.encode()
+        if not kept:
+            return self.piece
+        return lambda token: kept.get(token) or self.piece(token)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """The text of ``tokens``; ``special``: control tokens written out (``<s>``), as

@@ -216,7 +216,8 @@ class Fly:
         settings: dict[str, Any] = {}
         if spec is not None and fmt is not None:
             gbnf, trigger = tool_calls.grammar(spec, opened, fmt)
-            settings = {"grammar": gbnf, "grammar_trigger": trigger, "json_schema": ""}  # over any default
+            settings = {"grammar": gbnf, "grammar_trigger": trigger, "json_schema": "",  # over any default
+                        "preserved_tokens": fmt.preserved}
         opts = reply.Options(reasoning=tool_calls.reasoning(reasoning_format), calls=fmt,
                              names=tool_calls.function_names(spec) if spec else (), think_open=opened)
         return self._prompt_tokens(text), settings, opts
@@ -370,7 +371,8 @@ def with_tool_grammar(settings: dict[str, Any], tool_settings: dict[str, Any]) -
     if settings.get("grammar") or settings.get("json_schema"):
         raise FlyError("tools (unless tool_choice is none) and grammar, json_schema or response_format cannot be "
                        "combined: both constrain the answer")
-    return {**settings, **tool_settings}
+    kept = (*(settings.get("preserved_tokens") or ()), *tool_settings.get("preserved_tokens", ()))
+    return {**settings, **tool_settings, "preserved_tokens": tuple(dict.fromkeys(kept))}
 
 
 def _given(**values: Any) -> dict[str, Any]:

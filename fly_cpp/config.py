@@ -387,6 +387,9 @@ class SamplingSettings:
     grammar_trigger: str = field(default="", metadata=_help(
         "a lazy grammar: the text is free until it writes this word, and the grammar (or schema) constrains "
         "what follows the word (tool calls use <tool_call>)"))
+    preserved_tokens: tuple[str, ...] = field(default=(), metadata=_help(
+        "special tokens written into the text when generated (others render as nothing), as a tool call's "
+        "[TOOL_CALLS] or <|python_tag|> must be to be read"))
 
     def __post_init__(self) -> None:
         for name in ("grammar", "json_schema"):
@@ -395,6 +398,8 @@ class SamplingSettings:
         _require(isinstance(self.grammar_trigger, str), f"grammar_trigger must be a string, got {self.grammar_trigger!r}")
         _require(not self.grammar_trigger or (self.constrained and len(self.grammar_trigger) >= 2),
                  "grammar_trigger needs a grammar or json_schema, and at least 2 characters")
+        _require(isinstance(self.preserved_tokens, tuple) and all(isinstance(t, str) and t for t in self.preserved_tokens),
+                 f"preserved_tokens must be a list of token texts, got {self.preserved_tokens!r}")
         _number("temperature", self.temperature, 0)
         _integer("top_k", self.top_k, 0)
         _number("top_p", self.top_p, 0.0, 1.0, above=True)

@@ -38,8 +38,9 @@ class Lazy:
     such a token and aborts the process on text it refuses; this one never feeds it a refused token."""
 
     def __init__(self, grammar: Grammar, trigger: str | bytes, tokenize: Callable[..., list[int]], *,
-                 _tail: bytes = b"", _on: bool = False) -> None:
+                 piece: Callable[[int], bytes] | None = None, _tail: bytes = b"", _on: bool = False) -> None:
         self.grammar, self.tokenize = grammar, tokenize
+        self.piece = piece or grammar.model.piece  # what a token writes (preserved special tokens included)
         self.trigger = trigger.encode() if isinstance(trigger, str) else trigger
         self.tail, self.on = _tail, _on  # tail: the last bytes written while waiting
 
@@ -55,7 +56,7 @@ class Lazy:
         if self.on:
             self.grammar.accept(token)
             return
-        text = self.tail + self.grammar.model.piece(token)
+        text = self.tail + self.piece(token)
         at = text.find(self.trigger)
         keep = len(self.trigger) - 1
         if at < 0:
@@ -64,7 +65,7 @@ class Lazy:
         rest = text[at + len(self.trigger):]
         probe = self.grammar.copy()
         tokens = self.tokenize(rest.decode("utf-8", "replace"), add_special=False) if rest else []
-        piece = self.grammar.model.piece
+        piece = self.piece
         # the tokens must spell exactly the rest (a tokenizer may add a space in front)
         if b"".join(piece(t) for t in tokens) == rest and all(_fed(probe, t) for t in tokens):
             self.grammar.close()
@@ -74,7 +75,7 @@ class Lazy:
             self.tail = rest[-keep:]
 
     def copy(self) -> Lazy:
-        return Lazy(self.grammar.copy(), self.trigger, self.tokenize, _tail=self.tail, _on=self.on)
+        return Lazy(self.grammar.copy(), self.trigger, self.tokenize, piece=self.piece, _tail=self.tail, _on=self.on)
 
     def close(self) -> None:
         self.grammar.close()

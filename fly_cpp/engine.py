@@ -301,8 +301,9 @@ class Engine:
         if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and (self.n_seq > 1 or not self._loosening_pays()):
             spec = dataclasses.replace(spec, loosen="off")
         rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
+        piece = self.target_model.piece_keeping(sampling.preserved_tokens)
         if rules is not None and sampling.grammar_trigger:
-            rules = Lazy(rules, sampling.grammar_trigger, self.target_model.tokenize)
+            rules = Lazy(rules, sampling.grammar_trigger, self.target_model.tokenize, piece=piece)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
         request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
                           min(n_probs, self.n_vocab), cache_prompt, shift if self.can_shift else None)
@@ -313,7 +314,7 @@ class Engine:
             drafter = None
         elif drafter is not None:
             drafter = as_drafter(drafter)
-        out = Output(request, self.target_model.piece, self.target_model.is_eog)
+        out = Output(request, piece, self.target_model.is_eog)
 
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at`` (0 without slots), its drafter made there."""

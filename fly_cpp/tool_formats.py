@@ -70,13 +70,16 @@ def _found(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -
 class Format:
     """One tool-call format. ``marks``: texts a template's source must all hold to use it;
     ``trigger``: the text every call starts with; ``starts``: the texts a call may start with
-    in an answer (where reading looks, and what streaming holds back); ``parallel``: the
-    template renders several calls in one message; ``short_ids``: Mistral's 9-character ids."""
+    in an answer (where reading looks, and what streaming holds back); ``preserved``: the
+    special tokens a call is written with (they must reach the text to be read);
+    ``parallel``: the template renders several calls in one message; ``short_ids``: Mistral's
+    9-character ids."""
 
     name: str
     marks: tuple[str, ...]
     trigger: str
     starts: tuple[str, ...]
+    preserved: tuple[str, ...] = ()
     parallel: bool = True
     short_ids: bool = False
 
@@ -253,14 +256,16 @@ class Mistral(Format):
 
 
 # in the order they are tried: the first whose marks a template holds is its format
+_MISTRAL_TOKENS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
 FORMATS: tuple[Format, ...] = (
-    Mistral("mistral-small", ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"), "[TOOL_CALLS]", ("[TOOL_CALLS]",),
+    Mistral("mistral-small", _MISTRAL_TOKENS, "[TOOL_CALLS]", ("[TOOL_CALLS]",), _MISTRAL_TOKENS,
             short_ids=True, call_ids=True),
-    Mistral("mistral", ("[TOOL_CALLS]", "[ARGS]"), "[TOOL_CALLS]", ("[TOOL_CALLS]",), short_ids=True),
-    MistralNemo("mistral-nemo", ("[TOOL_CALLS]",), "[TOOL_CALLS]", ("[TOOL_CALLS]",), short_ids=True),
-    Hermes("hermes", (CALL,), CALL, (CALL,)),
+    Mistral("mistral", _MISTRAL_TOKENS[:2], "[TOOL_CALLS]", ("[TOOL_CALLS]",), _MISTRAL_TOKENS, short_ids=True),
+    MistralNemo("mistral-nemo", _MISTRAL_TOKENS[:1], "[TOOL_CALLS]", ("[TOOL_CALLS]",), _MISTRAL_TOKENS[:1],
+                short_ids=True),
+    Hermes("hermes", (CALL,), CALL, (CALL,), (CALL, END_CALL)),
     Llama3("llama-3", ("<|start_header_id|>ipython<|end_header_id|>",), '{"name": "', (PYTHON_TAG, '{"name"'),
-           parallel=False),
+           (PYTHON_TAG,), parallel=False),
 )
 
 

@@ -205,3 +205,21 @@ def test_auto_starts_the_grammar_at_the_formats_trigger(fly):
     assert lazy.allows(ok) and not lazy.allows(bad)  # "pet" goes on, "pex" names no function
     out = fly.create_chat_completion(CHAT, max_tokens=20, temperature=0, tools=TOOLS)
     assert out["choices"][0]["message"]["content"]  # the story model writes no call: free text
+
+
+def test_a_calls_special_tokens_reach_the_text(llama3_target):
+    """In real vocabularies a call's marks are special tokens ([TOOL_CALLS] in Mistral's,
+    <|python_tag|> in Llama 3's), which the grammar takes for their text but which render as
+    nothing: the format's preserved tokens are written out, so the call can be read. A special
+    token of the Llama 3 vocabulary stands in for them here (the bias makes the model pick it)."""
+    with Fly(llama3_target, n_ctx=256) as f:
+        mark = "<|start_header_id|>"
+        [tag] = f.tokenize(mark, add_special=False, parse_special=True)
+        kw = {"max_tokens": 4, "temperature": 0, "mode": "target", "logit_bias": ((tag, 100.0),)}
+        hidden = f.generate("hi", grammar=f'root ::= {json.dumps(mark)} "ok"', **kw).run()
+        assert hidden.tokens[0] == tag and hidden.text == "ok"
+        kept = f.generate("hi", grammar=f'root ::= {json.dumps(mark)} "ok"', preserved_tokens=(mark,), **kw).run()
+        assert kept.tokens[0] == tag and kept.text == mark + "ok"
+        lazy = f.generate("hi", grammar='root ::= "ok"', grammar_trigger=mark, preserved_tokens=(mark,), **kw).run()
+        assert lazy.text == mark + "ok"  # the special token wrote the trigger
+    assert all(t in BY_NAME["mistral-small"].preserved for t in ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
