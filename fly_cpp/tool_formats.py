@@ -36,7 +36,7 @@ from typing import Any
 Found = tuple[str, Any, "str | None"]
 
 _ID_CHARS = string.ascii_letters + string.digits
-_FENCE = re.compile(r"\s*```(?:json)?\s*(\{.*\})\s*```\s*", re.S)
+_FENCE = re.compile(r"\s*```json\s*(\{.*\})\s*```\s*", re.S)
 _FENCE_OPEN = "```json"
 
 
@@ -197,8 +197,6 @@ class Hermes(Format):
 
 
 PYTHON_TAG = "<|python_tag|>"
-
-
 _LLAMA_ARGS = '", "parameters": '
 
 
@@ -255,8 +253,8 @@ class Mistral(Format):
         return [(m.group(1), got[0], m.group(2))], got[1]
 
 
-# in the order they are tried: the first whose marks a template holds is its format
 _MISTRAL_TOKENS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+# in the order they are tried: the first whose marks a template holds is its format
 FORMATS: tuple[Format, ...] = (
     Mistral("mistral-small", _MISTRAL_TOKENS, "[TOOL_CALLS]", ("[TOOL_CALLS]",), _MISTRAL_TOKENS,
             short_ids=True, call_ids=True),
