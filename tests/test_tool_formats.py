@@ -48,7 +48,8 @@ TOOLS = [{"type": "function", "function": {"name": "pet", "description": "adopt 
 SCHEMAS = {"pet": PET, "day": DAY}
 CHAT = [{"role": "user", "content": "Adopt a pet for me."}]
 REAL = ["meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
-        "mistralai-Mistral-Nemo-Instruct-2407.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja"]
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "Qwen-Qwen2.5-7B-Instruct.jinja"]
 
 
 def opts(name: str) -> Options:
@@ -182,7 +183,7 @@ def test_the_call_and_its_result_render_back_through_the_template(fly):
 
 def test_parallel_calls_where_the_format_allows_them(fly):
     fmt = detect(fly.chat_format.template)
-    out = fly.create_chat_completion(CHAT, max_tokens=120, temperature=0, tools=TOOLS, tool_choice="required",
+    out = fly.create_chat_completion(CHAT, max_tokens=250, temperature=0, tools=TOOLS, tool_choice="required",
                                      parallel_tool_calls=True)
     if fmt.parallel and fmt.name != "mistral-nemo":  # a cut-off list of calls reads as none
         assert len(calls(out, "length")) >= 2
