@@ -10,12 +10,14 @@ import json
 
 import jsonschema
 import pytest
+from fastapi.testclient import TestClient
 
 from fly_cpp import Fly, FlyError
 from fly_cpp import tools as tool_calls
 from fly_cpp._llama import Grammar
 from fly_cpp.constrain import Lazy
 from fly_cpp.reply import Options, Splitter, split
+from fly_cpp.server import create_app
 from fly_cpp.tool_formats import FORMATS, detect
 
 BY_NAME = {f.name: f for f in FORMATS}
@@ -223,4 +225,9 @@ def test_a_calls_special_tokens_reach_the_text(llama3_target):
         assert kept.tokens[0] == tag and kept.text == mark + "ok"
         lazy = f.generate("hi", grammar='root ::= "ok"', grammar_trigger=mark, preserved_tokens=(mark,), **kw).run()
         assert lazy.text == mark + "ok"  # the special token wrote the trigger
+        with TestClient(create_app(f)) as client:  # llama-server's field, a JSON list
+            r = client.post("/completion", json={"prompt": "hi", "n_predict": 4, "temperature": 0, "mode": "target",
+                                                 "grammar": f'root ::= {json.dumps(mark)} "ok"',
+                                                 "logit_bias": [[tag, 100]], "preserved_tokens": [mark]})
+            assert r.status_code == 200 and r.json()["content"] == mark + "ok", r.text
     assert all(t in BY_NAME["mistral-small"].preserved for t in ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))

@@ -46,6 +46,8 @@ def _field_type(name: str, hint: Any) -> Any:
         return dict[str, Any] | str
     if name == "entropy_threshold":  # JSON has no infinity: "inf" is accepted, as on the command line
         return Annotated[float, BeforeValidator(_inf)]
+    if typing.get_origin(hint) is tuple:  # JSON has lists (preserved_tokens)
+        return Annotated[hint, BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
     return hint
 
 
