@@ -328,8 +328,7 @@ class Engine:
             return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
 
         if self.slots is None:
-            steps, pacer = start(0)
-            gen = Generation(request, out, self._locked(steps, out.stats, pacer, max_tokens, fresh=not cache_prompt))
+            gen = Generation(request, out, self._locked(start, out.stats, max_tokens, fresh=not cache_prompt))
         else:
             gen = Generation(request, out, self._in_slot(start, request, out.stats, not cache_prompt, slot))
         self._open.add(gen)
@@ -457,9 +456,14 @@ class Engine:
         with self._lock:
             yield 0
 
-    def _locked(self, steps: Iterator[Step | Progress], stats: Stats, pacer: Pacer | None, limit: int,
-                fresh: bool = False) -> Iterator[Step | Progress]:
+    def _locked(self, start: Callable[[int], tuple[Iterator[Step | Progress], Pacer | None]], stats: Stats,
+                limit: int, fresh: bool = False) -> Iterator[Step | Progress]:
+        """A generation under the engine's lock. Its loop and drafter are made there too: requests
+        are prepared on other threads while one runs, and a new drafter begins the pacer it
+        shares with the running one (a concurrent request under load made the running
+        generation's llama_decode fail)."""
         with self._ledger.hold(self._engine_held(), stats, limit):
+            steps, pacer = start(0)
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._cost_model()
             if fresh:  # cache_prompt off: nothing carried over from earlier generations

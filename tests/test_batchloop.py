@@ -223,6 +223,29 @@ def test_one_slot_shares_nothing(alone):
     assert alone.sharing() == {}
 
 
+def test_a_request_made_while_another_runs_leaves_its_pacer_alone(stories, stories_draft, tmp_path, monkeypatch):
+    """With one slot, a server prepares the next request (engine.generate) on another thread
+    while a generation runs. Its drafter, which begins the pacer the running one shares, is made
+    only when it runs, under the engine's lock: made at once (as it was), it reset the running
+    generation's controller, and under load the running generation's llama_decode failed
+    (llama-server's test_completion_parallel_slots[1-3])."""
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    with Engine(exact(stories), exact(stories_draft)) as e:
+        auto = SpecSettings(mode="spd")
+        running = e.generate(PROMPTS[0], spec=auto, max_tokens=N)
+        steps = iter(running)
+        next(steps)
+        pacer = next(iter(e._pacers.values()))
+        begun: list[bool] = []
+        begin = pacer.begin
+        monkeypatch.setattr(pacer, "begin", lambda: begun.append(e._lock.locked()) or begin())
+        waiting = e.generate(PROMPTS[1], spec=auto, max_tokens=N)
+        assert begun == []  # nothing of the next generation touched the running one's controller
+        for _ in steps:
+            pass
+        assert waiting.run().tokens and begun == [True]
+
+
 def test_k_auto_measures_the_costs_in_its_own_slot(stories, stories_draft, tmp_path, monkeypatch):
     """A slot's k auto pacer measures the pair's costs (when it first needs them: as soon as it
     begins, once a pair has a long record) on its own slot's sequence, under the engine's lock:
