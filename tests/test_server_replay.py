@@ -178,7 +178,7 @@ def test_strict_refuses_what_would_be_ignored(tmp_path, transcript):
             transcript.add("strict", "POST", path, body, r.status_code, r.text[:200])
             assert r.status_code == 200
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="no <tool_call> format"):  # checked, not ignored
+        with pytest.raises(openai.BadRequestError, match="no tool-call format"):  # checked, not ignored
             client.chat.completions.create(model="x", messages=CHAT, tools=[{"type": "function", "function": {"name": "f"}}])
     finally:
         assert s.stop() == 0, s.stderr()
