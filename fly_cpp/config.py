@@ -392,8 +392,6 @@ class SamplingSettings:
         "[TOOL_CALLS] or <|python_tag|> must be to be read"))
 
     def __post_init__(self) -> None:
-        if isinstance(self.preserved_tokens, list):  # as JSON gives it back (a settings record, a cold run)
-            object.__setattr__(self, "preserved_tokens", tuple(self.preserved_tokens))
         for name in ("grammar", "json_schema"):
             _require(isinstance(getattr(self, name), str), f"{name} must be a string, got {getattr(self, name)!r}")
         _require(not (self.grammar and self.json_schema), "give grammar or json_schema, not both")

@@ -49,13 +49,21 @@ def generate_cold(target: ModelSettings, draft: ModelSettings | None, spec: Spec
     return out
 
 
+def _settings(fields: dict[str, Any]) -> dict[str, Any]:
+    """Settings fields as JSON gave them back, with their tuples (JSON lists) tuples again: every
+    sequence a settings class holds is a tuple (``preserved_tokens``, ``logit_bias``, ``rpc``)."""
+    def tuples(value: Any) -> Any:
+        return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+    return {name: tuples(value) for name, value in fields.items()}
+
+
 def _child() -> None:
     job = json.load(sys.stdin)
-    draft = ModelSettings(**job["draft"]) if job["draft"] is not None else None
-    with Engine(ModelSettings(**job["target"]), draft) as engine:
+    draft = ModelSettings(**_settings(job["draft"])) if job["draft"] is not None else None
+    with Engine(ModelSettings(**_settings(job["target"])), draft) as engine:
         engine.prefill(job["tokens"])
-        gen = engine.generate(job["tokens"], spec=SpecSettings(**job["spec"]),
-                              sampling=SamplingSettings(**job["sampling"]), max_tokens=job["max_tokens"])
+        gen = engine.generate(job["tokens"], spec=SpecSettings(**_settings(job["spec"])),
+                              sampling=SamplingSettings(**_settings(job["sampling"])), max_tokens=job["max_tokens"])
         json.dump(record(gen), sys.stdout)
 
 
