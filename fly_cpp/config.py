@@ -285,6 +285,10 @@ class SpecSettings:
         "[default: on under the guarded rule, off under the published one]",
         flag="cross-round-window"))
     k_max: int = field(default=16, metadata=_help("with k auto: the longest draft a round may make"))
+    k_gpu: int = field(default=6, metadata=_help(
+        "with k auto on a target whose every layer is on a GPU: draft this many tokens every round instead of "
+        "planning each round (a GPU decode costs more when the batch's shape changes, and planned rounds change "
+        "it: measured on an H100, docs/benchmarks.md); 0 = plan each round there too"))
     cross_round_confidence: float = field(default=0.5, metadata=_help(
         "cross-round under --fly-rule paper: keep a tail mismatch only when the draft's running agreement makes "
         "completing its window at least this likely; 0 = always (the guarded rule always finishes a window, so "
@@ -303,6 +307,7 @@ class SpecSettings:
         _require(self.k == AUTO or (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1),
                  f"k must be >= 1 (or 'auto'), got {self.k!r}")
         _integer("k_max", self.k_max, 1)
+        _integer("k_gpu", self.k_gpu, 0)
         _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
         _require(self.fly_rule in FLY_RULES, f"fly_rule must be one of {', '.join(FLY_RULES)}, got {self.fly_rule!r}")

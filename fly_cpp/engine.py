@@ -298,6 +298,8 @@ class Engine:
             raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
         self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
+        if spec.auto and spec.k_gpu and spec.mode != "target" and self.on_gpu():
+            spec = dataclasses.replace(spec, k=min(spec.k_gpu, spec.k_max))  # steady rounds (SpecSettings.k_gpu)
         if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and (self.n_seq > 1 or not self._loosening_pays()):
             spec = dataclasses.replace(spec, loosen="off")
         rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
@@ -355,6 +357,18 @@ class Engine:
             return worth.loosening_pays(worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn),
                                         m.n_params, m.size_bytes)
         return True
+
+    def on_gpu(self) -> bool:
+        """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where
+        k auto drafts ``k_gpu`` every round. There a decode costs more when the batch's shape
+        changes from the last, and rounds planned one by one change it: on an H100 (costly pair)
+        k auto's planned rounds ran 0.69-0.92x llama.cpp's best fixed k, fly at a fixed k 6
+        0.93-1.18x (docs/benchmarks.md). Partial offloads, rpc servers, recurrent states (whose rollbacks k auto
+        prices) and several slots (whose rounds share decodes) keep the planned rounds."""
+        t, m = self.target_settings, self.target_model
+        layers = t.offloaded_layers
+        return (self.n_seq == 1 and not t.rpc and not m.recurrent and (layers < 0 or layers >= m.n_layer)
+                and bool(gpu_names()))
 
     def steady_batches(self, spec: SpecSettings) -> bool:
         """Whether ``spec``'s verification batches are padded to a steady width

@@ -25,6 +25,7 @@ BAD = [
     (SpecSettings, {"entropy_threshold": math.nan}, "entropy_threshold must be a number (or inf) >= 0"),
     (SpecSettings, {"p_min": math.nan}, "p_min must be in [0, 1]"),
     (SpecSettings, {"cross_round_confidence": math.nan}, "cross_round_confidence must be in [0, 1)"),
+    (SpecSettings, {"k_gpu": -1}, "k_gpu must be"),
     (ModelSettings, {"n_threads": MAX_THREADS + 1}, "n_threads must be at most"),
     (ModelSettings, {"n_threads": 100000}, "n_threads must be at most"),
     (ModelSettings, {"n_batch": 0}, "n_batch must be in [1, "),

@@ -32,8 +32,16 @@ def test_offloaded_spd_is_the_offloaded_targets_greedy_output(gpu_pair, k) -> No
         assert spd.stats.n_drafted > 0 or k == "auto"  # k auto may find drafting a tiny pair not worth it
 
 
-def test_k_auto_prices_offloaded_decodes(gpu_pair) -> None:
-    gen = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="fly", k="auto"), max_tokens=48).run()
+def test_k_auto_drafts_a_steady_k_on_a_gpu(gpu_pair) -> None:
+    assert gpu_pair.on_gpu()
+    gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd", k="auto", k_gpu=4), max_tokens=48).run()
+    lengths = gen.stats.draft_lengths
+    assert max(lengths) == 4 and lengths[4] >= sum(lengths.values()) // 2, lengths  # shorter only near the end
+    assert not gen.stats.pacing
+
+
+def test_k_auto_prices_offloaded_decodes_when_it_plans_rounds(gpu_pair) -> None:
+    gen = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="fly", k="auto", k_gpu=0), max_tokens=48).run()
     costs = gen.stats.pacing["costs"]
     assert costs["target_ms"] and costs["draft_ms"]
     assert all(ms > 0 for ms in costs["target_ms"].values())
