@@ -110,7 +110,7 @@ def _interpolate(rows: Sequence[int], values: Sequence[float], n: int) -> float:
 class Costs:
     """The cost model of one pair: calibrated curves, at the depth the caches have now
     (``at``), times running scales (the target's: one for a plain one-row decode, one for
-    batches, which follows the first until a batch is seen)."""
+    batches, each following the other until a decode of its own kind is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
                  rollbacks: Rollbacks | None = None, measured: str = "") -> None:
@@ -126,6 +126,7 @@ class Costs:
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
         self.draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
+        self._seen = {False: False, True: False}  # a warm decode of each kind (one row, a batch) was seen
         self.disagrees = False  # the live decodes contradicted the cached curve: it is to be cached rescaled
 
     def cold(self) -> None:
@@ -168,13 +169,21 @@ class Costs:
             self.switch = (1 - SMOOTHING) * self.switch + SMOOTHING * extra
         if not warm:
             return False
+        batch = rows > 1
+        self._seen[batch] = True
         ratio = seconds / self.target_curve(rows, self.depth)
-        if self._check(rows > 1, ratio):
-            return True
-        if rows <= 1:
-            self.target_scale = _blend(self.target_scale, ratio)
-        else:
+        if self._check(batch, ratio):
+            pass
+        elif batch:
             self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
+        else:
+            self.target_scale = _blend(self.target_scale, ratio)
+        if batch and not self._seen[False]:
+            # until a one-row decode is seen it follows the batches, as they follow it: a run
+            # that drafted every round found batches 1.63x their cached curve (the machine ran
+            # slower than when it was measured) and kept the one-row cost, so the target alone
+            # looked cheap and the curve cached from it priced drafting too dear
+            self.target_scale = self.batch_scale  # type: ignore[assignment]
         return True
 
     def _check(self, batch: bool, ratio: float) -> bool:
@@ -199,8 +208,7 @@ class Costs:
         return True
 
     def live(self) -> tuple[Curve, Curve | None]:
-        """The curves as the live decodes price them: each scaled by its running scale (a batch
-        by the one-row scale until a batch was seen)."""
+        """The curves as the live decodes price them: each scaled by its running scale."""
         batch = self.target_scale if self.batch_scale is None else self.batch_scale
         draft = self.draft_curve.scaled(self.draft_scale, self.draft_scale) if self.draft_curve is not None else None
         return self.target_curve.scaled(self.target_scale, batch), draft

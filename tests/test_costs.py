@@ -260,6 +260,17 @@ def test_a_rescaled_curve_keeps_its_shape_by_kind_and_never_has_a_batch_below_on
     assert draft is not None and draft.seconds == pytest.approx((1 * MS, 2 * MS))
 
 
+def test_a_one_row_decode_follows_the_batches_scale_until_one_is_seen():
+    c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), None, cached=True)
+    for _ in range(4):  # drafting every round, on a machine 1.6x slower than when the curve was measured
+        c.observe_target(4, 32 * MS)
+    assert c.disagrees and c.batch_scale == pytest.approx(1.6) and c.target_scale == pytest.approx(1.6)
+    assert c.live()[0].seconds == pytest.approx((16 * MS, 32 * MS))  # cached with its shape, not batches alone dearer
+    c.observe_target(1, 11 * MS)  # a switch: not warm
+    c.observe_target(1, 11 * MS)
+    assert c.target_scale == pytest.approx(0.9 * 1.6 + 0.1 * 1.1) and c.batch_scale == pytest.approx(1.6)
+
+
 def test_a_scale_set_far_from_the_curve_stays_where_the_live_decodes_put_it():
     c = Costs(Curve((1, 6), (4.9, 5.4)), None, cached=True)
     for _ in range(40):
