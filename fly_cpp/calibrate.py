@@ -4,7 +4,12 @@ bend one size alone; cached (``fly_cpp.costcache``) so that it happens once per 
 machine. A curve the machine's load bent (``Curve.plausible``) is measured again, and never
 cached. A target with its own MTP head and no draft model has the head's curve in the draft's
 place: one head decode of n rows (the catch-up of a round, then one row a drafted token),
-measured the same way and cached under the same key of the pair, beside the target's."""
+measured the same way and cached under the same key of the pair, beside the target's.
+
+A cached calibration that a process's live decodes contradict (``Costs.disagrees``) is cached
+again as they priced it (``store_live``): measuring again would land inside the next process's
+answer, seconds of work a user waits for (on the F16 Qwen pair a fresh process that did so ran
+its answer at half the target's speed). Only a rescaled curve unfit to cache is dropped."""
 
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ MEASURE_TRIES = 3
 RETRY_SECONDS = 10.0  # no new try starts after this long measuring one model (a busy machine: 74 ms a decode
 # at 2 threads beside a load of 9 made three tries of a 260K-parameter pair take a minute)
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)
+RESCALED_SINCE = "; calibrated "  # in a rescaled curve's note: when the curve it rescaled was measured
 FLAT = 1.25  # on a CPU a batch of 4+ rows costs more than this many one-row decodes (stories260K: 1.4x at 4 rows)
 
 
@@ -202,10 +208,32 @@ def _measure_plausibly(ctx: Decoder, rows: Sequence[int], token: int, cpu: bool)
     for _ in range(MEASURE_TRIES):
         curve = measure_deep(ctx, rows, token)
         if curve.plausible:
-            return curve, not (cpu and flat(curve))
+            return curve, fit(curve, cpu)
         if perf_counter() - start > RETRY_SECONDS:
             break
     return curve.bounded(), False
+
+
+def fit(curve: Curve, cpu: bool) -> bool:
+    """Whether ``curve`` may be cached: plausible, and on a CPU not ``flat``."""
+    return curve.plausible and not (cpu and flat(curve))
+
+
+def store_live(key: str, costs: Costs, target_settings: ModelSettings, draft_settings: ModelSettings | None,
+               head: bool = False) -> str | None:
+    """Cache ``costs``' curves as its live decodes priced them (``Costs.live``), noting when and
+    under what load, and when the curve it rescaled was measured; returns that note. When a
+    rescaled curve is unfit to cache, the pair's entry is dropped instead (the next process
+    measures again) and None returned. ``head``: the draft's place holds the target's MTP head."""
+    target, draft = costs.live()
+    draft_cpu = not head and (draft_settings is None or on_cpu(draft_settings))
+    if not fit(target, on_cpu(target_settings)) or (draft is not None and not fit(draft, draft_cpu)):
+        costcache.drop(key)
+        return None
+    first = costs.measured.split(RESCALED_SINCE, 1)[-1]  # a rescaled curve's own calibration, once
+    note = f"rescaled from live decodes {_when()}{RESCALED_SINCE}{first or 'unknown'}"
+    _store(key, target, None if head else draft, draft if head else None, note)
+    return note
 
 
 def flat(curve: Curve) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ SMOOTHING = 0.1  # weight of one round in the running scale
 MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least this share of it
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 CHECK = 3  # warm live decodes of each kind (one row, a batch) a cached calibration is checked against
-CHECK_TOLERANCE = 1.5  # beyond this factor either way it is off: rescaled at once, and measured again next time
+CHECK_TOLERANCE = 1.5  # beyond this factor either way it is off: rescaled at once, and cached rescaled
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
 
 
@@ -81,6 +82,14 @@ class Curve:
         """This curve with every size held to the bound ``plausible`` checks."""
         return dataclasses.replace(self, seconds=tuple(min(s, self._ceiling(r)) for r, s in zip(self.rows, self.seconds)))
 
+    def scaled(self, one: float, batch: float) -> Curve:
+        """This curve with its one-row decode ``one`` times as dear and its batches ``batch`` times
+        (the depth slopes alike, so that it prices every depth as the scaled decodes did); a
+        batch never below a one-row decode."""
+        factors = [one if r <= 1 else batch for r in self.rows]
+        seconds = tuple(itertools.accumulate((s * f for s, f in zip(self.seconds, factors)), max))
+        return dataclasses.replace(self, seconds=seconds, per_token=tuple(p * f for p, f in zip(self.per_token, factors)))
+
     def _ceiling(self, rows: int) -> float:
         """The most a plausible decode of ``rows`` rows costs, from this curve's one-row cost."""
         return MAX_PER_ROW * rows * self.seconds[0]
@@ -101,7 +110,7 @@ def _interpolate(rows: Sequence[int], values: Sequence[float], n: int) -> float:
 class Costs:
     """The cost model of one pair: calibrated curves, at the depth the caches have now
     (``at``), times running scales (the target's: one for a plain one-row decode, one for
-    batches, which follows the first until a batch is seen)."""
+    batches, each following the other until a decode of its own kind is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
                  rollbacks: Rollbacks | None = None, measured: str = "") -> None:
@@ -117,7 +126,8 @@ class Costs:
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
         self.draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
-        self.disagrees = False  # the live decodes contradicted the cached curve: it is to be measured again
+        self._seen = {False: False, True: False}  # a warm decode of each kind (one row, a batch) was seen
+        self.disagrees = False  # the live decodes contradicted the cached curve: it is to be cached rescaled
 
     def cold(self) -> None:
         """A decode outside the rounds (a prompt) came last: the next round's decodes are not warm."""
@@ -159,13 +169,21 @@ class Costs:
             self.switch = (1 - SMOOTHING) * self.switch + SMOOTHING * extra
         if not warm:
             return False
+        batch = rows > 1
+        self._seen[batch] = True
         ratio = seconds / self.target_curve(rows, self.depth)
-        if self._check(rows > 1, ratio):
-            return True
-        if rows <= 1:
-            self.target_scale = _blend(self.target_scale, ratio)
-        else:
+        if self._check(batch, ratio):
+            pass
+        elif batch:
             self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
+        else:
+            self.target_scale = _blend(self.target_scale, ratio)
+        if batch and not self._seen[False]:
+            # until a one-row decode is seen it follows the batches, as they follow it: a run
+            # that drafted every round found batches 1.63x their cached curve (the machine ran
+            # slower than when it was measured) and kept the one-row cost, so the target alone
+            # looked cheap and the curve cached from it priced drafting too dear
+            self.target_scale = self.batch_scale  # type: ignore[assignment]
         return True
 
     def _check(self, batch: bool, ratio: float) -> bool:
@@ -173,7 +191,8 @@ class Costs:
         is off by more than CHECK_TOLERANCE either way (a calibration taken while other work
         ran: a one-row decode timed at 4.9 s and 6 rows at 5.4 s made batches look free, and
         every later run drafted where nothing pays), that kind's scale jumps to it at once and
-        the curve is marked for measuring again. Returns whether the scale was set."""
+        the curve is marked to be cached as the live decodes price it (``live``). Returns
+        whether the scale was set."""
         seen = self._checks[batch]
         if not self.cached or len(seen) >= CHECK:
             return False
@@ -187,6 +206,19 @@ class Costs:
         else:
             self.target_scale = mid
         return True
+
+    def live(self) -> tuple[Curve, Curve | None]:
+        """The curves as the live decodes price them: each scaled by its running scale."""
+        batch = self.target_scale if self.batch_scale is None else self.batch_scale
+        draft = self.draft_curve.scaled(self.draft_scale, self.draft_scale) if self.draft_curve is not None else None
+        return self.target_curve.scaled(self.target_scale, batch), draft
+
+    def recached(self, measured: str | None) -> None:
+        """The cache no longer holds these curves as given: it holds them as ``live`` priced
+        them (``measured``: their note), or nothing (None)."""
+        self.cached = False
+        if measured is not None:
+            self.measured = measured
 
     def entering(self) -> float:
         """What a batch now costs beyond its warm price, the switch back to one-row decodes
@@ -224,8 +256,10 @@ def _blend(scale: float, ratio: float) -> float:
     """One observation's step: ``ratio`` held within half and twice the scale, so that a
     one-off (a GPU's first decode of a new kind of batch sets up its kernels: on an H100 one
     took tens of times its calibrated cost) moves the scale by a tenth at most, where it once
-    moved it 40% and kept drafting off; a real change is followed over a few rounds."""
-    return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.5 * scale, 0.2), 2.0 * scale, 5.0)
+    moved it 40% and kept drafting off; a real change is followed over a few rounds. No bound
+    holds the scale itself: one held within 0.2-5 of the curve crept up a tenth a decode after a
+    contradicted curve's check set it to 0.022, to 9x the live cost."""
+    return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.5 * scale), 2.0 * scale)
 
 
 def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,

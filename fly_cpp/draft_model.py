@@ -59,6 +59,13 @@ class DraftModel:
         """Tokens this cache must catch up on before drafting after ``committed``."""
         return len(committed) - 1 - common_prefix(self.ctx.tokens, committed[:-1])
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Bring the cache to ``prompt`` but its last token (reusing what it shares with it), with
+        the target's prompt and before the rounds' clock starts, as llama.cpp's speculative
+        decoding processes the draft's prompt: caught up in the first round instead, a 125-token
+        prompt took 1.35 s of a 64-token cold answer on the F16 pair (15% of its decode time)."""
+        self.ctx.sync(prompt)
+
     def start(self, committed: Sequence[int]) -> list[int]:
         """Cut the cache back to what it shares with ``committed`` (unconditionally: also drops
         anything a disturbed decode left behind); returns the catch-up, the tokens to decode
@@ -152,7 +159,7 @@ class ModelDrafter:
         return self.draft_model.bias
 
     def begin(self, prompt: Sequence[int]) -> None:
-        pass
+        self.draft_model.prefill(prompt)
 
     def lag(self, committed: Sequence[int]) -> int:
         return self.draft_model.lag(committed)

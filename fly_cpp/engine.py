@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from fly_cpp import costcache, loop, recall, scoring, worth
+from fly_cpp import loop, recall, scoring, worth
 from fly_cpp import rollback as rb
 from fly_cpp.constrain import Lazy, Rules
 from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.batchloop import Slots, Throttled
-from fly_cpp.calibrate import cached, calibrate, pair_key
+from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
@@ -518,10 +518,11 @@ class Engine:
     def _finish(self, pacer: Pacer, stats: Stats) -> None:
         """What a paced generation leaves when it ends, in one slot or several: its pacing in
         the stats, what k auto learned for the next process, and a cached cost curve that its
-        live decodes contradicted dropped (the next process measures again)."""
+        live decodes contradicted cached again as they priced it (``store_live``: the next
+        process starts from it, measuring nothing), or dropped when that is unfit to cache."""
         if self._costs is not None and self._costs.disagrees and self._costs.cached:
-            costcache.drop(self.cost_key())
-            self._costs.cached = False
+            self._costs.recached(store_live(self.cost_key(), self._costs, self.target_settings, self.draft_settings,
+                                            head=self.mtp_ctx is not None and self.draft_ctx is None))
         stats.pacing = pacer.as_dict()
         recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
 

@@ -58,8 +58,6 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
     verify, window = Verifier(request, out.detok.piece, constraint), Window(spec)
     committed = list(request.prompt)
-    if drafter is not None:
-        drafter.begin(committed)
     begin = perf_counter()
     stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
     runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
@@ -67,6 +65,8 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     if first is None or out.finish is not None or len(committed) > target.n_ctx:
         first = None  # else: the prompt decoded through its last token, the first token picked
     yield from prefill(committed, target, first, out, begin)
+    if drafter is not None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
+        drafter.begin(committed)
     prompt_left = first is None  # the prompt's last token, which the first round decodes
     start = perf_counter()
     stats.prompt_seconds = start - begin

@@ -44,7 +44,7 @@ class PacedDrafter:
         self._guessed: tuple[int, list[int], int] | None = None  # an n-gram guess the round did not verify, where, its match
 
     def begin(self, prompt: Sequence[int]) -> None:
-        pass
+        self.inner.begin(prompt)
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         return self.inner.candidate(committed)

@@ -128,6 +128,9 @@ class TraceModel:
     def is_eog(self, token: int) -> bool:
         return False  # the trace ends where the output did
 
+    def prefill(self, prompt: list[int]) -> None:
+        self.cache = list(prompt[:-1])
+
     def lag(self, committed: list[int]) -> int:
         return len(committed) - 1 - common_prefix(self.cache, committed[:-1])
 
