@@ -295,7 +295,8 @@ class SpecSettings:
         "that its text does not depend on how the rounds went)"))
     steady_batches: str = field(default="off", metadata=_help(
         "pad the target's verification batches to the widest of the recent rounds, so that their shape stays "
-        "steady (a GPU reruns a decode of the shape it ran last faster; not yet measured end to end); "
+        "steady (a GPU reruns a decode of the shape it ran last faster; on an H100 it recovered part of planned "
+        "rounds' loss, a fixed k more: --k-gpu); "
         "auto = on when the target is offloaded to a GPU or rpc server"))
 
     def __post_init__(self) -> None:
