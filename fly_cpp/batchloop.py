@@ -79,7 +79,10 @@ class Throttled:
         self.inner, self.slots, self.pacer = inner, slots, pacer
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self.inner.begin(prompt)
+        """The draft's prompt is decoded now only while this slot runs alone: beside other
+        slots its rounds seldom draft, and a draft that comes catches up then."""
+        if self.slots.active <= 1:
+            self.inner.begin(prompt)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         active = self.slots.active
