@@ -30,7 +30,7 @@ from fly_cpp.costs import Costs, Curve
 from fly_cpp.rollback_costs import Rollbacks
 
 TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
-DRAFT_ROWS = (1, 2, 4, 8, 16, 32)
+DRAFT_ROWS = (1, 2, 4, 8, 16, costcache.LARGEST_TIMED)
 REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the median kept
 MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
 MAX_REPEATS = 15
@@ -46,6 +46,7 @@ class Decoder(Protocol):
     """What ``measure`` times: a context's decodes at its cache's end, and going back."""
 
     n_batch: int
+    n_ubatch: int
     tokens: list[int]
 
     @property
@@ -63,7 +64,7 @@ class HeadDecodes:
     decode costs does not depend on the state's values); its plain KV cache goes back exactly."""
 
     def __init__(self, ctx: MtpContext) -> None:
-        self.ctx, self.n_batch = ctx, ctx.n_batch
+        self.ctx, self.n_batch, self.n_ubatch = ctx, ctx.n_batch, ctx.n_batch
         self._zeros = np.zeros((ctx.n_batch, ctx.n_embd), dtype=np.float32)
 
     @property
@@ -96,6 +97,7 @@ def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEAT
     timing of one size (a one-row decode timed 48% dear that way made batches look nearly
     free). A decode of more rows never costs less than one of fewer (the curve is made
     non-decreasing: timing noise must not make batches look free)."""
+    rows = timed_sizes(rows, ctx.n_ubatch)
     top = min(max(rows), ctx.n_batch, ctx.n_ctx)
     if len(ctx.tokens) > ctx.n_ctx - top:  # make room at the end (drops cached tokens, once)
         ctx.truncate(ctx.n_ctx - top)
@@ -116,6 +118,14 @@ def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEAT
     for timed in times:
         seconds.append(max(statistics.median(timed), seconds[-1] if seconds else 0.0))
     return Curve(tuple(sizes), tuple(seconds), depth=base)
+
+
+def timed_sizes(rows: Sequence[int], n_ubatch: int) -> tuple[int, ...]:
+    """The sizes of ``rows`` worth timing with micro-batches of ``n_ubatch`` rows: past one
+    micro-batch a decode is several in a row, so two sizes past it give the slope the curve goes
+    on with (``Curve`` is linear beyond its last two sizes). With ``--n-ubatch 1`` on the F16
+    Qwen pair the 17-row size alone took about 3 s a pass."""
+    return tuple(r for r in rows if r <= n_ubatch) + tuple(r for r in rows if r > n_ubatch)[:2]
 
 
 def measure_deep(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:

@@ -192,7 +192,7 @@ class _TimedContext:
 
     def __init__(self, one_row: float, busy: int) -> None:
         self.tokens: list[int] = []
-        self.n_batch = self.n_ctx = 512
+        self.n_batch = self.n_ubatch = self.n_ctx = 512
         self.n_threads = 1
         self.rollback = "kv"
         self.one_row, self.busy, self.sizes_seen = one_row, busy, set()
@@ -409,3 +409,29 @@ def test_a_busy_machine_does_not_make_calibration_retry_for_minutes(stories, tmp
     tries.clear()
     calibrate(_TimedContext(1e-5, 99), t, None, None, token=0)  # type: ignore[arg-type]  # quick: tried again
     assert len(tries) == cal.MEASURE_TRIES
+
+
+def test_micro_batches_of_one_row_time_three_sizes_and_price_the_rest_linearly(stories) -> None:
+    """With n_ubatch 1 a batch is that many one-row decodes: the calibration times 1-3 rows
+    (not up to 17, seconds a pass on a big model) and the curve goes on from their slope."""
+    from fly_cpp.calibrate import TARGET_ROWS, timed_sizes
+
+    assert timed_sizes(TARGET_ROWS, 1) == (1, 2, 3)
+    assert timed_sizes(TARGET_ROWS, 4) == (1, 2, 3, 4, 6, 8)
+    assert timed_sizes(TARGET_ROWS, 512) == TARGET_ROWS
+    m = Model(str(stories))
+    with Context(m, n_ctx=256, n_threads=1, n_ubatch=1) as ctx:
+        curve = measure(ctx, TARGET_ROWS, token=m.bos)
+    assert curve.rows == (1, 2, 3)
+    slope = curve(3) - curve(2)
+    assert curve(8) == pytest.approx(curve(3) + 5 * slope)
+
+
+def test_batch_sizes_past_what_a_calibration_times_share_its_cache_entry(stories, stories_draft) -> None:
+    """A decode of at most LARGEST_TIMED rows runs alike under any larger n_batch or n_ubatch:
+    ``--n-batch 1000000000`` uses the pair's calibration instead of measuring anew."""
+    def key(**changes: int) -> str:
+        return cache_key(ModelSettings(str(stories), **changes), 1, ModelSettings(str(stories_draft)), 1)
+
+    assert key() == key(n_batch=10**9) == key(n_batch=10**9, n_ubatch=4096)
+    assert key(n_ubatch=1) != key() and key(n_batch=16) != key()
