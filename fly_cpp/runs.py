@@ -47,8 +47,11 @@ class Runs:
 
     @classmethod
     def make(cls, request: Request, target: Context, drafting: bool, constrained: bool) -> Runs | None:
-        """Runs for a target-only generation whose choice is the raw argmax, on a context that runs them."""
-        plain = not drafting and _raw_argmax(request, constrained)
+        """Runs for a generation whose choice is the raw argmax, on a context that runs them:
+        all its rounds without a drafter, with one the rounds it leaves to the target alone
+        (``Draft.alone``), where verification is exact (a loosening rule may keep the draft
+        model's own token where the target decoded alone, FLy's ``ask``)."""
+        plain = _raw_argmax(request, constrained) and not (drafting and request.spec.policy().loosens)
         return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
 
     @classmethod
@@ -68,20 +71,23 @@ class Runs:
         token = int(argmax(row[None, :])[0])
         self._emit([token], committed, out)
 
-    def run(self, committed: list[int], out: Output) -> None:
-        """Decode a run after ``committed`` (the target's cache holds all of it but the last
-        token), commit and emit its tokens until the output ends; the cache holds all but the
-        last committed token after."""
+    def run(self, committed: list[int], out: Output, most: int = MAX_RUN) -> float:
+        """Decode a run of at most ``most`` tokens after ``committed`` (the target's cache holds
+        all of it but the last token), commit and emit its tokens until the output ends; the
+        cache holds all but the last committed token after. Returns the seconds decoding the
+        committed tokens took (their share of the run's)."""
         stats = out.stats
         budget = out.max_tokens - stats.n_tokens - len(out.held)
-        n = max(1, min(self.length, budget, self.target.n_ctx - len(committed)))
+        n = max(1, min(self.length, most, budget, self.target.n_ctx - len(committed)))
         t0 = perf_counter()
         tokens = self.target.greedy_run(committed[-1], n, self.stop)
         seconds = perf_counter() - t0
         stats.target_seconds += seconds
         if tokens:
             self.length = max(1, min(MAX_RUN, int(RUN_SECONDS * len(tokens) / max(seconds, 1e-9))))
+        before = len(committed)
         self._emit(tokens, committed, out)
+        return seconds * (len(committed) - before) / max(len(tokens), 1)
 
     def _emit(self, tokens: list[int], committed: list[int], out: Output) -> None:
         stats = out.stats
