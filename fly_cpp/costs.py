@@ -155,8 +155,8 @@ class Costs:
         """Learn from a target decode if it is warm: of the same kind (one row, or a batch) as
         the decode before it; returns whether it was. ``count``: that many one-row decodes in a
         row taking ``seconds`` each (a run's mean, ``fly_cpp.runs``), learned as as many
-        observations: all but the first are warm, and the first one's switch is not told apart
-        (the mean hides it). On a GPU llama.cpp builds the graph anew
+        observations but the first where it is not warm (its switch is not told apart: the
+        mean hides it); returns whether any was warm. On a GPU llama.cpp builds the graph anew
         when the kind changes (and a one-row decode then captures its CUDA graph again): on the
         synthetic costly pair on an H100, batches after runs of one-row decodes took 1.5x their
         calibrated time and steady ones 0.54x; the scales learned from the switches alone, and
@@ -164,13 +164,14 @@ class Costs:
         costs over a warm decode is learned apart (``switch``): on a CPU it is nothing next to a
         1.5B model's decode (under 1%), but it is half a one-row decode of the bundled 260K
         model (0.18 ms after a batch against 0.12 ms after a one-row decode)."""
-        warm = self._batched is (rows > 1) or count > 1
-        switched = self._batched is not None and self._batched is not (rows > 1)
+        first_warm = self._batched is (rows > 1)
+        switched = self._batched is not None and not first_warm
         self._batched = rows > 1
         if switched and count == 1:
             extra = min(max(seconds - self.target(rows), 0.0), SWITCH_MAX * self.target(1))
             self.switch = (1 - SMOOTHING) * self.switch + SMOOTHING * extra
-        if not warm:
+        count -= not first_warm
+        if count <= 0:
             return False
         batch = rows > 1
         self._seen[batch] = True

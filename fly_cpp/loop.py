@@ -97,10 +97,12 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
-            if runs is not None and drafter is not None and draft.alone > 1 and not draft.tokens and not prompt_left:
-                # the drafter leaves the next rounds to the target alone: one run, as target-only
+            # rounds the drafter leaves to the target alone, of those it would be asked about
+            alone = min(draft.alone, room - 1, request.max_tokens - stats.n_tokens - len(out.held) - 1)
+            if runs is not None and drafter is not None and alone > 1 and not draft.tokens and not prompt_left:
+                # decoded as one run, as target-only decodes (the last token's round stays a round)
                 t1, before = perf_counter(), len(committed)
-                decoding = runs.run(committed, out, draft.alone)
+                decoding = runs.run(committed, out, alone)
                 t3 = perf_counter()
                 stats.draft_seconds += t1 - t0
                 drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, t3 - t0, 1, len(committed) - before))
