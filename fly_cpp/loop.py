@@ -16,7 +16,8 @@ the round's own decode, so the round that keeps a mismatch asks the target cache
 back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's copy).
 
 Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
-its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
+its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``), and
+so are the rounds a drafter leaves to the target alone (``Draft.alone``) where verification is exact.
 There, and in speculative generations whose verification is exact, the first token comes from
 the prompt's last row (``Runs.start``), before the first round.
 

@@ -12,9 +12,15 @@ The first token comes from the prompt's own last row (``start``): the prompt is 
 through its last token in one batch, as llama.cpp's tools do, not that token alone in a round.
 
 Only where the target's choice is the raw argmax: greedy, no penalties or logit bias (nor
-ignore_eos), no grammar, no log-probabilities asked, no draft; a context that cannot run
-natively (rpc, recurrent state, several sequences, MTP hidden states, no library) decodes
-token by token as before. The text is the same either way (``tests/test_runs.py``).
+ignore_eos), no grammar, no log-probabilities asked; a context that cannot run natively (rpc,
+recurrent state, several sequences, MTP hidden states, no library) decodes token by token as
+before. The text is the same either way (``tests/test_runs.py``).
+
+With a drafter, where verification is exact, the rounds it leaves to the target alone run too:
+k auto's pacer, when no speculation pays, rests a number of rounds without planning
+(``Pacer.rest``), and its empty draft says how many (``Draft.alone``); the loop decodes them as
+one run and reports them to the drafter as that many rounds (``Report.rounds``). The last
+token's round, which no drafter is asked about, stays a round (``tests/test_alone_runs.py``).
 
 Speculative generations whose verification is exact (spd, fly with loosening off) take their
 first token from the prompt's last row too (``Runs.first``): the target's choice there is the
