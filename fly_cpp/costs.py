@@ -230,8 +230,10 @@ class Costs:
         included: nothing when the last decode was a batch (or a prompt)."""
         return 2 * self.switch if self._batched is False else 0.0
 
-    def observe_host(self, seconds: float) -> None:
-        self.host = max(seconds, 0.0) if self.host == 0 else (1 - SMOOTHING) * self.host + SMOOTHING * max(seconds, 0.0)
+    def observe_host(self, seconds: float, count: int = 1) -> None:
+        """``count`` rounds that each spent ``seconds`` outside the decodes (a run's mean)."""
+        weight = 1 - (1 - SMOOTHING) ** count
+        self.host = max(seconds, 0.0) if self.host == 0 else (1 - weight) * self.host + weight * max(seconds, 0.0)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """A draft decode, learned from when the draft model decoded in the last round too (its

@@ -424,8 +424,8 @@ def test_a_new_generation_starts_cold_even_where_drafting_never_paid():
 def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
     """The rounds a rest leaves to the target alone, decoded as one run (``Draft.alone``,
     ``Report.rounds``): the pacer ends where the same rounds reported one by one leave it (the
-    rest taken, the plans counted, the pace and the one-row cost scale learned as that many
-    rounds of the run's mean length)."""
+    rest taken, the plans counted, the pace, the one-row cost scale and the host time learned as
+    that many rounds of the run's means)."""
     ends = []
     for run in (False, True):
         p = pacer(CPU_Q4)
@@ -435,14 +435,15 @@ def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
         assert draft.tokens == [] and draft.alone == 1 + p.rest > 1  # nothing can pay: a rest
         rounds = draft.alone
         if run:
-            drafter.accept(Report(draft, 0, 0, text + [7] * rounds, 0.0, rounds * 20 * MS, rounds * 20 * MS, 1, rounds))
+            drafter.accept(Report(draft, 0, 0, text + [7] * rounds, 0.0, rounds * 20 * MS, rounds * 21 * MS, 1, rounds))
         else:
-            drafter.accept(Report(draft, 0, 0, text + [7], 0.0, 20 * MS, 20 * MS, 1))
+            drafter.accept(Report(draft, 0, 0, text + [7], 0.0, 20 * MS, 21 * MS, 1))
             for i in range(1, rounds):
                 again = drafter.draft(text + [7] * i, 8)
                 assert again.alone == rounds - i
-                drafter.accept(Report(again, 0, 0, text + [7] * (i + 1), 0.0, 20 * MS, 20 * MS, 1))
-        ends.append((p.rest, dict(p.plans), p.idle, p.pace, p.costs.target_scale))
-    (rest, plans, idle, pace, scale), (rest2, plans2, idle2, pace2, scale2) = ends
+                drafter.accept(Report(again, 0, 0, text + [7] * (i + 1), 0.0, 20 * MS, 21 * MS, 1))
+        ends.append((p.rest, dict(p.plans), p.idle, p.pace, p.costs.target_scale, p.costs.host))
+    (rest, plans, idle, pace, scale, host), (rest2, plans2, idle2, pace2, scale2, host2) = ends
     assert (rest, plans, idle) == (rest2, plans2, idle2) and rest == 0
     assert pace == pytest.approx(pace2) and scale == pytest.approx(scale2) and scale < 1
+    assert host == pytest.approx(host2) and host > 0
