@@ -151,9 +151,12 @@ class Costs:
         the earlier ones were, is expected to spend taking its caches back (0 on KV caches)."""
         return self.rollbacks.round(self.target, self.draft, h, accept) if self.rollbacks is not None else 0.0
 
-    def observe_target(self, rows: int, seconds: float) -> bool:
+    def observe_target(self, rows: int, seconds: float, count: int = 1) -> bool:
         """Learn from a target decode if it is warm: of the same kind (one row, or a batch) as
-        the decode before it; returns whether it was. On a GPU llama.cpp builds the graph anew
+        the decode before it; returns whether it was. ``count``: that many one-row decodes in a
+        row taking ``seconds`` each (a run's mean, ``fly_cpp.runs``), learned as as many
+        observations but the first where it is not warm (its switch is not told apart: the
+        mean hides it); returns whether any was warm. On a GPU llama.cpp builds the graph anew
         when the kind changes (and a one-row decode then captures its CUDA graph again): on the
         synthetic costly pair on an H100, batches after runs of one-row decodes took 1.5x their
         calibrated time and steady ones 0.54x; the scales learned from the switches alone, and
@@ -161,23 +164,25 @@ class Costs:
         costs over a warm decode is learned apart (``switch``): on a CPU it is nothing next to a
         1.5B model's decode (under 1%), but it is half a one-row decode of the bundled 260K
         model (0.18 ms after a batch against 0.12 ms after a one-row decode)."""
-        warm = self._batched is (rows > 1)
-        switched = self._batched is not None and not warm
+        first_warm = self._batched is (rows > 1)
+        switched = self._batched is not None and not first_warm
         self._batched = rows > 1
-        if switched:
+        if switched and count == 1:
             extra = min(max(seconds - self.target(rows), 0.0), SWITCH_MAX * self.target(1))
             self.switch = (1 - SMOOTHING) * self.switch + SMOOTHING * extra
-        if not warm:
+        count -= not first_warm
+        if count <= 0:
             return False
         batch = rows > 1
         self._seen[batch] = True
         ratio = seconds / self.target_curve(rows, self.depth)
-        if self._check(batch, ratio):
-            pass
-        elif batch:
-            self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
-        else:
-            self.target_scale = _blend(self.target_scale, ratio)
+        for _ in range(count):
+            if self._check(batch, ratio):
+                pass
+            elif batch:
+                self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
+            else:
+                self.target_scale = _blend(self.target_scale, ratio)
         if batch and not self._seen[False]:
             # until a one-row decode is seen it follows the batches, as they follow it: a run
             # that drafted every round found batches 1.63x their cached curve (the machine ran
@@ -225,8 +230,10 @@ class Costs:
         included: nothing when the last decode was a batch (or a prompt)."""
         return 2 * self.switch if self._batched is False else 0.0
 
-    def observe_host(self, seconds: float) -> None:
-        self.host = max(seconds, 0.0) if self.host == 0 else (1 - SMOOTHING) * self.host + SMOOTHING * max(seconds, 0.0)
+    def observe_host(self, seconds: float, count: int = 1) -> None:
+        """``count`` rounds that each spent ``seconds`` outside the decodes (a run's mean)."""
+        weight = 1 - (1 - SMOOTHING) ** count
+        self.host = max(seconds, 0.0) if self.host == 0 else (1 - weight) * self.host + weight * max(seconds, 0.0)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """A draft decode, learned from when the draft model decoded in the last round too (its

@@ -31,11 +31,15 @@ from fly_cpp.sampling import NO_BIAS, LogitBias
 class Draft:
     """One round's proposal. ``confidences``: the draft model's top probability at each token
     (None for an n-gram guess no model step checked). ``by_model``: every token is the draft
-    model's own greedy choice where it stands, which is what FLy may keep on a mismatch."""
+    model's own greedy choice where it stands, which is what FLy may keep on a mismatch.
+    ``alone``: with no tokens, the rounds (this one included) the drafter has decided to leave
+    to the target alone without being asked again (k auto's rest, ``Pacer.rest``): the loop may
+    decode them as one run (``fly_cpp.runs``) and report them together (``Report.rounds``)."""
 
     tokens: list[int] = field(default_factory=list)
     confidences: list[float | None] = field(default_factory=list)
     by_model: bool = False
+    alone: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -52,7 +56,8 @@ class Report:
     ``kept``: of those, the ones it kept (0 when the round refuted an open window);
     ``committed``: the whole text after the round; ``decoded_rows``: rows the target decoded
     (``verified + 1``, more in a padded batch); seconds: drafting, the target's decode, the
-    whole round."""
+    whole round. ``rounds``: more than 1 for a run of the rounds a draft left to the target
+    alone (``Draft.alone``), one token each: then ``target_seconds`` is all their decodes."""
 
     draft: Draft
     verified: int
@@ -62,11 +67,13 @@ class Report:
     target_seconds: float
     round_seconds: float
     decoded_rows: int
+    rounds: int = 1
 
     @property
     def emitted(self) -> int:
-        """Tokens the round committed: the kept drafts and the target's own token."""
-        return self.kept + 1
+        """Tokens the round committed: the kept drafts and the target's own token (one per
+        round of a run)."""
+        return self.kept + self.rounds
 
 
 class Drafter(Protocol):

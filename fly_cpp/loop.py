@@ -16,7 +16,8 @@ the round's own decode, so the round that keeps a mismatch asks the target cache
 back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's copy).
 
 Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
-its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``).
+its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``), and
+so are the rounds a drafter leaves to the target alone (``Draft.alone``) where verification is exact.
 There, and in speculative generations whose verification is exact, the first token comes from
 the prompt's last row (``Runs.start``), before the first round.
 
@@ -86,7 +87,7 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                     break
                 room = target.n_ctx - len(committed)
             assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
-            if runs is not None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
+            if runs is not None and drafter is None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
                 runs.run(committed, out)
                 t3 = perf_counter()
                 yield from out.take()
@@ -97,6 +98,18 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
                         max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
             t0 = perf_counter()
             draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
+            # rounds the drafter leaves to the target alone, of those it would be asked about
+            alone = min(draft.alone, room - 1, request.max_tokens - stats.n_tokens - len(out.held) - 1)
+            if runs is not None and drafter is not None and alone > 1 and not draft.tokens and not prompt_left:
+                # decoded as one run, as target-only decodes (the last token's round stays a round)
+                t1, before = perf_counter(), len(committed)
+                decoding = runs.run(committed, out, alone)
+                t3 = perf_counter()
+                stats.draft_seconds += t1 - t0
+                drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, t3 - t0, 1, len(committed) - before))
+                yield from out.take()
+                paused += perf_counter() - t3
+                continue
             drafted = verify.usable(committed, draft.tokens)
             if len(drafted) < min(spec.n_min, limit) and window.pending is None:
                 drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone

@@ -82,7 +82,7 @@ class PacedDrafter:
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
             self.confidences = list(found.confidences)
             return found
-        return Draft()
+        return Draft(alone=1 + self.pacer.rest if self.kind == "target" else 0)
 
     def _paced(self, drafter: ModelDrafter | MtpDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
         """The draft model's tokens, step by step while one more is worth its cost (and while
@@ -160,14 +160,24 @@ class PacedDrafter:
     def accept(self, report: Report) -> None:
         """A round: its target decode teaches the costs by the rows decoded (more than verified
         where the batch was padded, ``fly_cpp.shape``; not under load), and the drafts verified
-        teach acceptance."""
-        costs, warm = self.pacer.costs, False
+        teach acceptance. A run of the rounds left to the target alone (``Report.rounds``)
+        takes them from the pacer's rest and teaches the cost of a one-row decode and the host
+        time of a round as that many rounds of its means would (at its middle depth): were the
+        rounds planned in between the only ones to teach host time, theirs (a verification, the
+        pacer's bookkeeping) would price the target alone as a Python round, not a run's token,
+        and drafting would look cheaper next to it than it is."""
+        costs, warm, rounds = self.pacer.costs, False, report.rounds
+        committed = report.committed
+        written = committed if rounds == 1 else committed[: len(committed) - rounds + 1]  # the planned round's text
+        if rounds > 1:
+            self.pacer.ran(rounds - 1)
+            costs.at(len(written) - 1 + rounds // 2)
         if self.pacer.sharing == 1:  # a shared decode's timings are the others' too: nothing to learn from them
-            warm = costs.observe_target(report.decoded_rows, report.target_seconds)
+            warm = costs.observe_target(report.decoded_rows, report.target_seconds / rounds, rounds)
             costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
-            costs.observe_host(report.round_seconds - report.draft_seconds - report.target_seconds)
+            costs.observe_host((report.round_seconds - report.draft_seconds - report.target_seconds) / rounds, rounds)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
-        self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm)
-        self._learn_left_out(report.committed)
-        self._learn_guess(report.committed)
+        self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm, rounds)
+        self._learn_left_out(written)
+        self._learn_guess(written)
         self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone

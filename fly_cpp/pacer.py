@@ -202,11 +202,18 @@ class Pacer:
         if confidence is not None:
             self.evidence.firsts.add(bin_of(confidence))
 
+    def ran(self, rounds: int) -> None:
+        """``rounds`` more rounds of the rest were decoded with the target alone in one run,
+        without a plan asked for each (``Draft.alone``): as if ``plan`` had chosen them."""
+        self.rest = max(self.rest - rounds, 0)
+        self.plans["target"] += rounds
+
     def observe(self, kind: str, confidences: Sequence[float | None], kept: int, emitted: int,
-                seconds: float, warm: bool = True) -> None:
+                seconds: float, warm: bool = True, rounds: int = 1) -> None:
         """A verified round: how many drafted tokens were kept, how many tokens it emitted, how
         long it took (drafting and verifying), and whether it was warm (its target decode of
-        the same kind as the round before's, ``Costs.observe_target``). Only warm rounds say
+        the same kind as the round before's, ``Costs.observe_target``); ``rounds``: a run of
+        that many rounds of the target alone, one token each, all in ``seconds``. Only warm rounds say
         whether drafting pays: the first drafting round after plain ones pays for switching
         (on a GPU a single one lost to the target alone where drafting every round won 1.5x,
         and the record of such rounds kept drafting off for good). So an exploration drafts
@@ -228,8 +235,8 @@ class Pacer:
         elif kind == "ngram":
             self.guesses.observe(confidences, kept, self.matched)
         if seconds > 0:
-            rate = emitted / seconds
-            self.pace = rate if self.pace == 0 else ema(self.pace, rate, PACE)
+            rate = emitted / seconds  # each of a run's rounds as one round of its mean length
+            self.pace = rate if self.pace == 0 else ema(self.pace, rate, 1 - (1 - PACE) ** rounds)
 
     def as_dict(self) -> dict[str, object]:
         return {"plans": dict(self.plans), "acceptance": round(self.model.mean(), 3),

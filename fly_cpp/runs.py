@@ -12,9 +12,15 @@ The first token comes from the prompt's own last row (``start``): the prompt is 
 through its last token in one batch, as llama.cpp's tools do, not that token alone in a round.
 
 Only where the target's choice is the raw argmax: greedy, no penalties or logit bias (nor
-ignore_eos), no grammar, no log-probabilities asked, no draft; a context that cannot run
-natively (rpc, recurrent state, several sequences, MTP hidden states, no library) decodes
-token by token as before. The text is the same either way (``tests/test_runs.py``).
+ignore_eos), no grammar, no log-probabilities asked; a context that cannot run natively (rpc,
+recurrent state, several sequences, MTP hidden states, no library) decodes token by token as
+before. The text is the same either way (``tests/test_runs.py``).
+
+With a drafter, where verification is exact, the rounds it leaves to the target alone run too:
+k auto's pacer, when no speculation pays, rests a number of rounds without planning
+(``Pacer.rest``), and its empty draft says how many (``Draft.alone``); the loop decodes them as
+one run and reports them to the drafter as that many rounds (``Report.rounds``). The last
+token's round, which no drafter is asked about, stays a round (``tests/test_alone_runs.py``).
 
 Speculative generations whose verification is exact (spd, fly with loosening off) take their
 first token from the prompt's last row too (``Runs.first``): the target's choice there is the
@@ -47,8 +53,11 @@ class Runs:
 
     @classmethod
     def make(cls, request: Request, target: Context, drafting: bool, constrained: bool) -> Runs | None:
-        """Runs for a target-only generation whose choice is the raw argmax, on a context that runs them."""
-        plain = not drafting and _raw_argmax(request, constrained)
+        """Runs for a generation whose choice is the raw argmax, on a context that runs them:
+        all its rounds without a drafter, with one the rounds it leaves to the target alone
+        (``Draft.alone``), where verification is exact (a loosening rule may keep the draft
+        model's own token where the target decoded alone, FLy's ``ask``)."""
+        plain = _raw_argmax(request, constrained) and not (drafting and request.spec.policy().loosens)
         return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
 
     @classmethod
@@ -68,20 +77,23 @@ class Runs:
         token = int(argmax(row[None, :])[0])
         self._emit([token], committed, out)
 
-    def run(self, committed: list[int], out: Output) -> None:
-        """Decode a run after ``committed`` (the target's cache holds all of it but the last
-        token), commit and emit its tokens until the output ends; the cache holds all but the
-        last committed token after."""
+    def run(self, committed: list[int], out: Output, most: int = MAX_RUN) -> float:
+        """Decode a run of at most ``most`` tokens after ``committed`` (the target's cache holds
+        all of it but the last token), commit and emit its tokens until the output ends; the
+        cache holds all but the last committed token after. Returns the seconds decoding the
+        committed tokens took (their share of the run's)."""
         stats = out.stats
         budget = out.max_tokens - stats.n_tokens - len(out.held)
-        n = max(1, min(self.length, budget, self.target.n_ctx - len(committed)))
+        n = max(1, min(self.length, most, budget, self.target.n_ctx - len(committed)))
         t0 = perf_counter()
         tokens = self.target.greedy_run(committed[-1], n, self.stop)
         seconds = perf_counter() - t0
         stats.target_seconds += seconds
         if tokens:
             self.length = max(1, min(MAX_RUN, int(RUN_SECONDS * len(tokens) / max(seconds, 1e-9))))
+        before = len(committed)
         self._emit(tokens, committed, out)
+        return seconds * (len(committed) - before) / max(len(tokens), 1)
 
     def _emit(self, tokens: list[int], committed: list[int], out: Output) -> None:
         stats = out.stats

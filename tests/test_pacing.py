@@ -298,7 +298,7 @@ def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
     drafter.kind, drafter.confidences = "draft", [0.95, 0.95, 0.35, 0.35]  # the last two left out of the batch
     seen, widths = p.model.trials[:], []
-    p.costs.observe_target = lambda rows, seconds: widths.append(rows) or True
+    p.costs.observe_target = lambda rows, seconds, count=1: widths.append(rows) or True
     drafter.accept(Report(Draft([5, 6]), 2, 2, [1, 2, 5, 6, 7], 0.01, 0.05, 0.07, 7))  # 2 drafts verified in a batch padded to 7 rows: both kept
     assert widths == [7]
     assert p.model.trials[3] == seen[3]  # nothing learned at the left-out tokens' confidence
@@ -419,3 +419,31 @@ def test_a_new_generation_starts_cold_even_where_drafting_never_paid():
     assert p.costs.observe_target(4, 3 * MS) is False and p.costs.observe_target(4, 3 * MS)
     p.begin()  # the prompt's decode came between: the next batch is not warm
     assert p.evidence.drafted_long.sums == [1.0, 100.0, 40.0] and p.costs.observe_target(4, 3 * MS) is False
+
+
+def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
+    """The rounds a rest leaves to the target alone, decoded as one run (``Draft.alone``,
+    ``Report.rounds``): the pacer ends where the same rounds reported one by one leave it (the
+    rest taken, the plans counted, the pace, the one-row cost scale and the host time learned as
+    that many rounds of the run's means)."""
+    ends = []
+    for run in (False, True):
+        p = pacer(CPU_Q4)
+        drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
+        text = list(range(100, 140))
+        draft = drafter.draft(text, 8)
+        assert draft.tokens == [] and draft.alone == 1 + p.rest > 1  # nothing can pay: a rest
+        rounds = draft.alone
+        if run:
+            drafter.accept(Report(draft, 0, 0, text + [7] * rounds, 0.0, rounds * 20 * MS, rounds * 21 * MS, 1, rounds))
+        else:
+            drafter.accept(Report(draft, 0, 0, text + [7], 0.0, 20 * MS, 21 * MS, 1))
+            for i in range(1, rounds):
+                again = drafter.draft(text + [7] * i, 8)
+                assert again.alone == rounds - i
+                drafter.accept(Report(again, 0, 0, text + [7] * (i + 1), 0.0, 20 * MS, 21 * MS, 1))
+        ends.append((p.rest, dict(p.plans), p.idle, p.pace, p.costs.target_scale, p.costs.host))
+    (rest, plans, idle, pace, scale, host), (rest2, plans2, idle2, pace2, scale2, host2) = ends
+    assert (rest, plans, idle) == (rest2, plans2, idle2) and rest == 0
+    assert pace == pytest.approx(pace2) and scale == pytest.approx(scale2) and scale < 1
+    assert host == pytest.approx(host2) and host > 0
