@@ -524,7 +524,9 @@ class Engine:
             self._costs.recached(store_live(self.cost_key(), self._costs, self.target_settings, self.draft_settings,
                                             head=self.mtp_ctx is not None and self.draft_ctx is None))
         stats.pacing = pacer.as_dict()
-        recall.store(self._records[id(pacer)], pacer.evidence)  # the next process starts from here
+        record = self._records.get(id(pacer))  # None: a caller's own paced drafter, learning for itself
+        if record is not None:
+            recall.store(record, pacer.evidence)  # the next process starts from here
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

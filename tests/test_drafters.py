@@ -111,3 +111,19 @@ def test_guesses_pay_alone_where_the_draft_model_cannot(model):
             kinds.append(drafter.last_kind)
     assert "draft" not in kinds and "ngram" in kinds
     assert set(pacer.guesses.trials) == {4}
+
+
+def test_a_callers_own_paced_drafter_runs_in_a_generation(stories, stories_draft):
+    """A PacedDrafter made by the caller (its own pacer, not the engine's) drafts a generation
+    and leaves its pacing in the stats; it learns for itself, so nothing is stored for the
+    next process."""
+    from fly_cpp import Engine, ModelSettings
+
+    spec = SpecSettings(mode="spd")
+    with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
+        costs = Costs(Curve((1, 2, 4, 8), (1e-3, 1.1e-3, 1.3e-3, 1.8e-3)), Curve((1, 2, 4), (1e-4, 1.2e-4, 1.5e-4)))
+        own = PacedDrafter(NgramDrafter(spec), Pacer(lambda: costs, k_max=16), 4, 6, use_ngram=True)
+        alone = engine.generate("Once upon a time", spec=SpecSettings(mode="target"), max_tokens=24).run()
+        gen = engine.generate("Once upon a time", spec=spec, max_tokens=24, drafter=own).run()
+    assert gen.tokens == alone.tokens
+    assert gen.stats.pacing is not None and sum(gen.stats.pacing["plans"].values()) > 0
