@@ -144,7 +144,9 @@ class Evidence:
         self.guesses = Guesses(0.3)  # n-gram guesses kept, by the length of their match
         self.agree = Acceptance(0.5)  # the draft model's agreement with the guesses it checks
         self.firsts = Histogram(BINS, PROBE_MEMORY)  # first drafted tokens of rounds, by confidence bin
-        self.drafted_long = Tally(3, PAIR_MEMORY)  # drafting rounds over a long run: tokens, seconds, rounds
+        # drafting rounds over a long run: the seconds the target alone would have taken for
+        # their tokens, their own seconds, rounds (``Pacer._beat_alone``)
+        self.drafted_long = Tally(3, PAIR_MEMORY)
 
     def guess_checked(self, found: Sequence[int], checked: int, agree: int, own_next: int) -> None:
         """A draft step checked the first ``checked`` tokens of the n-gram guess ``found`` and
@@ -165,7 +167,7 @@ class Evidence:
     def as_dict(self) -> dict[str, Any]:
         """Everything learned, as plain numbers (``load`` takes it back)."""
         return {"model": self.model.state(), "guesses": self.guesses.state(), "agree": self.agree.state(),
-                "firsts": list(self.firsts.counts), "drafted_long": list(self.drafted_long.sums)}
+                "firsts": list(self.firsts.counts), "drafted_vs_alone": list(self.drafted_long.sums)}
 
     def load(self, state: dict[str, Any]) -> None:
         """Take back what ``as_dict`` gave (a malformed record raises ValueError, KeyError or TypeError)."""
@@ -173,6 +175,8 @@ class Evidence:
         self.guesses.load(state["guesses"])
         self.agree.load(state["agree"])
         self.firsts.counts = [float(x) for x in state["firsts"]][:BINS]
-        self.drafted_long.sums = [float(x) for x in state["drafted_long"]][:3]
+        # absent in records kept before 2026-11-27 ("drafted_long": tokens, not the target's
+        # seconds for them): that record starts over, the rest is kept
+        self.drafted_long.sums = [float(x) for x in state.get("drafted_vs_alone", (0.0, 0.0, 0.0))][:3]
         if len(self.firsts.counts) != BINS or len(self.drafted_long.sums) != 3:
             raise ValueError("malformed evidence")

@@ -138,6 +138,22 @@ def test_the_draft_model_catches_up_after_a_run(pair, runs):
     assert got.tokens == e.generate(PROMPTS[1], spec=SpecSettings(mode="target"), max_tokens=120).run().tokens
 
 
+def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
+    """A pair where drafting lost to the target alone over a long run rests: its draft model's
+    cache is not brought to the prompt before the rounds (work for nothing, and on a small CPU
+    it evicts the target from the caches); where drafting pays it is."""
+    e = pair
+    fresh_pacer(e, PAYS)
+    pacer = e.drafter(SPD).pacer  # type: ignore[attr-defined]
+    pacer.evidence.drafted_long.sums = [1.0, 100.0, 40.0]
+    pacer.rest = 10_000
+    got = e.generate(PROMPTS[1], spec=SPD, max_tokens=40, cache_prompt=False).run()
+    assert got.stats.n_drafted == 0 and len(e.draft_ctx.tokens) == 0
+    pacer.evidence.drafted_long.sums = [100.0, 1.0, 40.0]
+    e.generate(PROMPTS[1], spec=SPD, max_tokens=40, cache_prompt=False).run()
+    assert len(e.draft_ctx.tokens) >= len(e.target_model.tokenize(PROMPTS[1])) - 1
+
+
 def test_a_loosening_fly_keeps_its_rounds(pair, runs):
     """FLy's rule may keep the draft model's own token where the target decoded alone: no runs."""
     spec = SpecSettings(mode="fly", loosen="on", ngram=False)
