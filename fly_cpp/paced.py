@@ -45,12 +45,16 @@ class PacedDrafter:
 
     def begin(self, prompt: Sequence[int]) -> None:
         """The draft model's cache brought to the prompt before the rounds, unless drafting
-        has lost to the target alone over a long run on this pair: the rounds then rest, and the
-        draft catches up in the first one that drafts. Where no round drafts, that prefill was
-        work for nothing, and it evicted the target's weights from the CPU's caches for the
-        first decodes (the kit's ``fast`` pair, a 29 MB target beside a 32 MB L3: k auto resting
-        throughout ran 0.974x the target alone with the prefill, 0.998x without)."""
-        if not self.pacer.lost_long():
+        has lost to the target alone over a long run on this pair and verification is exact:
+        the rounds then rest, and the draft catches up in the first one that drafts. Where no
+        round drafts, that prefill was work for nothing, and it evicted the target's weights
+        from the CPU's caches for the first decodes (the kit's ``fast`` pair, a 29 MB target
+        beside a 32 MB L3: k auto resting throughout ran 0.974x the target alone with the
+        prefill, 0.998x without). A loosening rule asks the draft model for its token wherever
+        the target was unsure, drafting or not, so there the draft needs the prompt anyway
+        (caught up inside the first ask it cost the Q4_K_M pair a third of its speed)."""
+        loosens = self.model is not None and self.model.spec.policy().loosens
+        if loosens or not self.pacer.lost_long():
             self.inner.begin(prompt)
 
     def candidate(self, committed: Sequence[int]) -> int | None:

@@ -149,9 +149,16 @@ def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
     pacer.rest = 10_000
     got = e.generate(PROMPTS[1], spec=SPD, max_tokens=40, cache_prompt=False).run()
     assert got.stats.n_drafted == 0 and len(e.draft_ctx.tokens) == 0
+    prompt = len(e.target_model.tokenize(PROMPTS[1])) - 1
     pacer.evidence.drafted_long.sums = [100.0, 1.0, 40.0]
     e.generate(PROMPTS[1], spec=SPD, max_tokens=40, cache_prompt=False).run()
-    assert len(e.draft_ctx.tokens) >= len(e.target_model.tokenize(PROMPTS[1])) - 1
+    assert len(e.draft_ctx.tokens) >= prompt
+    # a loosening rule asks the draft model for its token where the target was unsure: it needs the prompt
+    loose = SpecSettings(mode="fly", loosen="on")
+    fly = e.drafter(loose).pacer  # type: ignore[attr-defined]
+    fly.evidence.drafted_long.sums, fly.rest = [1.0, 100.0, 40.0], 10_000
+    e.generate(PROMPTS[1], spec=loose, max_tokens=1, cache_prompt=False).run()
+    assert len(e.draft_ctx.tokens) >= prompt
 
 
 def test_a_loosening_fly_keeps_its_rounds(pair, runs):
