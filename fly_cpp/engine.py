@@ -348,14 +348,14 @@ class Engine:
         slots draft only what windows need, so FLy would ask the draft model at nearly every
         unsure position, a draft decode beside every shared target decode: on the F16 pair at
         -np 4 fly ran at half spd's throughput) (``worth.loosening_pays``): the draft model's
-        size, or the share of the target a step of its MTP head touches (``worth.head_params``);
+        bytes beside the target's, or the share of the target a step of its MTP head touches (``worth.head_params``);
         n-gram lookup alone never asks for a model's token, so nothing to weigh there."""
         m = self.target_model
         if self.draft_ctx is not None:
-            return worth.loosening_pays(self.draft_ctx.model.n_params, m.n_params, m.size_bytes)
+            return worth.loosening_pays(self.draft_ctx.model.size_bytes / max(m.size_bytes, 1), m.size_bytes)
         if self.mtp_ctx is not None:
-            return worth.loosening_pays(worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn),
-                                        m.n_params, m.size_bytes)
+            head = worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn)
+            return worth.loosening_pays(head / max(m.n_params, 1), m.size_bytes)
         return True
 
     def on_gpu(self) -> bool:

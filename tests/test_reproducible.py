@@ -109,7 +109,10 @@ def test_k_auto_matches_exactly_where_asking_the_draft_costs_a_decode(pair):
     assert pair.generate(PROMPTS[0], spec=SpecSettings(k=4), max_tokens=8).request.spec.loosen == "auto"
 
 
-def test_loosening_pays_with_a_draft_under_half_the_target():
+def test_loosening_pays_where_an_ask_reads_a_small_share_of_a_decode():
     from fly_cpp.worth import loosening_pays
-    assert loosening_pays(500_000_000, 1_500_000_000, 3_000_000_000) and not loosening_pays(800, 1_000, 3_000_000_000)
-    assert not loosening_pays(2_000_000, 15_000_000, 30_000_000)  # a target whose decode is its overheads
+    gib = 1 << 30
+    assert loosening_pays(0.49 / 3.1, int(3.1 * gib))  # the 0.5B Q4_K_M draft beside the 1.5B F16 target
+    assert not loosening_pays(0.49 / 1.1, int(1.1 * gib))  # ... beside the 1.5B Q4_K_M target
+    assert not loosening_pays(0.8, 3 * gib)  # a quantized copy of the target
+    assert not loosening_pays(0.1, 30_000_000)  # a target whose decode is its overheads
