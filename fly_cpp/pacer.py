@@ -176,8 +176,11 @@ class Pacer:
         """Have the rounds that drafted with the draft model lately been slower, all told, than
         the target alone? Plans are made from models (of acceptance, of what follows a sure
         first token) that can be wrong in ways they cannot see themselves; what the rounds
-        realized cannot. Then only explorations draft, less and less often while they lose too."""
-        return self._beat_alone(self.drafted.sums) is False
+        realized cannot. Then only explorations draft, less and less often while they lose too.
+        Until the recent rounds are enough to say (a fresh process), the pair's long run says:
+        where drafting lost there, a new process does not plan drafts again to learn it anew."""
+        recent = self._beat_alone(self.drafted.sums)
+        return recent is False or (recent is None and self.lost_long())
 
     def _beat_alone(self, record: Sequence[float], seen: float = DRAFTED_SEEN) -> bool | None:
         """Did the drafting rounds of ``record`` (decayed sums of the seconds the target alone

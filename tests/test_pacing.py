@@ -463,3 +463,15 @@ def test_drafting_rounds_are_weighed_against_the_target_at_their_own_depth():
     p.costs.at(400)
     assert rate > 2 * p.alone()  # weighed at this depth they would have won
     assert p.drafts_lose() and p.lost_long()
+
+
+def test_a_fresh_process_does_not_plan_drafts_where_drafting_lost_over_the_long_run():
+    """Before its own drafting rounds can say, a new process takes the pair's long run: where
+    drafting lost there, only explorations draft; where it paid, the models plan as before."""
+    lost = pacer(CPU_F16)
+    lost.evidence.drafted_long.sums = [1.0, 100.0, 40.0]
+    paid = pacer(CPU_F16)
+    paid.evidence.drafted_long.sums = [100.0, 1.0, 40.0]
+    assert lost.drafts_lose() and not paid.drafts_lose()
+    lost.drafted.sums = [100.0, 1.0, 10.0]  # its own rounds paid lately: they say
+    assert not lost.drafts_lose()
