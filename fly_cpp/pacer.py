@@ -242,9 +242,9 @@ class Pacer:
                 alone = emitted / self.alone()
                 self.drafted.add(alone, seconds, 1.0)
                 self.evidence.drafted_long.add(alone, seconds, 1.0)
-        if kind == "explore" and warm:  # a try that beat the target alone makes the next one come soon, another one later
-            fruitful = 2 * kept >= len(confidences) and emitted > seconds * self.alone()
-            self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
+                if kind == "explore":  # a try that beat the target alone makes the next one come soon, another one later
+                    fruitful = 2 * kept >= len(confidences) and alone > seconds
+                    self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
         elif kind == "ngram":
             self.guesses.observe(confidences, kept, self.matched)
         if seconds > 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fly_cpp import Engine, ModelSettings
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
@@ -117,8 +118,6 @@ def test_a_callers_own_paced_drafter_runs_in_a_generation(stories, stories_draft
     """A PacedDrafter made by the caller (its own pacer, not the engine's) drafts a generation
     and leaves its pacing in the stats; it learns for itself, so nothing is stored for the
     next process."""
-    from fly_cpp import Engine, ModelSettings
-
     spec = SpecSettings(mode="spd")
     with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
         costs = Costs(Curve((1, 2, 4, 8), (1e-3, 1.1e-3, 1.3e-3, 1.8e-3)), Curve((1, 2, 4), (1e-4, 1.2e-4, 1.5e-4)))
