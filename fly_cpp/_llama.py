@@ -18,7 +18,7 @@ import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -1292,6 +1292,7 @@ class _Batcher:
         self.last: set[int] = set()  # the sequences of the last decode
         self.took = 0.0  # and how long it took
         self.gather_until: float | None = None
+        self.held: dict[int, bool] = {}  # sequences said to come (``expect``): whether for every decode until released
 
     def decode(self, job: _Job) -> np.ndarray | None:
         with self.cond:
@@ -1310,6 +1311,9 @@ class _Batcher:
                         take.append(j)
                         room -= len(j.tokens)
                 self.waiting = [j for j in self.waiting if j not in take]
+                for j in take:
+                    if self.held.get(j.seq) is False:
+                        del self.held[j.seq]  # held for one decode: this one
                 self.busy = True
                 self.cond.release()
                 try:
@@ -1323,23 +1327,44 @@ class _Batcher:
         return job.rows
 
     def _gather(self) -> float:
-        """How much longer to hold the next decode for the sequences of the last one that have
-        not asked yet (each slot's host work between its decodes is short beside a decode):
-        slots then share every decode in step, as llama-server's do, instead of alternating
-        half batches. At most a quarter of the last decode's time (and 20 ms) in all; a
-        sequence that has ended costs that once."""
-        missing = self.last - {j.seq for j in self.waiting}
+        """How much longer to hold the next decode. For the sequences said to come
+        (``expect``), until each has asked (at most ``HOLD`` seconds: a safety net, not a
+        pace). Else for the sequences of the last one that have not asked yet (each slot's
+        host work between its decodes is short beside a decode): slots then share every decode
+        in step, as llama-server's do, instead of alternating half batches; at most a quarter
+        of the last decode's time (and 20 ms) in all, so a sequence that has ended costs that
+        once."""
+        present = {j.seq for j in self.waiting}
+        missing = set(self.held) - present if self.held else self.last - present
         if not missing:
             self.gather_until = None
             return 0.0
         now = perf_counter()
         if self.gather_until is None:
-            self.gather_until = now + min(self.took / 4, 0.02)
+            self.gather_until = now + (self.HOLD if self.held else min(self.took / 4, 0.02))
         left = self.gather_until - now
         if left <= 0:
             self.gather_until = None
             self.last -= missing  # gone: not waited for again
+            for seq in missing:
+                self.held.pop(seq, None)
         return max(left, 0.0)
+
+    HOLD = 1.0
+
+    def expect(self, seqs: Iterable[int], *, every: bool) -> None:
+        """Hold the next decode until each of ``seqs`` has asked for one (a round's slots,
+        ``fly_cpp.batchloop.Rounds``); ``every``: each decode after it too, until ``release``."""
+        with self.cond:
+            for seq in seqs:
+                self.held[seq] = every or self.held.get(seq, False)
+            self.cond.notify_all()
+
+    def release(self, seq: int) -> None:
+        """``seq`` asks for no more decodes of the round it was expected in."""
+        with self.cond:
+            if self.held.pop(seq, None) is not None:
+                self.cond.notify_all()
 
     def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` on the context between decodes (a sequence's ``_call``)."""

@@ -11,12 +11,15 @@ so none waits for another's round. A new request's
 prompt goes in n_batch chunks, each one shared decode, so the other slots' rounds go on between
 them.
 
-Drafting under load (``Throttled``): while more than one slot is active, rounds draft only
-what an open cross-round window needs to be judged; alone, a slot drafts as it always does.
-Pricing a round as the slots run it, in step (each slot's draft steps and rows in shared
-decodes), was measured on the F16 pair with chat prompts and gained nothing over this rule
-(docs/slots.md). k auto learns nothing about costs from shared decodes
-(``Pacer.sharing``): their timings are every slot's.
+Drafting under load (``Throttled``): while more than one slot is active, the slots' rounds
+draft together (``Rounds``), as llama-server's slots do: the slots that come to draft form a
+round, each drafts up to its k (with k auto ``SpecSettings.k_slots``) with every step of every
+slot in one draft-model decode, and their verification rows then go in one target decode. Each
+slot keeps and rolls back its own sequence, as alone. Drafting alone, slot by slot, fell out
+of step under load: each slot's draft steps were decodes of their own and the target's batches
+shrank to 1.4-1.6 slots (docs/slots.md). With ``k_slots`` 0 (or a drafter without a draft
+model) rounds under load draft only what an open cross-round window needs. k auto learns
+nothing from shared decodes (``Pacer.sharing``): their timings are every slot's.
 """
 
 from __future__ import annotations
@@ -24,9 +27,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from time import perf_counter
 
+from fly_cpp import worth
 from fly_cpp._llama import Context, Seq, common_prefix
+from fly_cpp.draft_model import ModelDrafter
 from fly_cpp.drafters import Draft, Drafter, Report, shift_drafter
+from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 
 
@@ -39,6 +46,7 @@ class Slots:
         self.drafts: list[Seq] | None = [draft.seq(i) for i in range(n)] if draft is not None else None
         self.busy = [False] * n
         self._count = threading.Condition()
+        self.rounds = Rounds(self) if draft is not None else None
 
     @contextmanager
     def take(self, slot: int | None, prompt: Sequence[int] = ()) -> Iterator[int]:
@@ -71,28 +79,116 @@ class Slots:
                 self._count.wait()
 
 
-class Throttled:
-    """A slot's drafter: while other slots are active, cut to what an open window needs (and k
-    auto's pacer, ``pacer``, told that its rounds share their decodes)."""
+class Rounds:
+    """The slots' rounds drafted together. A slot that comes to draft waits until the round
+    forms: every slot of the last round that still generates has come (each slot's host work
+    after the shared verification is short beside a decode), or ``WAIT`` has passed. The round's
+    slots then hold the draft context's decodes for one another at every step until each is
+    done drafting (``_Batcher.expect``), and the target's next decode until each has sent its
+    rows, so that every decode of the round is one for all of them."""
 
-    def __init__(self, inner: Drafter, slots: Slots, pacer: Pacer | None) -> None:
-        self.inner, self.slots, self.pacer = inner, slots, pacer
+    WAIT = 0.05  # seconds a round waits for a slot of the last one (it ended, or its reader is slow)
+
+    def __init__(self, slots: Slots) -> None:
+        assert slots.drafts is not None
+        self.slots = slots
+        self.target, self.draft = slots.targets[0].shared, slots.drafts[0].shared
+        self.cond = threading.Condition()
+        self.come: set[int] = set()  # slots waiting for this round to form
+        self.members: set[int] = set()  # the last round's slots
+        self.formed = 0  # rounds formed so far
+        self.until: float | None = None
+        self.threads: dict[int, int] = {}  # the thread each slot last drafted in
+
+    @contextmanager
+    def join(self, slot: int) -> Iterator[None]:
+        """Draft in the next round (inside the block); the block's end says this slot drafts no more."""
+        me = threading.get_ident()
+        with self.cond:
+            self.come.add(slot)
+            self.threads[slot] = me
+            self.cond.notify_all()
+            mine = self.formed
+            while self.formed == mine:
+                # a slot whose generation this thread also runs cannot come while it waits
+                awaited = {s for s in self.members if self.slots.busy[s] and self.threads.get(s) != me} - self.come
+                now = perf_counter()
+                if self.until is None:
+                    self.until = now + self.WAIT
+                if not awaited or now >= self.until:
+                    self._form()
+                    break
+                self.cond.wait(self.until - now)
+        try:
+            yield
+        except BaseException:
+            self.target.release(self.slots.targets[slot].seq_id)  # no rows come from it
+            raise
+        finally:
+            self.draft.release(self.slots.drafts[slot].seq_id)
+
+    def leave(self, slot: int) -> None:
+        """``slot``'s round does not draft: the next round does not wait for it."""
+        with self.cond:
+            if slot in self.members:
+                self.members.discard(slot)
+                self.cond.notify_all()
+
+    def _form(self) -> None:
+        members, self.come = self.come, set()
+        self.members, self.until = members, None
+        self.formed += 1
+        self.draft.expect((self.slots.drafts[s].seq_id for s in members), every=True)
+        self.target.expect((self.slots.targets[s].seq_id for s in members), every=False)
+        self.cond.notify_all()
+
+
+class Throttled:
+    """A slot's drafter: while other slots are active, its rounds drafted with theirs
+    (``Rounds``; up to ``k``), else cut to what an open window needs (and k auto's pacer,
+    ``pacer``, told that its rounds share their decodes)."""
+
+    def __init__(self, inner: Drafter, slots: Slots, pacer: Pacer | None, slot: int = 0, k: int = 0) -> None:
+        self.inner, self.slots, self.pacer, self.slot = inner, slots, pacer, slot
+        model = inner.inner if isinstance(inner, PacedDrafter) else inner
+        # drafting together needs the draft model (one decode a step for every slot)
+        self.together = model if isinstance(model, ModelDrafter) and k > 0 and slots.rounds is not None else None
+        self.k = k
+        self.drafted_together = False  # the last round was
 
     def begin(self, prompt: Sequence[int]) -> None:
-        """The draft's prompt is decoded now only while this slot runs alone: beside other
-        slots its rounds seldom draft, and a draft that comes catches up then."""
-        if self.slots.active <= 1:
+        """The draft's prompt is decoded now while this slot runs alone, or where slots draft
+        together (so that a round's first step does not carry it); else beside other slots
+        rounds seldom draft, and a draft that comes catches up then."""
+        if self.slots.active <= 1 or self.together is not None:
             self.inner.begin(prompt)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         active = self.slots.active
         if self.pacer is not None:
             self.pacer.sharing = active
-        if active > 1:
-            limit = min(limit, need)
-            if limit <= 0:
-                return Draft()
+        self.drafted_together = False
+        if active <= 1:
+            return self.inner.draft(committed, limit, need)
+        rounds = self.slots.rounds
+        k = self._k(active) if self.together is not None else 0
+        if k > 0 and self.together is not None and rounds is not None:
+            self.drafted_together = True
+            with rounds.join(self.slot):
+                return self.together.draft(committed, min(limit, max(k, need)), need)
+        if rounds is not None:
+            rounds.leave(self.slot)
+        limit = min(limit, need)
+        if limit <= 0:
+            return Draft()
         return self.inner.draft(committed, limit, need)
+
+    def _k(self, active: int) -> int:
+        """The draft length of this round drafted together: as set for a fixed k; with k auto,
+        up to ``k_slots`` as priced for ``active`` slots sharing its decodes (``worth.together``)."""
+        if self.pacer is None:
+            return self.k
+        return worth.together(self.pacer.costs, self.pacer.model.mean(), active, self.k)
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         return self.inner.candidate(committed)
@@ -101,4 +197,5 @@ class Throttled:
         shift_drafter(self.inner, keep, drop)
 
     def accept(self, report: Report) -> None:
-        self.inner.accept(report)
+        if not self.drafted_together:  # k auto planned no round drafted together, nor learns from one
+            self.inner.accept(report)

@@ -289,6 +289,10 @@ class SpecSettings:
         "with k auto on a target whose every layer is on a GPU: draft this many tokens every round instead of "
         "planning each round (a GPU decode costs more when the batch's shape changes, and planned rounds change "
         "it: measured on an H100, docs/benchmarks.md); 0 = plan each round there too"))
+    k_slots: int = field(default=3, metadata=_help(
+        "with k auto and several slots generating at once: the draft length of their rounds, drafted for every "
+        "slot together (one draft-model batch a step, every slot's rows in one target batch), as llama-server's "
+        "slots draft; 0 = under load, draft only what fly's windows need"))
     cross_round_confidence: float = field(default=0.5, metadata=_help(
         "cross-round under --fly-rule paper: keep a tail mismatch only when the draft's running agreement makes "
         "completing its window at least this likely; 0 = always (the guarded rule always finishes a window, so "
@@ -309,6 +313,7 @@ class SpecSettings:
                  f"k must be >= 1 (or 'auto'), got {self.k!r}")
         _integer("k_max", self.k_max, 1)
         _integer("k_gpu", self.k_gpu, 0)
+        _integer("k_slots", self.k_slots, 0)
         _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)
         _require(self.fly_rule in FLY_RULES, f"fly_rule must be one of {', '.join(FLY_RULES)}, got {self.fly_rule!r}")

@@ -326,7 +326,7 @@ class Engine:
             steady = Steady() if made is not None and self.steady_batches(spec) else None
             pacer = made.pacer if isinstance(made, PacedDrafter) else None
             if self.slots is not None and made is not None:
-                made = Throttled(made, self.slots, pacer)
+                made = Throttled(made, self.slots, pacer, at, spec.k_slots if spec.auto else int(spec.k))
             return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
 
         if self.slots is None:

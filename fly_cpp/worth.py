@@ -20,6 +20,11 @@ from fly_cpp.costs import Costs
 
 ASK_SHARE = 0.25  # FLy loosens under k auto where an ask reads less than this share of what a target decode reads
 LOOSE_MIN_BYTES = 256 << 20  # ... and where the target's weights are at least this large
+# slots draft together under k auto only where the priced rate beats drafting nothing by this much: on the
+# F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84x drafting nothing at -np 2 where the cost
+# curves priced them at 1.09-1.19x, and 0.80x at -np 4 priced at 1.02x (the draft's batched steps cost
+# more beside the target than calibrated alone, and a round kept in step waits: docs/slots.md)
+TOGETHER_MARGIN = 1.5
 
 
 def loosening_pays(ask_share: float, target_bytes: int) -> bool:
@@ -59,6 +64,24 @@ def head_params(n_params: int, n_vocab: int, n_embd: int, n_layer: int, n_nextn:
 def alone(costs: Costs) -> float:
     """Tokens per second of a plain target decode (host time included), now."""
     return 1.0 / (costs.host + costs.target(1))
+
+
+def together(costs: Costs, accept: float, slots: int, h_max: int) -> int:
+    """The draft length h <= h_max for ``slots`` sequences whose rounds draft together
+    (``fly_cpp.batchloop.Rounds``): each step one draft decode for all of them (the first also
+    catching up one token each), then one target decode of every slot's h+1 rows, against a
+    target decode of one row each. Here a drafted row costs what it adds to a batch that other
+    slots' real rows already pay for. 0 unless the best h beats that by ``TOGETHER_MARGIN``."""
+    plain = slots / (slots * costs.host + costs.target(slots))
+    top, top_h, expected, p = plain * TOGETHER_MARGIN, 0, 1.0, 1.0
+    for h in range(1, h_max + 1):
+        p *= accept
+        expected += p
+        seconds = (slots * costs.host + costs.draft(2 * slots) + (h - 1) * costs.draft(slots)
+                   + costs.target(slots * (h + 1)))
+        if slots * expected / seconds > top:
+            top, top_h = slots * expected / seconds, h
+    return top_h
 
 
 def best(costs: Costs, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:

@@ -83,12 +83,38 @@ def test_scoring_and_prefill_run_in_a_free_slot(alone, slots):
     assert slots.generate(prompt, spec=spec("target"), max_tokens=8, slot=0).run().tokens == output
 
 
-def test_several_active_slots_draft_less(slots):
-    """Under load a drafted row costs another client's real row: with all slots active, rounds
-    draft only what an open window needs; alone, a slot drafts as it always does."""
+def test_several_active_slots_draft_together(alone, slots):
+    """Under load the slots' rounds draft together, as llama-server's do: a draft-model decode
+    holds a step of several slots, and each slot returns what it returns alone."""
+    expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in PROMPTS]
+    draft = slots.draft_ctx._shared
+    shared, seqs = draft.shared, draft.seqs
+    gens = slot_runs.together(slots, spec("spd"), PROMPTS, N)
+    assert [g.tokens for g in gens] == expected
+    assert all(g.stats.n_drafted > 0 for g in gens)
+    assert draft.seqs - seqs > 1.5 * (draft.shared - shared)  # steps of several slots in one decode
+
+
+def test_a_slot_that_stops_drafting_leaves_the_round(slots):
+    """A slot whose rounds no longer draft together is not waited for by the next round."""
+    rounds = slots.slots.rounds
+    with rounds.join(0):
+        pass
+    assert rounds.members == {0}
+    rounds.leave(0)
+    assert rounds.members == set()
+    assert not rounds.draft.held  # done drafting
+    assert rounds.target.held == {0: False}  # its verification rows are awaited once
+    rounds.target.release(0)
+
+
+def test_without_k_slots_loaded_slots_draft_only_what_windows_need(slots):
+    """``k_slots`` 0: with all slots active, k auto's rounds draft only what an open window
+    needs (a drafted row costs another client's real row); alone, a slot drafts as it always does."""
+    auto = SpecSettings(mode="spd", k_slots=0)
     alone_gen = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run()
     assert alone_gen.stats.n_drafted > 0
-    gens = [slots.generate(p, spec=spec("spd"), max_tokens=N, slot=i) for i, p in enumerate(PROMPTS)]
+    gens = [slots.generate(p, spec=auto, max_tokens=N, slot=i) for i, p in enumerate(PROMPTS)]
     its = [iter(g) for g in gens]
     for it in its:  # every slot active before any round drafts
         next(it)
