@@ -157,10 +157,11 @@ class Throttled:
         self.drafted_together = False  # the last round was
 
     def begin(self, prompt: Sequence[int]) -> None:
-        """The draft's prompt is decoded now while this slot runs alone, or where slots draft
-        together (so that a round's first step does not carry it); else beside other slots
-        rounds seldom draft, and a draft that comes catches up then."""
-        if self.slots.active <= 1 or self.together is not None:
+        """The draft's prompt is decoded now while this slot runs alone, or where its rounds
+        draft together with the others' (so that a round's first step does not carry it); else
+        beside other slots rounds seldom draft, and a draft that comes catches up then."""
+        active = self.slots.active
+        if active <= 1 or (self.together is not None and self._k(active) > 0):
             self.inner.begin(prompt)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
