@@ -75,7 +75,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     failure: list[BaseException] = []
 
     def load() -> Fly:
-        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.kv_unified),
+        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.unified),
                               chat_format=chat_format, spec=spec, sampling=sampling)
         if chat_format is None and fly.chat_format.name == "plain":  # no template in the GGUF
             fly.chat_format = builtin("chatml", bos_token=fly.info.bos_text, eos_token=fly.info.eos_text)

@@ -103,3 +103,14 @@ def test_exact_modes_ignore_the_rule():
 def test_bad_safeguards(kwargs, message):
     with pytest.raises(FlyError, match=message.replace("[", r"\[").replace("]", r"\]")):
         SpecSettings(**kwargs)
+
+
+def test_parallel_auto_shares_one_cache_as_llama_server():
+    assert ServerSettings(parallel="auto").n_slots == 4 and ServerSettings(parallel="auto").unified
+    assert not ServerSettings(parallel=4).unified
+    assert ServerSettings(parallel=4, kv_unified=True).unified
+
+
+def test_k_slots_must_be_a_count():
+    with pytest.raises(ValueError, match="k_slots"):
+        SpecSettings(k_slots=-1)
