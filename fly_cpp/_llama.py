@@ -622,6 +622,20 @@ class _Cache:
             self._decode_range(len(self.tokens), 0)
         self.checkpoint(pin=True)
 
+    def sync_through(self, committed: Sequence[int]) -> np.ndarray:
+        """``sync``, but the last committed token is decoded too, in the same batch as what the
+        cache lacked before it (as llama.cpp's own tools decode a prompt), and its (n_vocab,)
+        logits row is returned (a view, valid until the next decode): the cache then holds all
+        of ``committed``, and committing the token picked from that row restores the loop's
+        invariant. KV caches only (a recurrent state would be checkpointed in the wrong place)."""
+        if self.rollback != rb.KV:
+            raise ValueError("sync_through needs a KV cache")
+        keep = common_prefix(self.tokens, committed[:-1])
+        self.truncate(keep)
+        rows = self.decode(committed[keep:], logits="last")
+        assert rows is not None
+        return rows[0]
+
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
         ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
@@ -954,20 +968,6 @@ class Context(_Cache):
                 raise ValueError("bad draft run arguments")
             raise _decode_failed(self.model.name, status, {-1: "no logits"})
         return out, conf, last
-
-    def sync_through(self, committed: Sequence[int]) -> np.ndarray:
-        """``sync``, but the last committed token is decoded too, in the same batch as what the
-        cache lacked before it (as llama.cpp's own tools decode a prompt), and its (n_vocab,)
-        logits row is returned (a view, valid until the next decode): the cache then holds all
-        of ``committed``, and committing the token picked from that row restores the loop's
-        invariant. KV caches only (a recurrent state would be checkpointed in the wrong place)."""
-        if self.rollback != rb.KV:
-            raise ValueError("sync_through needs a KV cache")
-        keep = common_prefix(self.tokens, committed[:-1])
-        self.truncate(keep)
-        rows = self.decode(committed[keep:], logits="last")
-        assert rows is not None
-        return rows[0]
 
     def close(self) -> None:
         if getattr(self, "ptr", None):

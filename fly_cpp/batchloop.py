@@ -104,6 +104,7 @@ class Rounds:
     def join(self, slot: int) -> Iterator[None]:
         """Draft in the next round (inside the block); the block's end says this slot drafts no more."""
         me = threading.get_ident()
+        self.target.release(self.slots.targets[slot].seq_id)  # a last round that sent no rows (a refuted window) is not awaited
         with self.cond:
             self.come.add(slot)
             self.threads[slot] = me

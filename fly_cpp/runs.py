@@ -35,7 +35,7 @@ from time import perf_counter
 import numpy as np
 
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context
+from fly_cpp._llama import Context, Seq
 from fly_cpp.rows import argmax
 from fly_cpp.output import Output
 from fly_cpp.request import Request
@@ -47,7 +47,7 @@ MAX_RUN = 64
 class Runs:
     """The runs of one generation (``make`` says whether it can use them)."""
 
-    def __init__(self, target: Context, stop: np.ndarray) -> None:
+    def __init__(self, target: Context | Seq, stop: np.ndarray) -> None:
         self.target, self.stop = target, stop
         self.length = 4  # the first run's; then as many tokens as RUN_SECONDS of decoding holds
 
@@ -61,11 +61,12 @@ class Runs:
         return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
 
     @classmethod
-    def first(cls, request: Request, target: Context, constrained: bool) -> Runs | None:
+    def first(cls, request: Request, target: Context | Seq, constrained: bool) -> Runs | None:
         """Where the first token can come from the prompt's last row (``start``), without runs:
-        the raw argmax, an exact verification, and a KV cache of one sequence."""
+        the raw argmax, an exact verification, and a KV cache: of one sequence, or a slot's
+        (``Seq``: its prompt's last chunk is a shared decode like any other)."""
         exact = not request.spec.policy().loosens
-        one = isinstance(target, Context) and target.rollback == rb.KV and target.n_seq == 1
+        one = target.rollback == rb.KV and (isinstance(target, Seq) or target.n_seq == 1)
         return cls(target, target.model.eog_mask) if exact and one and _raw_argmax(request, constrained) else None
 
     def start(self, committed: list[int], out: Output) -> None:
