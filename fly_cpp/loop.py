@@ -66,17 +66,18 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     if first is None or out.finish is not None or len(committed) > target.n_ctx:
         first = None  # else: the prompt decoded through its last token, the first token picked
     yield from prefill(committed, target, first, out, begin)
-    if drafter is not None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
+    waited = 0.0  # time spent by the consumer on the first token, not ours to count
+    if first is not None:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
+        t3 = perf_counter()
+        yield from out.take()
+        waited = perf_counter() - t3
+    if drafter is not None and out.finish is None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
         drafter.begin(committed)
     prompt_left = first is None  # the prompt's last token, which the first round decodes
     start = perf_counter()
-    stats.prompt_seconds = start - begin
+    stats.prompt_seconds = start - begin - waited
     paused = 0.0  # time spent by the consumer between our yields, not ours to count
     try:
-        if out.finish is None:  # the first token, where it came from the prompt's row: out before the first round
-            t3 = perf_counter()
-            yield from out.take()
-            paused += perf_counter() - t3
         while out.finish is None:
             # tokens a round may still commit: the text ends (or shifts) once it fills the
             # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
