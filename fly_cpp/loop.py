@@ -18,8 +18,9 @@ back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's co
 Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
 its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``), and
 so are the rounds a drafter leaves to the target alone (``Draft.alone``) where verification is exact.
-There, and in speculative generations whose verification is exact, the first token comes from
-the prompt's last row (``Runs.start``), before the first round.
+There, and in speculative generations whose verification is exact (in a slot too), the first
+token comes from the prompt's last row (``Runs.start``), before the first round, and goes out
+before the draft model's prompt is decoded (which only the rounds need).
 
 A text that fills the context (the cache holding n_ctx - 1 tokens, as llama-server stops) ends
 there, or with ``request.shift`` drops part of its middle and goes on (``fly_cpp.shift``).
