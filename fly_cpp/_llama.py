@@ -1298,6 +1298,8 @@ class _Batcher:
     (a sequence's cache edits, its state's copies and restores) waits for the running decode,
     and no decode starts while it runs (llama.cpp's context is not thread-safe)."""
 
+    HOLD = 1.0  # seconds at most a decode waits for sequences said to come (``expect``): a safety net
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.cond = threading.Condition()
@@ -1367,8 +1369,6 @@ class _Batcher:
             for seq in missing:
                 self.held.pop(seq, None)
         return max(left, 0.0)
-
-    HOLD = 1.0
 
     def expect(self, seqs: Iterable[int], *, every: bool) -> None:
         """Hold the next decode until each of ``seqs`` has asked for one (a round's slots,

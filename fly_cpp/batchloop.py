@@ -12,8 +12,9 @@ prompt goes in n_batch chunks, each one shared decode, so the other slots' round
 them.
 
 Drafting under load (``Throttled``): while more than one slot is active, the slots' rounds
-draft together (``Rounds``), as llama-server's slots do: the slots that come to draft form a
-round, each drafts up to its k (with k auto ``SpecSettings.k_slots``) with every step of every
+can draft together (``Rounds``), as llama-server's slots do: the slots that come to draft form
+a round, each drafts up to its k (a fixed k always; k auto up to ``SpecSettings.k_slots``, and
+only where ``worth.together`` prices it well ahead of drafting nothing) with every step of every
 slot in one draft-model decode, and their verification rows then go in one target decode. Each
 slot keeps and rolls back its own sequence, as alone. Drafting alone, slot by slot, fell out
 of step under load: each slot's draft steps were decodes of their own and the target's batches
@@ -173,8 +174,8 @@ class Throttled:
         if active <= 1:
             return self.inner.draft(committed, limit, need)
         rounds = self.slots.rounds
-        k = self._k(active) if self.together is not None else 0
-        if k > 0 and self.together is not None and rounds is not None:
+        if self.together is not None and (k := self._k(active)) > 0:
+            assert rounds is not None  # ``together`` is set only where slots have rounds
             self.drafted_together = True
             with rounds.join(self.slot):
                 return self.together.draft(committed, min(limit, max(k, need)), need)

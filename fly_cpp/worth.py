@@ -21,9 +21,9 @@ from fly_cpp.costs import Costs
 ASK_SHARE = 0.25  # FLy loosens under k auto where an ask reads less than this share of what a target decode reads
 LOOSE_MIN_BYTES = 256 << 20  # ... and where the target's weights are at least this large
 # slots draft together under k auto only where the priced rate beats drafting nothing by this much: on the
-# F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84x drafting nothing at -np 2 where the cost
-# curves priced them at 1.09-1.19x, and 0.87-0.89x at -np 4 priced at 0.93-1.04x (the draft's batched
-# steps cost about 1.4x their calibrated price beside the target, and a round kept in step waits: docs/slots.md)
+# F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84-0.94x drafting nothing at -np 2 and -np 4
+# (a cache per slot or one) where the cost curves priced them at 0.93-1.2x (the draft's batched steps cost
+# 1.2-1.4x their calibrated price beside the target, and a round kept in step waits: docs/slots.md)
 TOGETHER_MARGIN = 1.5
 
 

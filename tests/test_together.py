@@ -22,7 +22,7 @@ def test_where_batches_cost_little_more_than_a_row_slots_draft_together():
 
 
 def test_where_rows_cost_about_what_they_add_they_do_not():
-    # drafting together ran 0.80-0.84x drafting nothing here (docs/slots.md), priced at up to 1.2x
+    # drafting together ran 0.84-0.94x drafting nothing here (docs/slots.md), priced at up to 1.2x
     for slots in (2, 3, 4):
         for accept in (0.6, 0.75, 0.9):
             assert worth.together(CPU, accept, slots, 3) == 0
