@@ -96,9 +96,10 @@ class DraftModel:
         return Stepped(best, agree, sure, len(batch))
 
     def run(self, committed: Sequence[int], limit: int, need: int, spec: SpecSettings,
-            confident: bool) -> tuple[list[int], list[float]] | None:
+            confident: bool, checks: int | None = None) -> tuple[list[int], list[float]] | None:
         """``ModelDrafter.draft``'s steps inside the native library, after ``start``: the same
-        tokens and confidences, without returning to Python per step. None where the library
+        tokens and confidences, without returning to Python per step (``checks``: the most
+        n-gram guess tokens a step checks; None: ``spec.ngram_tokens``). None where the library
         cannot run them (no library, a logit bias, a context it cannot drive, a longer n-gram
         than it looks up, no room in the cache); the caller then steps in Python."""
         n = len(committed)
@@ -112,8 +113,9 @@ class DraftModel:
         keep = common_prefix(self._text, committed)
         self._hist[keep:n] = committed[keep:]
         self._text = list(committed)
-        rules = native.DraftRules(limit, need, spec.p_min, confident, spec.ngram_max if spec.ngram else 0,
-                                  spec.ngram_tokens)
+        tokens = spec.ngram_tokens if checks is None else checks
+        rules = native.DraftRules(limit, need, spec.p_min, confident, spec.ngram_max if spec.ngram and tokens else 0,
+                                  tokens)
         if not (self._own <= n <= len(self.path) and common_prefix(self.path, committed) == n):
             self._own = n  # a new path, not the continuation of the last one (as ``step``)
         out, confidences, last = self.ctx.draft_run(self._hist, n, rules, self.n_vocab)
@@ -147,11 +149,18 @@ class ModelDrafter:
     tokens. The tokens its cache lags behind (the catch-up) go into the same decode as the first
     draft step. It stops after an end-of-generation token, or where the draft's top probability
     falls under ``p_min`` (llama.cpp's rule) once ``need`` tokens are drafted. The draft's
-    choices see the generation's logit bias, as the target's do."""
+    choices see the generation's logit bias, as the target's do.
 
-    def __init__(self, draft_model: DraftModel, spec: SpecSettings) -> None:
+    ``checks``: the most guess tokens one step checks (None: ``spec.ngram_tokens``; 0: none).
+    A step over more rows is not always nearly free: on a CPU a Q4_K_M draft's two-row decode
+    costs 2.4x its one-row decode, so there the checks cost more than the agreed tokens save
+    (the engine prices them for a fixed k, ``Engine.drafter``). They never change which tokens
+    are drafted: an agreed guess token is the draft's own greedy token."""
+
+    def __init__(self, draft_model: DraftModel, spec: SpecSettings, checks: int | None = None) -> None:
         self.draft_model = draft_model
         self.spec = spec
+        self.checks = spec.ngram_tokens if checks is None else checks
         self.index = ngram.Index(spec.ngram_max)
 
     @property
@@ -171,7 +180,7 @@ class ModelDrafter:
         spec, model = self.spec, self.draft_model
         catchup = model.start(committed)
         want_confidence = confident or spec.p_min > 0
-        ran = model.run(committed, limit, need, spec, want_confidence)
+        ran = model.run(committed, limit, need, spec, want_confidence, self.checks)
         out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence)
         out = out[:limit]
         return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
@@ -184,7 +193,7 @@ class ModelDrafter:
         confidences: list[float] = []
         history = list(committed)
         while len(out) < limit:
-            room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
+            room = min(self.checks, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
             guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
             s = model.step(catchup, history, guess, want_confidence)
             catchup = []

@@ -29,6 +29,7 @@ from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import ContextExceeded, FlyError
+from fly_cpp.evidence import AGREE_PRIOR
 from fly_cpp.generation import Generation
 from fly_cpp.ledger import Ledger, SlotView
 from fly_cpp.mtp import MtpDrafter
@@ -421,7 +422,8 @@ class Engine:
             base = MtpDrafter(self.mtp_ctx, spec, bias)
         elif draft_ctx is not None:
             n_vocab = min(self.n_vocab, draft_ctx.model.n_vocab)
-            base = ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec)  # type: ignore[arg-type]
+            base = ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec,  # type: ignore[arg-type]
+                                None if spec.auto else self._guess_checks(spec))
         else:
             base = NgramDrafter(spec, bias)
         if not spec.auto:
@@ -438,6 +440,21 @@ class Engine:
             self._pacers[key] = pacer = Pacer(load, spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
+
+    def _guess_checks(self, spec: SpecSettings) -> int | None:
+        """How many tokens of an n-gram guess a fixed k's draft step checks: as many as pay by
+        the pair's measured costs at the prior agreement (k auto prices each step itself, by the
+        agreement it learns). On this project's 2-core CPU the Q4_K_M draft's two-row decode
+        costs 2.4x its one-row one, and the checks made fly-cpp's k 5 run 1.02x llama.cpp's k 5
+        cold where without them it ran 1.21x (docs/benchmarks.md). Nothing is measured here:
+        with no cost curve of the pair yet (k auto, ``fly-cpp profile --engine`` measure it),
+        None: every step checks up to ``spec.ngram_tokens``, as the published drafter does."""
+        if not spec.ngram:
+            return None
+        costs = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings)
+        if costs is None:
+            return None
+        return worth.guess_length(costs, AGREE_PRIOR, spec.ngram_tokens, 0)
 
     def cost_key(self) -> str:
         """The pair's key in the cost cache (and the evidence kept beside it)."""

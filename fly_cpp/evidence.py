@@ -24,6 +24,7 @@ PRIOR = 2.0  # pseudo-observations of the prior in each bin (prior mean: the bin
 MEMORY = 0.99  # weight of old acceptance evidence per new observation (recent text counts more)
 PROBE_MEMORY = 0.98  # weight of an old first token's confidence per new one
 PAIR_MEMORY = 0.995  # weight of an old drafting round in the long-run record of the pair
+AGREE_PRIOR = 0.5  # the draft model's agreement with an n-gram guess token, before any is seen
 
 
 def bin_of(confidence: float) -> int:
@@ -142,7 +143,7 @@ class Evidence:
     def __init__(self) -> None:
         self.model = Acceptance(0.6)  # drafted tokens kept, by the draft's confidence
         self.guesses = Guesses(0.3)  # n-gram guesses kept, by the length of their match
-        self.agree = Acceptance(0.5)  # the draft model's agreement with the guesses it checks
+        self.agree = Acceptance(AGREE_PRIOR)  # the draft model's agreement with the guesses it checks
         self.firsts = Histogram(BINS, PROBE_MEMORY)  # first drafted tokens of rounds, by confidence bin
         # drafting rounds over a long run: the seconds the target alone would have taken for
         # their tokens, their own seconds, rounds (``Pacer._beat_alone``)

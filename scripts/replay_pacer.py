@@ -41,13 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fly_cpp import rows
+from fly_cpp import rows, worth
 from fly_cpp._llama import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs
 from fly_cpp.engine import Engine
+from fly_cpp.evidence import AGREE_PRIOR
 from fly_cpp.errors import FlyError
 from fly_cpp.draft_model import ModelDrafter, Stepped
 from fly_cpp.drafters import Draft, Drafter, NgramDrafter, Report
@@ -139,7 +140,8 @@ class TraceModel:
         self.cache = list(committed[:keep])
         return list(committed[keep:-1])
 
-    def run(self, committed: list[int], limit: int, need: int, spec: object, confident: bool) -> None:
+    def run(self, committed: list[int], limit: int, need: int, spec: object, confident: bool,
+            checks: int | None = None) -> None:
         """No native draft runs in a replay: a fixed k drafts through ``step``, as the Python steps do."""
         return None
 
@@ -220,9 +222,10 @@ def drafter_for(how: dict, trace: Trace, clock: Clock, pacer: Pacer | None) -> t
     if how["policy"] == "oracle":
         return None, model
     spec = SpecSettings(k=how.get("k", K_MAX), ngram=how.get("ngram", True), p_min=how.get("p_min", 0.0))
+    if pacer is None:  # a fixed k checks the guesses that pay at the prior agreement, as the engine prices them
+        checks = worth.guess_length(clock.costs, AGREE_PRIOR, spec.ngram_tokens, 0) if spec.ngram else None
+        return (ModelDrafter(model, spec, checks) if model is not None else NgramDrafter(spec)), None
     inner = ModelDrafter(model, spec) if model is not None else NgramDrafter(spec)
-    if pacer is None:
-        return inner, None
     return PacedDrafter(inner, pacer, DEFAULTS.ngram_max, DEFAULTS.ngram_tokens, use_ngram=True, now=clock.now), None
 
 

@@ -21,9 +21,9 @@ def draft_path():
     return bundled.DRAFT
 
 
-def _drafter(model: Model, spec: SpecSettings, n_batch: int) -> ModelDrafter:
+def _drafter(model: Model, spec: SpecSettings, n_batch: int, checks: int | None = None) -> ModelDrafter:
     ctx = Context(model, n_ctx=512, n_threads=1, n_batch=n_batch)
-    return ModelDrafter(DraftModel(ctx, model.n_vocab), spec)
+    return ModelDrafter(DraftModel(ctx, model.n_vocab), spec, checks)
 
 
 def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,11 +31,11 @@ def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, *, n_batch: int = 512,
-             rounds: int = 24, seed: int = 0) -> int:
+             rounds: int = 24, seed: int = 0, checks: int | None = None) -> int:
     """Draft a generation's rounds both ways, each drafter on its own context, committing the same
     (random) part of each draft and a correction; returns the tokens drafted."""
     rng = np.random.default_rng(seed)
-    fast, slow = _drafter(model, spec, n_batch), _drafter(model, spec, n_batch)
+    fast, slow = _drafter(model, spec, n_batch, checks), _drafter(model, spec, n_batch, checks)
     committed = model.tokenize(PROMPT)
     drafted = 0
     try:
@@ -73,6 +73,13 @@ def test_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, p_min
         spec = SpecSettings(mode="spd", k=8, ngram=ngram, p_min=p_min, ngram_max=3 if p_min == 0.4 else 4,
                             ngram_tokens=3 if p_min else 6)
         assert _compare(model, spec, monkeypatch, seed=int(p_min * 10) + ngram) > 0
+
+
+@pytest.mark.parametrize("checks", [0, 2])
+def test_draft_runs_check_as_many_guess_tokens_as_the_python_steps(draft_path, monkeypatch, checks):
+    """A fixed k whose guess checks are priced (``ModelDrafter.checks``): none, or at most 2 a step."""
+    with Model(draft_path) as model:
+        assert _compare(model, SpecSettings(mode="spd", k=8), monkeypatch, seed=7 + checks, checks=checks) > 0
 
 
 def test_small_batches_split_as_decode_does(draft_path, monkeypatch):

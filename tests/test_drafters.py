@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fly_cpp import Engine, ModelSettings
+from fly_cpp import Engine, ModelSettings, native
+from fly_cpp import engine as engine_module
 from fly_cpp._llama import Context, Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
@@ -47,6 +48,41 @@ def test_model_drafter_drafts_its_greedy_continuation(model, ngram):
         assert ctx.tokens == committed + drafted[:-1]  # invariant: the last drafted token is not fed yet
         more = drafter.draft(committed + drafted[:3], 5).tokens  # a later round reuses the common prefix
         assert more == greedy(model, committed + drafted[:3], len(more)) and len(more) <= 5
+
+
+@pytest.mark.parametrize("checks", [0, 1])
+def test_a_fixed_k_checks_only_the_guess_tokens_it_is_given(model, monkeypatch, checks):
+    """``checks`` bounds the guess a draft step checks (0: one row a step, as llama.cpp drafts);
+    the tokens drafted are the same: an agreed guess token is the draft's own greedy token."""
+    monkeypatch.setattr(native, "has_draft_run", lambda: False)  # the Python steps, to see each one
+    seen: list[int] = []
+    step = DraftModel.step
+
+    def counted(self, catchup, history, guess, confident=False):
+        seen.append(len(guess))
+        return step(self, catchup, history, guess, confident)
+
+    monkeypatch.setattr(DraftModel, "step", counted)
+    committed = model.tokenize("Once upon a time, there was a girl. Once upon a time, there was a")
+    with Context(model, n_ctx=256, n_threads=1, n_ubatch=1) as ctx:
+        drafted = ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), SpecSettings(k=8), checks).draft(committed, 8).tokens
+    assert seen and max(seen) <= checks and (checks == 0 or max(seen) == checks)  # the text repeats: a guess is found
+    assert drafted == greedy(model, committed, len(drafted))
+
+
+def test_a_fixed_k_prices_its_guess_checks_by_the_pairs_cached_costs(stories, stories_draft, monkeypatch):
+    """Where a two-row draft decode costs 2.4x a one-row one (the Q4_K_M draft on a 2-core CPU)
+    no guess pays at the prior agreement; where rows are nearly free, a whole guess does; with no
+    cached curve nothing is measured and every step checks as before."""
+    ms = 1e-3
+    dear = Costs(Curve((1, 2, 4, 8), (80 * ms, 87 * ms, 103 * ms, 155 * ms)), Curve((1, 2, 4, 8), (16 * ms, 38 * ms, 51 * ms, 70 * ms)))
+    flat = Costs(Curve((1, 2, 4, 8), (80 * ms, 81 * ms, 82 * ms, 84 * ms)), Curve((1, 2, 4, 8), (16 * ms, 16.2 * ms, 16.4 * ms, 17 * ms)))
+    with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
+        for found, least, most in ((dear, 0, 0), (flat, 4, 6), (None, 6, 6)):
+            monkeypatch.setattr(engine_module, "cached", lambda *a, found=found, **k: found)
+            assert least <= engine.drafter(SpecSettings(mode="spd", k=5)).checks <= most
+        monkeypatch.setattr(engine_module, "cached", lambda *a, **k: pytest.fail("k auto prices each step itself"))
+        engine.drafter(SpecSettings(mode="spd"))
 
 
 def test_p_min_stops_an_unsure_draft(model):
