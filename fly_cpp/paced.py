@@ -88,7 +88,9 @@ class PacedDrafter:
         if self.kind in ("draft", "explore") and model is not None:
             if self.kind == "draft":
                 found = self._paced(model, committed, n, need)
-            else:
+            else:  # the draft's own tokens, checking the guess tokens that pay as ``_paced`` does
+                if isinstance(model, ModelDrafter):
+                    model.checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
                 found = model.own(committed, n, need, confident=True)
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
             self.confidences = list(found.confidences)
