@@ -127,6 +127,7 @@ class Costs:
         self.draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
         self._seen = {False: False, True: False}  # a warm decode of each kind (one row, a batch) was seen
+        self._guessed: list[float] | None = None  # the one-row scale followed the batches: its first own ratios
         self.disagrees = False  # the live decodes contradicted the cached curve: it is to be cached rescaled
 
     def cold(self) -> None:
@@ -181,6 +182,13 @@ class Costs:
                 pass
             elif batch:
                 self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
+            elif self._guessed is not None and len(self._guessed) < CHECK:
+                # a guess gives way to what is seen: the one-row scale that followed the batches is
+                # the median of its own first decodes (a machine whose one-row decodes had sped up
+                # to 0.70x their curve while its batches had not: at a tenth a decode, drafting
+                # went on looking cheaper than the target alone for tens of rounds)
+                self._guessed.append(ratio)
+                self.target_scale = statistics.median(self._guessed)
             else:
                 self.target_scale = _blend(self.target_scale, ratio)
         if batch and not self._seen[False]:
@@ -189,6 +197,7 @@ class Costs:
             # slower than when it was measured) and kept the one-row cost, so the target alone
             # looked cheap and the curve cached from it priced drafting too dear
             self.target_scale = self.batch_scale  # type: ignore[assignment]
+            self._guessed = []
         return True
 
     def _check(self, batch: bool, ratio: float) -> bool:

@@ -37,6 +37,9 @@ PROBES_SEEN = 8.0  # first drafted tokens seen (decayed) before a probe is weigh
 DRAFTED_MEMORY = 0.9  # weight of an old drafting round in the drafting rounds' realized pace
 DRAFTED_SEEN = 8.0  # drafting rounds (decayed) before their realized pace can stop planned drafts
 PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
+PRICE_EVERY = 64  # planned rounds without a warm one-row target decode before the target decodes a few alone
+PRICE_EVERY_MAX = 1024  # ... twice as many after each such check, up to this many
+PRICE_RUN = 2  # tokens such a check decodes with the target alone (the first, after a batch, is not warm)
 
 
 class Pacer:
@@ -55,6 +58,8 @@ class Pacer:
         self.matched = 0  # the length of the n-gram match the planned guess continues
         self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0}
         self.sharing = 1  # sequences whose rounds share this round's decodes (set each round under load)
+        self.unpriced = 0  # planned rounds since a warm one-row target decode was seen
+        self.price_every = PRICE_EVERY  # ... before the target decodes a few alone to price itself
         self._costs: Costs | None = None
 
     # what has been learned, by name
@@ -97,6 +102,15 @@ class Pacer:
         if self.explore_next and has_draft:  # judged on its second round: see ``observe``
             self.explore_next = False
             return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
+        if self.unpriced >= self.price_every and self.sharing == 1:
+            # every plan weighs drafting against the target alone, and while every round drafts the
+            # target's one-row decode is never seen: its price is a guess (``Costs.target``). On a
+            # machine whose one-row decodes had sped up to 0.70x their cached curve while batches
+            # had not, k auto drafted every round at 0.84x the target alone (128 tokens, the F16
+            # pair). A few tokens decoded alone price it; after each check, twice as long to the next
+            self.unpriced, self.price_every = 0, min(2 * self.price_every, PRICE_EVERY_MAX)
+            self.rest = PRICE_RUN - 1
+            return self._chose("target", 0)
         target_rate = self.alone()
         g_rate, g = 0.0, 0
         guesses_may_pay = self.best(self.guesses.surest(), limit, 0.0, 0.0)[1] > 0
@@ -230,6 +244,10 @@ class Pacer:
         (on a GPU a single one lost to the target alone where drafting every round won 1.5x,
         and the record of such rounds kept drafting off for good). So an exploration drafts
         two rounds in a row and the second one is judged."""
+        if kind == "target" and warm and self.sharing == 1:
+            self.unpriced = 0
+        elif kind != "target":
+            self.unpriced += 1
         if self.sharing > 1:  # a shared decode's timings are not this sequence's: acceptance only
             if kind in ("draft", "explore"):
                 self.model.observe(confidences, kept)

@@ -267,8 +267,13 @@ def test_a_one_row_decode_follows_the_batches_scale_until_one_is_seen():
     assert c.disagrees and c.batch_scale == pytest.approx(1.6) and c.target_scale == pytest.approx(1.6)
     assert c.live()[0].seconds == pytest.approx((16 * MS, 32 * MS))  # cached with its shape, not batches alone dearer
     c.observe_target(1, 11 * MS)  # a switch: not warm
-    c.observe_target(1, 11 * MS)
-    assert c.target_scale == pytest.approx(0.9 * 1.6 + 0.1 * 1.1) and c.batch_scale == pytest.approx(1.6)
+    c.observe_target(1, 11 * MS)  # the guess gives way to what is seen: its own first decodes, not a tenth a decode
+    assert c.target_scale == pytest.approx(1.1) and c.batch_scale == pytest.approx(1.6)
+    c.observe_target(1, 7 * MS)
+    c.observe_target(1, 13 * MS)
+    assert c.target_scale == pytest.approx(1.1)  # the median of the first three
+    c.observe_target(1, 7 * MS)
+    assert c.target_scale == pytest.approx(0.9 * 1.1 + 0.1 * 0.7)  # then the usual blend
 
 
 def test_a_scale_set_far_from_the_curve_stays_where_the_live_decodes_put_it():

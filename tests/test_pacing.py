@@ -14,7 +14,7 @@ from fly_cpp.costs import Costs, Curve
 from fly_cpp.drafters import Draft, NgramDrafter, Report
 from fly_cpp.evidence import Acceptance, Guesses
 from fly_cpp.paced import PacedDrafter
-from fly_cpp.pacer import EXPLORE_MAX, PATIENCE, Pacer
+from fly_cpp.pacer import EXPLORE_MAX, PATIENCE, PRICE_EVERY, PRICE_RUN, Pacer
 
 MS = 1e-3
 # 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
@@ -95,6 +95,27 @@ def test_drafts_where_it_pays_and_beats_the_target():
     rate, plans = simulate(p, accept=0.9, rounds=300)
     assert plans["draft"] + plans["explore"] > 250
     assert rate > 1.3 / (86 * MS)  # well above the target alone (~1.4x is the best for this curve and draft)
+
+
+def test_while_every_round_drafts_the_target_alone_is_priced_now_and_then():
+    """Plans weigh drafting against the target's one-row decode, which rounds that all draft
+    never show (its scale follows the batches': a guess). After PRICE_EVERY planned rounds
+    without one, PRICE_RUN tokens are decoded alone, and twice as long passes before the next
+    check; not under load, where timings are not this sequence's."""
+    for sharing in (1, 4):
+        p = pacer(CPU_F16)
+        simulate(p, accept=0.9, rounds=100)  # drafting pays: every round drafts
+        p.unpriced, p.price_every, p.sharing = PRICE_EVERY - 1, PRICE_EVERY, sharing
+        before = p.plans["target"]
+        simulate(p, accept=0.9, rounds=1)
+        assert p.plans["target"] == before and p.unpriced == PRICE_EVERY
+        simulate(p, accept=0.9, rounds=PRICE_RUN)
+        if sharing > 1:
+            assert p.plans["target"] == before
+            continue
+        assert p.plans["target"] == before + PRICE_RUN and p.price_every == 2 * PRICE_EVERY and p.unpriced == 0
+        simulate(p, accept=0.9, rounds=2 * PRICE_EVERY + PRICE_RUN)
+        assert p.plans["target"] == before + 2 * PRICE_RUN
 
 
 def test_rounds_under_load_teach_acceptance_but_not_timings():
