@@ -257,7 +257,7 @@ class SpecSettings:
         "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
     loosen: str = field(default="auto", metadata=_help(
-        "fly: 'auto' = loose acceptance, except under k auto with a draft model a quarter of the target's bytes or more, "
+        "fly: 'auto' = loose acceptance, except under k auto with a draft model a tenth of the target's bytes or more, "
         "a target under 256 MiB, or several slots (asking the draft for its tokens would cost more than they "
         "save: fly then matches exactly); 'on' = always; "
         "'off' = never (fly's text is then spd's)"))

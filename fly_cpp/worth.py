@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from fly_cpp.costs import Costs
 
-ASK_SHARE = 0.25  # FLy loosens under k auto where an ask reads less than this share of what a target decode reads
+ASK_SHARE = 0.1  # FLy loosens under k auto where an ask reads less than this share of what a target decode reads
 LOOSE_MIN_BYTES = 256 << 20  # ... and where the target's weights are at least this large
 # slots draft together under k auto only where the priced rate beats drafting nothing by this much: on the
 # F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84-0.94x drafting nothing at -np 2 and -np 4
@@ -40,8 +40,12 @@ def loosening_pays(ask_share: float, target_bytes: int) -> bool:
     target, a draft as large as it, and a small draft beside a target quantized as hard (the
     0.5B Q4_K_M Qwen2.5-Coder draft is 0.44 of its 1.5B Q4_K_M target's bytes, its vocabulary's
     output matrix a large part of both, and a step cost 0.63 of a target decode on a 2-core
-    CPU: fly with loosening ran 0.71x the target alone there, spd 1.01x; beside the F16 target
-    the same draft is 0.16 of the bytes and loosening pays). Nor on a target under
+    CPU: fly with loosening ran 0.71x the target alone there, spd 1.01x). Nor beside that
+    pair's F16 target, where the draft is 0.16 of the bytes and a step 0.19 of a decode: the
+    windows kept 1.5% of the tokens loosely and cost more, since each one is drafted and verified
+    to its end whatever k auto would plan (2026-11-27, 2 threads: spd ran 1.12x fly per prompt
+    cold, 20 prompts of 64 tokens, 1.23x on the Spec-Bench half; 1.06x warm, 18 prompts of 128
+    tokens). Nor on a target under
     ``LOOSE_MIN_BYTES`` of weights, whose decode costs its overheads and its arithmetic
     (cache-resident on a CPU, launch-bound on a GPU): every step costs about as much as any
     other and every verified row its full share (the kit's 30 MB `fast` pair: fly 0.69x the

@@ -112,7 +112,8 @@ def test_k_auto_matches_exactly_where_asking_the_draft_costs_a_decode(pair):
 def test_loosening_pays_where_an_ask_reads_a_small_share_of_a_decode():
     from fly_cpp.worth import loosening_pays
     gib = 1 << 30
-    assert loosening_pays(0.49 / 3.1, int(3.1 * gib))  # the 0.5B Q4_K_M draft beside the 1.5B F16 target
+    assert loosening_pays(0.49 / 15.2, int(15.2 * gib))  # the 0.5B Q4_K_M draft beside a 7B F16 target: it loosens
+    assert not loosening_pays(0.49 / 3.1, int(3.1 * gib))  # ... beside the 1.5B F16 target: windows cost more
     assert not loosening_pays(0.49 / 1.1, int(1.1 * gib))  # ... beside the 1.5B Q4_K_M target
     assert not loosening_pays(0.8, 3 * gib)  # a quantized copy of the target
-    assert not loosening_pays(0.1, 30_000_000)  # a target whose decode is its overheads
+    assert not loosening_pays(0.05, 30_000_000)  # a target whose decode is its overheads
