@@ -1,7 +1,8 @@
 """Cold runs, as a user meets both tools: every prompt in a fresh process for fly-cpp too.
 
     python scripts/cold_bench.py --pair qwen-coder-f16 --dataset humaneval --limit 4 -n 64 -t 2 \\
-        --llama-cpp-bin ~/llama-bin [--peer-k 3,5,8] [--fly-arg=--k --fly-arg=5] -o cold.json
+        --llama-cpp-bin ~/llama-bin [--peer-k 3,5,8] [--fly-arg=--k --fly-arg=5] \
+        [--fly-config "cut draft=-d cut.gguf"] -o cold.json
 
 Per prompt, in an order that rotates from prompt to prompt: `fly-cpp generate` with its
 defaults and with `--mode target` (each a new process, no tuning flags), `llama-completion`
@@ -13,7 +14,9 @@ loading left out on both sides, as `fly-cpp bench` does); medians and ratios to 
 target-only, and fly-cpp's defaults over llama.cpp's best configuration. The cost and evidence
 caches are whatever `$FLY_CPP_COSTS` / `$FLY_CPP_EVIDENCE` name (a user's are warm after their
 first runs); `--first-run` adds the defaults as a first-ever run on the pair beside them (an empty
-evidence file each time), and `--peer LABEL` keeps only those configurations of the peer set.
+evidence file each time), `--peer LABEL` keeps only those configurations of the peer set, and
+`--fly-config "LABEL=ARGS"` adds a fly-cpp configuration: the defaults run with ARGS after theirs
+(a later `-d` replaces the pair's draft).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,8 +68,16 @@ def main() -> None:
     ap.add_argument("--fly-arg", action="append", default=[], help="an extra argument for the fly-cpp defaults run")
     ap.add_argument("--first-run", action="store_true",
                     help="also the defaults as a first-ever run on the pair (an empty evidence file each time)")
+    ap.add_argument("--fly-config", action="append", default=[],
+                    help="another fly-cpp configuration: LABEL=ARGS, the defaults with ARGS added (repeatable)")
     ap.add_argument("-o", "--out", default="cold.json")
     a = ap.parse_args()
+    extra: dict[str, list[str]] = {}
+    for item in a.fly_config:
+        label, sep, args = item.partition("=")
+        if not sep or not label.strip():
+            sys.exit(f"cold_bench: --fly-config wants LABEL=ARGS, got {item!r}")
+        extra[f"fly-cpp {label.strip()}"] = shlex.split(args)
     pair = resolve(a.model, a.draft, pair=a.pair)
     target, draft = pair.target, pair.draft
     if draft is None:
@@ -78,8 +90,8 @@ def main() -> None:
     if a.peer and set(a.peer) - set(spd):
         sys.exit(f"cold_bench: --peer {sorted(set(a.peer) - set(spd))[0]!r} is not one of "
                  f"{', '.join(m.label for m in peer_modes() if m.peer == 'speculative')}")
-    configs = ["fly-cpp defaults", *(["fly-cpp defaults, first run"] if a.first_run else []), "fly-cpp target",
-               "llama-completion", *spd]
+    configs = ["fly-cpp defaults", *(["fly-cpp defaults, first run"] if a.first_run else []), *extra,
+               "fly-cpp target", "llama-completion", *spd]
     speeds: dict[str, list[float]] = {c: [] for c in configs}
     prompts = mixed(a.dataset, a.limit)
     for i, p in enumerate(prompts):
@@ -89,6 +101,8 @@ def main() -> None:
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg))
             elif c == "fly-cpp defaults, first run":
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg, first=True))
+            elif c in extra:
+                speeds[c].append(fly(target, draft, p.text, a.n, a.threads, [*a.fly_arg, *extra[c]]))
             elif c == "fly-cpp target":
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, ["--mode", "target"]))
             elif c == "llama-completion":
@@ -104,7 +118,7 @@ def main() -> None:
     print("| config | tok/s (median) | vs fly-cpp target |\n|---|---|---|")
     for c in configs:
         print(f"| {c} | {med[c]:.2f} | {med[c] / med['fly-cpp target']:.2f}x |")
-    for c in configs[: 1 + a.first_run]:
+    for c in configs[: 1 + a.first_run + len(extra)]:
         print(f"\n{c} / llama.cpp's best ({best}): {med[c] / med[best]:.3f}x")
     Path(a.out).write_text(json.dumps({"args": vars(a), "speeds": speeds, "median": med, "best_peer": best}, indent=1))
 
