@@ -1,7 +1,7 @@
 """Cold runs, as a user meets both tools: every prompt in a fresh process for fly-cpp too.
 
     python scripts/cold_bench.py --pair qwen-coder-f16 --dataset humaneval --limit 4 -n 64 -t 2 \\
-        --llama-cpp-bin ~/llama-bin [--peer-k 3,5,8] [--fly-arg=--k --fly-arg=5] \
+        --llama-cpp-bin ~/llama-bin [--peer-k 3,5,8] [--fly-arg=--k --fly-arg=5] \\
         [--fly-config "cut draft=-d cut.gguf"] -o cold.json
 
 Per prompt, in an order that rotates from prompt to prompt: `fly-cpp generate` with its
@@ -75,9 +75,12 @@ def main() -> None:
     extra: dict[str, list[str]] = {}
     for item in a.fly_config:
         label, sep, args = item.partition("=")
+        name = f"fly-cpp {label.strip()}"
         if not sep or not label.strip():
             sys.exit(f"cold_bench: --fly-config wants LABEL=ARGS, got {item!r}")
-        extra[f"fly-cpp {label.strip()}"] = shlex.split(args)
+        if name in extra or name in ("fly-cpp defaults", "fly-cpp defaults, first run", "fly-cpp target"):
+            sys.exit(f"cold_bench: --fly-config label {label.strip()!r} is taken")
+        extra[name] = shlex.split(args)
     pair = resolve(a.model, a.draft, pair=a.pair)
     target, draft = pair.target, pair.draft
     if draft is None:
@@ -118,7 +121,7 @@ def main() -> None:
     print("| config | tok/s (median) | vs fly-cpp target |\n|---|---|---|")
     for c in configs:
         print(f"| {c} | {med[c]:.2f} | {med[c] / med['fly-cpp target']:.2f}x |")
-    for c in configs[: 1 + a.first_run + len(extra)]:
+    for c in (c for c in configs if c.startswith("fly-cpp") and c != "fly-cpp target"):
         print(f"\n{c} / llama.cpp's best ({best}): {med[c] / med[best]:.3f}x")
     Path(a.out).write_text(json.dumps({"args": vars(a), "speeds": speeds, "median": med, "best_peer": best}, indent=1))
 
