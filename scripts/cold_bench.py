@@ -37,6 +37,7 @@ from fly_cpp.bench.peer import Peer
 from fly_cpp.errors import FlyError
 from fly_cpp.models.sources import resolve
 
+DEFAULTS, FIRST_RUN, TARGET = "fly-cpp defaults", "fly-cpp defaults, first run", "fly-cpp target"  # built-in labels
 
 def fly(target: str, draft: str, prompt: str, n: int, threads: int, extra: list[str], first: bool = False) -> float:
     """A fresh ``fly-cpp generate``'s decode tokens/s; ``first``: as a first-ever run on the pair
@@ -78,7 +79,7 @@ def main() -> None:
         name = f"fly-cpp {label.strip()}"
         if not sep or not label.strip():
             sys.exit(f"cold_bench: --fly-config wants LABEL=ARGS, got {item!r}")
-        if name in extra or name in ("fly-cpp defaults", "fly-cpp defaults, first run", "fly-cpp target"):
+        if name in extra or name in (DEFAULTS, FIRST_RUN, TARGET):
             sys.exit(f"cold_bench: --fly-config label {label.strip()!r} is taken")
         extra[name] = shlex.split(args)
     pair = resolve(a.model, a.draft, pair=a.pair)
@@ -93,20 +94,19 @@ def main() -> None:
     if a.peer and set(a.peer) - set(spd):
         sys.exit(f"cold_bench: --peer {sorted(set(a.peer) - set(spd))[0]!r} is not one of "
                  f"{', '.join(m.label for m in peer_modes() if m.peer == 'speculative')}")
-    configs = ["fly-cpp defaults", *(["fly-cpp defaults, first run"] if a.first_run else []), *extra,
-               "fly-cpp target", "llama-completion", *spd]
+    configs = [DEFAULTS, *([FIRST_RUN] if a.first_run else []), *extra, TARGET, "llama-completion", *spd]
     speeds: dict[str, list[float]] = {c: [] for c in configs}
     prompts = mixed(a.dataset, a.limit)
     for i, p in enumerate(prompts):
         order = configs[i % len(configs):] + configs[:i % len(configs)]
         for c in order:
-            if c == "fly-cpp defaults":
+            if c == DEFAULTS:
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg))
-            elif c == "fly-cpp defaults, first run":
+            elif c == FIRST_RUN:
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, a.fly_arg, first=True))
             elif c in extra:
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, [*a.fly_arg, *extra[c]]))
-            elif c == "fly-cpp target":
+            elif c == TARGET:
                 speeds[c].append(fly(target, draft, p.text, a.n, a.threads, ["--mode", "target"]))
             elif c == "llama-completion":
                 speeds[c].append(peer.run("target", p.text, a.n).tokens_per_second)
@@ -120,8 +120,8 @@ def main() -> None:
     best = max((c for c in configs if c.startswith("llama")), key=lambda c: med[c])
     print("| config | tok/s (median) | vs fly-cpp target |\n|---|---|---|")
     for c in configs:
-        print(f"| {c} | {med[c]:.2f} | {med[c] / med['fly-cpp target']:.2f}x |")
-    for c in (c for c in configs if c.startswith("fly-cpp") and c != "fly-cpp target"):
+        print(f"| {c} | {med[c]:.2f} | {med[c] / med[TARGET]:.2f}x |")
+    for c in (c for c in configs if c.startswith("fly-cpp") and c != TARGET):
         print(f"\n{c} / llama.cpp's best ({best}): {med[c] / med[best]:.3f}x")
     Path(a.out).write_text(json.dumps({"args": vars(a), "speeds": speeds, "median": med, "best_peer": best}, indent=1))
 
