@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -42,10 +41,11 @@ _cxx_runtime_first()
 import llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fly_cpp import native
+from fly_cpp import native, scheduler
 from fly_cpp import rollback as rb
 from fly_cpp import rpc as _rpc
 from fly_cpp.errors import CacheFull, FlyError
+from fly_cpp.rows import argmax as _argmax
 
 GGUF_MAGIC = b"GGUF"
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
@@ -822,7 +822,7 @@ class Context(_Cache):
         self.n_seq = max(1, n_seq)
         self.kv_unified = params.kv_unified
         self._shared = _Batcher(self) if n_seq > 1 else None
-        self._drafting: dict[int, native.DraftContext] = {}  # n_vocab -> what a native draft run decodes in
+        self._drafting: dict[tuple[int, int], native.DraftContext] = {}  # (n_vocab, seq) -> what a draft run decodes in
 
     def keep_hidden(self) -> None:
         """Record, from now on, the hidden state every decoded position ends with (what an MTP
@@ -940,28 +940,30 @@ class Context(_Cache):
         return self.runs_natively and native.has_draft_run()
 
     def draft_run(self, hist: np.ndarray, n_hist: int, rules: native.DraftRules, n_vocab: int,
-                  ) -> tuple[list[int], list[float], int]:
+                  cache: _Cache | None = None) -> tuple[list[int], list[float], int]:
         """A round of greedy drafting without returning to Python per token (``drafts_natively``
-        must hold; ``native.draft_run`` says what it does): the text is ``hist[:n_hist]``, of
-        which ``tokens`` must be a prefix, shorter than it (the rest, the catch-up, is decoded
+        must hold; ``native.draft_run`` says what it does) in ``cache`` (this context's own
+        sequence, or one of its ``Seq`` views): the text is ``hist[:n_hist]``, of which the
+        cache's ``tokens`` must be a prefix, shorter than it (the rest, the catch-up, is decoded
         with the first step). Returns (the drafted tokens, their confidences when asked, the
         draft's own token after ``tokens``); ``tokens`` then holds the text and all drafted
         tokens but the last (fewer where the draft lost confidence in a guess)."""
-        start = len(self.tokens)
-        if start >= n_hist or self.behind or self._intent is not None or n_hist + rules.limit - 1 > self.n_ctx:
-            raise FlyError(f"no room for a draft run at {start} of n_ctx={self.n_ctx}")
-        where = self._drafting.get(n_vocab)
+        cache = self if cache is None else cache
+        start = len(cache.tokens)
+        if start >= n_hist or cache.behind or cache._intent is not None or n_hist + rules.limit - 1 > cache.n_ctx:
+            raise FlyError(f"no room for a draft run at {start} of n_ctx={cache.n_ctx}")
+        where = self._drafting.get((n_vocab, cache.seq_id))
         if where is None:
             decode, logits = _run_entry_points()
-            where = self._drafting[n_vocab] = native.DraftContext(
+            where = self._drafting[n_vocab, cache.seq_id] = native.DraftContext(
                 decode, logits, _entry_point("llama_memory_seq_rm"), self.ptr, self._memory,
-                ctypes.addressof(self._batch), self.n_batch, 0, self.model.n_vocab, n_vocab,
+                ctypes.addressof(self._batch), self.n_batch, cache.seq_id, self.model.n_vocab, n_vocab,
                 self.model.eog_mask.ctypes.data)
         out, conf, done, last, status = native.draft_run(where, rules, hist, n_hist, start)
-        self.tokens.extend(hist[start:done].tolist())
-        self._done = len(self.tokens)
+        cache.tokens.extend(hist[start:done].tolist())
+        cache._done = len(cache.tokens)
         if status != 0:
-            self._physical(len(self.tokens), failed=True)
+            cache._physical(len(cache.tokens), failed=True)
             if status == -3:
                 raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back")
             if status == -2:
@@ -1263,168 +1265,135 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: st
 
 
 class _Job:
-    """One sequence's tokens waiting for a shared decode; ``rows`` its logits once done."""
+    """One sequence's tokens waiting for a shared decode; ``rows`` its logits once done.
+    ``run``: a greedy run instead (``Seq.greedy_run``: at most that many tokens, ``stop`` its
+    end marks), its tokens in ``got``; ``glet``: the task that waits for it."""
 
-    __slots__ = ("seq", "pos", "tokens", "want", "rows", "error")
+    __slots__ = ("seq", "pos", "tokens", "want", "rows", "error", "glet", "run", "stop", "got")
 
-    def __init__(self, seq: int, pos: int, tokens: Sequence[int], want: int) -> None:
+    def __init__(self, seq: int, pos: int, tokens: Sequence[int], want: int, run: int = 0,
+                 stop: np.ndarray | None = None) -> None:
         self.seq, self.pos, self.tokens, self.want = seq, pos, tokens, want
+        self.run, self.stop = run, stop
         self.rows: np.ndarray | None = None
+        self.got: list[int] = []
         self.error: BaseException | None = None
+        self.glet: Any = None
 
-
-_DECODER: ThreadPoolExecutor | None = None
-_DECODER_LOCK = threading.Lock()
-
-
-def _decoder() -> ThreadPoolExecutor:
-    """The thread that runs every shared decode of the process. Whichever slot's thread asked
-    for a decode would otherwise run it, and llama.cpp's OpenMP build keeps a team of compute
-    threads for each thread that starts parallel work: the idle teams' spinning took CPU from
-    the running one (F16 Qwen, 4 sequences x 1 row, 2 cores: 31.1 tok/s from the slots' own
-    threads, 33.4 from one, llama-batched-bench 33.8)."""
-    global _DECODER
-    with _DECODER_LOCK:
-        if _DECODER is None:
-            _DECODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-cpp-decode")
-        return _DECODER
+    @property
+    def size(self) -> int:
+        """Rows this job puts in the next batch."""
+        return 1 if self.run else len(self.tokens)
 
 
 class _Batcher:
-    """Decodes for several sequences of one context. A decode asked for while another runs
-    waits, and the next decode takes every waiting sequence's tokens (up to n_batch) in ONE
-    llama_decode: the sequences' verification rows share the batch, and a long prompt, asked
-    for in n_batch chunks, interleaves with the others' rounds. Every other call on the context
-    (a sequence's cache edits, its state's copies and restores) waits for the running decode,
-    and no decode starts while it runs (llama.cpp's context is not thread-safe)."""
-
-    HOLD = 1.0  # seconds at most a decode waits for sequences said to come (``expect``): a safety net
+    """Decodes for several sequences of one context in shared batches. A sequence's decode,
+    inside a task of the engine's step loop (``fly_cpp.scheduler``), parks its job here until
+    the loop ``flush``es every parked job that fits one batch in ONE llama_decode (the slots'
+    verification rows share the batch, and a long prompt, asked for in n_batch chunks,
+    interleaves with the other slots' rounds); outside a task it decodes at once. A step whose
+    jobs are all greedy runs decodes them inside the native library for several tokens at once
+    (``native.greedy_runs``). Only the step thread touches the context, so a sequence's cache
+    edits and state copies happen between decodes by construction."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.cond = threading.Condition()
-        self.waiting: list[_Job] = []
-        self.busy = False
+        self.jobs: list[_Job] = []
         self.decodes = 0  # llama_decode calls, and the rows they held (how wide the shared batches ran)
         self.rows = 0
-        self.shared = 0  # shared decodes (one per gathering: a llama_decode per sequence at n_ubatch 1)
+        self.shared = 0  # shared decodes (one per batch: a llama_decode per sequence at n_ubatch 1)
         self.seqs = 0  # ... and the sequences they held
-        self.last: set[int] = set()  # the sequences of the last decode
-        self.took = 0.0  # and how long it took
-        self.gather_until: float | None = None
-        self.held: dict[int, bool] = {}  # sequences said to come (``expect``): whether for every decode until released
+        self._runs: tuple[int, ...] | None = None  # what native runs need, once looked up
 
-    def decode(self, job: _Job) -> np.ndarray | None:
-        with self.cond:
-            self.waiting.append(job)
-            self.cond.notify_all()  # a decode gathering its sequences may now be complete
-            while job.rows is None and job.error is None:
-                if self.busy:
-                    self.cond.wait()
-                    continue
-                if (wait := self._gather()) > 0:
-                    self.cond.wait(wait)
-                    continue
-                take, room = [], self.ctx.n_batch
-                for j in self.waiting:
-                    if len(j.tokens) <= room:
-                        take.append(j)
-                        room -= len(j.tokens)
-                self.waiting = [j for j in self.waiting if j not in take]
-                for j in take:
-                    if self.held.get(j.seq) is False:
-                        del self.held[j.seq]  # held for one decode: this one
-                self.busy = True
-                self.cond.release()
-                try:
-                    self._run(take)
-                finally:
-                    self.cond.acquire()
-                    self.busy = False
-                    self.cond.notify_all()
+    def waiting(self) -> list[_Job]:
+        return self.jobs
+
+    def decode(self, job: _Job) -> None:
+        """Decode ``job`` (with the other slots' jobs, inside a task); its ``rows`` / ``got``
+        are set after, or its error raised."""
+        if not scheduler.in_task():
+            self._run([job])
+        else:
+            job.glet = scheduler.current()
+            self.jobs.append(job)
+            try:
+                scheduler.park()
+            finally:
+                if job in self.jobs:  # cancelled while it waited: never decoded
+                    self.jobs.remove(job)
         if job.error is not None:
             raise job.error
-        return job.rows
 
-    def _gather(self) -> float:
-        """How much longer to hold the next decode. For the sequences said to come
-        (``expect``), until each has asked (at most ``HOLD`` seconds: a safety net, not a
-        pace). Else for the sequences of the last one that have not asked yet (each slot's
-        host work between its decodes is short beside a decode): slots then share every decode
-        in step, as llama-server's do, instead of alternating half batches; at most a quarter
-        of the last decode's time (and 20 ms) in all, so a sequence that has ended costs that
-        once."""
-        present = {j.seq for j in self.waiting}
-        missing = set(self.held) - present if self.held else self.last - present
-        if not missing:
-            self.gather_until = None
-            return 0.0
-        now = perf_counter()
-        if self.gather_until is None:
-            self.gather_until = now + (self.HOLD if self.held else min(self.took / 4, 0.02))
-        left = self.gather_until - now
-        if left <= 0:
-            self.gather_until = None
-            self.last -= missing  # gone: not waited for again
-            for seq in missing:
-                self.held.pop(seq, None)
-        return max(left, 0.0)
+    def flush(self, halt: np.ndarray | None = None) -> list[_Job]:
+        """Decode the parked jobs that fit one batch (in the order they came); the jobs done.
+        Greedy runs decoded together end early once ``halt[0]`` is set ((1,) int32: the loop
+        has news, a task to admit or to cancel)."""
+        take, room = [], self.ctx.n_batch
+        for j in self.jobs:
+            if j.size <= room:
+                take.append(j)
+                room -= j.size
+        taken = set(map(id, take))
+        self.jobs = [j for j in self.jobs if id(j) not in taken]
+        if take:
+            try:
+                self._run(take, halt)
+            except Exception as e:  # each job's task raises it where it waits
+                for j in take:
+                    j.error = j.error or e
+        return take
 
-    def expect(self, seqs: Iterable[int], *, every: bool) -> None:
-        """Hold the next decode until each of ``seqs`` has asked for one (a round's slots,
-        ``fly_cpp.batchloop.Rounds``); ``every``: each decode after it too, until ``release``."""
-        with self.cond:
-            for seq in seqs:
-                self.held[seq] = every or self.held.get(seq, False)
-            self.cond.notify_all()
-
-    def release(self, seq: int) -> None:
-        """``seq`` asks for no more decodes of the round it was expected in."""
-        with self.cond:
-            if self.held.pop(seq, None) is not None:
-                self.cond.notify_all()
-
-    def call(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the context between decodes (a sequence's ``_call``)."""
-        with self.cond:
-            while self.busy:
-                self.cond.wait()
-            return self.ctx._call(fn, *args)
-
-    def edit(self, seq: int, n: int) -> None:
-        """Drop sequence ``seq``'s cache from position ``n`` on."""
-        ctx = self.ctx
-        if not self.call(ll.llama_memory_seq_rm, ctx._memory, seq, n, -1):
-            raise FlyError(f"{ctx.model.name}: llama.cpp refused to roll sequence {seq} back to {n} tokens")
-
-    def _run(self, jobs: list[_Job]) -> None:
-        """The decode, on the one thread that runs every shared decode (``_decoder``)."""
-        _decoder().submit(self._run_here, jobs).result()
-
-    def _run_here(self, jobs: list[_Job]) -> None:
+    def _run(self, jobs: list[_Job], halt: np.ndarray | None = None) -> None:
         # llama.cpp's split for a cache per sequence (split_equal) puts several sequences in one
         # micro-batch only while their ids follow one another in the batch (else it reads the
         # weights once per run of ids), hence the order; and it puts one row of each of two
         # sequences together even at n_ubatch 1, whose promise (a row's numbers independent of
         # its batch) then needs a llama_decode per sequence
         jobs = sorted(jobs, key=lambda j: j.seq)
-        groups = [[j] for j in jobs] if self.ctx.n_ubatch == 1 and len(jobs) > 1 else [jobs]
-        start = perf_counter()
-        for group in groups:
+        separate = self.ctx.n_ubatch == 1 and len(jobs) > 1
+        if all(j.run for j in jobs) and self._native_runs():
+            self._run_natively(jobs, separate, halt)
+            return
+        for group in ([[j] for j in jobs] if separate else [jobs]):
             self._run_one(group)
-        self.took, self.last = perf_counter() - start, {j.seq for j in jobs}
         self.shared += 1
         self.seqs += len(jobs)
+
+    def _native_runs(self) -> bool:
+        if self._runs is None:
+            ok = _BATCH_MATCHES and native.has_greedy_runs() and not self.ctx.model.call.endpoints
+            self._runs = (*_run_entry_points(),) if ok else ()
+        return bool(self._runs)
+
+    def _run_natively(self, jobs: list[_Job], separate: bool, halt: np.ndarray | None) -> None:
+        ctx = self.ctx
+        decode, logits = self._runs  # type: ignore[misc]
+        stop = jobs[0].stop
+        got, status = native.greedy_runs(
+            decode, logits, ctx.ptr, ctypes.addressof(ctx._batch), np.array([j.tokens[0] for j in jobs], np.int32),
+            np.array([j.pos for j in jobs], np.int32), np.array([j.seq for j in jobs], np.int32),
+            np.array([j.run for j in jobs], np.int64), separate, ctx.model.n_vocab, stop, halt)
+        steps = max(map(len, got), default=0)
+        self.decodes += steps * (len(jobs) if separate else 1)
+        self.rows += sum(map(len, got))
+        self.shared += steps
+        self.seqs += sum(map(len, got))
+        for j, tokens in zip(jobs, got):
+            j.got = tokens
+            if status != 0 and len(tokens) < j.run and not (tokens and stop is not None and stop[tokens[-1]]):
+                # a run that the failed decode cut: what it left past its tokens is dropped
+                ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos + len(tokens), -1)
+                j.error = _decode_failed(ctx.model.name, status, {-1: "no logits"})
 
     def _run_one(self, jobs: list[_Job]) -> None:
         ctx, batch, i = self.ctx, self.ctx._batch, 0
         for j in jobs:
-            for k, token in enumerate(j.tokens):
+            for k, token in enumerate(j.tokens if not j.run else j.tokens[:1]):
                 batch.token[i] = token
                 batch.pos[i] = j.pos + k
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = j.seq
-                batch.logits[i] = k >= len(j.tokens) - j.want
+                batch.logits[i] = 1 if j.run else k >= len(j.tokens) - j.want
                 i += 1
         batch.n_tokens = i
         rc = ctx._call(ll.llama_decode, ctx.ptr, batch)
@@ -1435,47 +1404,90 @@ class _Batcher:
                 ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos, -1)
                 j.error = _decode_failed(ctx.model.name, rc)
             return
-        n_out = sum(j.want for j in jobs)
+        n_out = sum(1 if j.run else j.want for j in jobs)
         # (n_out, n_vocab): the rows with logits in batch order; each sequence keeps a copy, since
         # the next shared decode overwrites the buffer before its owner may have read it
         out = np.ctypeslib.as_array(ctx._call(ll.llama_get_logits, ctx.ptr), shape=(n_out, ctx.model.n_vocab))
         at = 0
         for j in jobs:
-            j.rows = out[at:at + j.want].copy()
-            at += j.want
+            if j.run:  # one token of its run in this batch
+                j.got = [int(_argmax(out[at:at + 1])[0])]
+                at += 1
+            else:
+                j.rows = out[at:at + j.want].copy()
+                at += j.want
 
 
 class Seq(_Cache):
     """One sequence of a context shared by several (``Context(n_seq=N)``), with the part of
     ``Context``'s interface the speculative loop and the draft model use: ``tokens`` (position
     p of this sequence holds ``tokens[p]``), ``decode``, ``truncate``, ``sync``,
-    ``checkpoint``. Its decodes are shared ones (``_Batcher``); a recurrent state goes back by
-    checkpoints of this sequence's own, taken and restored between decodes, and a checkpoint
-    asked for inside a decode splits this sequence's part of it in two shared decodes (the
-    catch-up, then the rows), the copy taken between them."""
+    ``checkpoint``, ``greedy_run``. Its decodes are shared ones (``_Batcher``); a recurrent
+    state goes back by checkpoints of this sequence's own, taken and restored between decodes,
+    and a checkpoint asked for inside a decode splits this sequence's part of it in two shared
+    decodes (the catch-up, then the rows), the copy taken between them."""
 
     def __init__(self, ctx: Context, shared: _Batcher, seq_id: int) -> None:
         self.ctx, self.shared, self.seq_id = ctx, shared, seq_id
         self.model, self.n_batch, self.n_ubatch, self.n_threads = ctx.model, ctx.n_batch, ctx.n_ubatch, ctx.n_threads
         self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
-        self.ptr, self._memory, self._call = ctx.ptr, ctx._memory, shared.call
+        self.ptr, self._memory, self._call = ctx.ptr, ctx._memory, ctx._call
         self.n_rs_seq = 0
         self._track(ctx.rollback)
         self._out: np.ndarray | None = None  # the last decode's rows with logits (this sequence's copy)
-        self.runs_natively = False  # its decodes are batched with the other sequences' (no greedy runs)
-        self.drafts_natively = False  # ... nor draft runs
 
     def _decode_range(self, end: int, want: int) -> None:
         """As ``Context``'s, each n_batch chunk one shared decode (other sequences' rounds run
         between them)."""
         for lo, hi in _chunks(self._done, end, self.n_batch):
+            job = _Job(self.seq_id, lo, self.tokens[lo:hi], want if hi == end else 0)
             try:
-                self._out = self.shared.decode(_Job(self.seq_id, lo, self.tokens[lo:hi], want if hi == end else 0))
+                self.shared.decode(job)
             except FlyError:
                 self._physical(lo, failed=True)  # the batcher dropped what the failed decode left of a KV cache
                 raise
+            self._out = job.rows
             self._done = hi
 
     def _rows(self, want: int) -> np.ndarray:
         assert self._out is not None and len(self._out) == want
         return self._out
+
+    @property
+    def runs_natively(self) -> bool:
+        """Whether ``greedy_run`` decodes here in runs: a plain KV cache on this machine (no rpc
+        servers); the runs of every slot that runs one go together (``_Batcher``)."""
+        return (self.rollback == rb.KV and not self.model.call.endpoints and _BATCH_MATCHES
+                and native.has_greedy_runs())
+
+    @property
+    def drafts_natively(self) -> bool:
+        """Whether ``draft_run`` drafts here: as for runs, and only while this sequence's task is
+        the only one of the step loop (else its drafting steps share the draft model's batches
+        with the other slots' steps)."""
+        return self.runs_natively and native.has_draft_run() and scheduler.alone()
+
+    def draft_run(self, hist: np.ndarray, n_hist: int, rules: native.DraftRules, n_vocab: int,
+                  ) -> tuple[list[int], list[float], int]:
+        """``Context.draft_run`` on this sequence (at once: nothing else decodes meanwhile)."""
+        return self.ctx.draft_run(hist, n_hist, rules, n_vocab, self)
+
+    def greedy_run(self, token: int, n: int, stop: np.ndarray | None) -> list[int]:
+        """As ``Context.greedy_run``, one row of this sequence in each of the shared decodes
+        (inside the native library while every running slot runs: ``_Batcher``). It may return
+        fewer than ``n`` tokens: a step shared with other slots' rounds decodes one."""
+        start = len(self.tokens)
+        n = min(n, self.n_ctx - start)
+        if n <= 0 or self.behind or self._intent is not None:
+            raise FlyError(f"no room for a greedy run at {start} of n_ctx={self.n_ctx}")
+        job = _Job(self.seq_id, start, [token], 0, run=n, stop=stop)
+        try:
+            self.shared.decode(job)
+        except FlyError:
+            self.tokens.extend([token, *job.got[:-1]] if job.got else [])
+            self._physical(start + len(job.got), failed=True)
+            raise
+        got = job.got
+        self.tokens.extend([token, *got[:-1]] if got else [])
+        self._done = len(self.tokens)
+        return got

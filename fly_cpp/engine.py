@@ -1,5 +1,7 @@
 """The engine: loads a target model and an optional draft model once, checks that they fit
-together, and runs generations (``fly_cpp.loop``) on their contexts, one at a time.
+together, and runs generations (``fly_cpp.loop``) on their contexts: one at a time, or with
+``n_seq`` slots several at once, every one of them a task of the engine's step loop
+(``fly_cpp.scheduler``), which alone touches the contexts.
 
 Everything the outer layers (Python API, server, CLI, bench) need goes through its methods:
 ``generate``, ``tokenize`` / ``detokenize`` / ``piece``, ``info()`` (what is loaded),
@@ -9,20 +11,18 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import secrets
-import threading
 import weakref
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fly_cpp import loop, recall, scoring, worth
 from fly_cpp import rollback as rb
 from fly_cpp.constrain import Lazy, Rules
 from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.batchloop import Slots, Throttled
+from fly_cpp.batchloop import Throttled
 from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.rollback_costs import pick_rollback
@@ -38,6 +38,9 @@ from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.request import Request, Shift
 from fly_cpp.sampling import NO_BIAS, LogitBias
+from fly_cpp.scheduler import Scheduler, Task
+
+T = TypeVar("T")
 from fly_cpp.shape import Steady
 from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.vocab import check_compatible
@@ -135,8 +138,9 @@ class EngineInfo:
 
 
 class Engine:
-    """Loads the models once; ``generate`` may be called many times (calls are serialised).
-    Consecutive generations reuse the longest common prefix of both KV caches."""
+    """Loads the models once; ``generate`` may be called many times (with one slot the
+    generations run one after another). Consecutive generations reuse the longest common prefix
+    of both KV caches."""
 
     def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None, *,
                  n_seq: int = 1, kv_unified: bool = False) -> None:
@@ -146,11 +150,12 @@ class Engine:
         if n_seq < 1:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
-        self.slots: Slots | None = None
+        self.steps: Scheduler | None = None  # the step loop: every slot's work runs there
+        self._views: list[tuple[Context | Seq, Context | Seq | None]] = []  # each slot's caches
         self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
-        self._lock = threading.Lock()
+        self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self._costs: Costs | None = None
         self._pacers: dict[tuple[object, ...], Pacer] = {}
@@ -177,7 +182,13 @@ class Engine:
                 for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
             if n_seq > 1:
-                self.slots = Slots(self.target, self.draft_ctx, n_seq)
+                draft_ctx = self.draft_ctx
+                self._views = [(self.target.seq(i), draft_ctx.seq(i) if draft_ctx is not None else None)
+                               for i in range(n_seq)]
+                shared = (self.target._shared, draft_ctx._shared if draft_ctx is not None else None)
+            else:
+                self._views, shared = [(self.target, self.draft_ctx)], (None, None)
+            self.steps = Scheduler(n_seq, *shared, cached=lambda i: self._views[i][0].tokens)
         except BaseException:
             self._close()
             raise
@@ -208,7 +219,7 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         """The positions one generation may fill (with slots: one slot's)."""
-        return self.target.n_ctx if self.slots is None else self.slots.targets[0].n_ctx
+        return self._views[0][0].n_ctx
 
     @property
     def n_vocab(self) -> int:
@@ -301,7 +312,7 @@ class Engine:
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
         if spec.auto and spec.k_gpu and spec.mode != "target" and self.on_gpu():
             spec = dataclasses.replace(spec, k=min(spec.k_gpu, spec.k_max))  # steady rounds (SpecSettings.k_gpu)
-        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and (self.n_seq > 1 or not self._loosening_pays()):
+        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self._loosening_pays():
             spec = dataclasses.replace(spec, loosen="off")
         rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
         piece = self.target_model.piece_keeping(sampling.preserved_tokens)
@@ -320,20 +331,21 @@ class Engine:
         out = Output(request, piece, self.target_model.is_eog)
 
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
-            """The loop in slot ``at`` (0 without slots), its drafter made there."""
+            """The loop in slot ``at``, its drafter made there."""
             made = self.drafter(spec, bias, at) if own else drafter
             if isinstance(made.inner if isinstance(made, PacedDrafter) else made, MtpDrafter):
                 out.stats.drafter = "mtp"
             steady = Steady() if made is not None and self.steady_batches(spec) else None
             pacer = made.pacer if isinstance(made, PacedDrafter) else None
-            if self.slots is not None and made is not None:
-                made = Throttled(made, self.slots, pacer, at, spec.k_slots if spec.auto else int(spec.k))
+            if self.n_seq > 1 and made is not None:
+                assert self.steps is not None
+                made = Throttled(made, self.steps, pacer, spec.k_slots if spec.auto else int(spec.k))
             return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
 
-        if self.slots is None:
-            gen = Generation(request, out, self._locked(start, out.stats, max_tokens, fresh=not cache_prompt))
-        else:
-            gen = Generation(request, out, self._in_slot(start, request, out.stats, not cache_prompt, slot))
+        def body(at: int) -> Iterator[Step | Progress]:
+            return self._in_slot(at, start, request, out.stats, not cache_prompt)
+
+        gen = Generation(request, out, self._submitted(body, slot, request.prompt))
         self._open.add(gen)
         return gen
 
@@ -345,12 +357,11 @@ class Engine:
         return self.mtp_ctx is None and target.can_shift and (draft is None or draft.can_shift)
 
     def _loosening_pays(self) -> bool:
-        """Whether k auto's fly loosens on this pair with one slot (with several it never does:
-        slots draft only what windows need, so FLy would ask the draft model at nearly every
-        unsure position, a draft decode beside every shared target decode: on the F16 pair at
-        -np 4 fly ran at half spd's throughput) (``worth.loosening_pays``): the draft model's
-        bytes beside the target's, or the share of the target a step of its MTP head touches (``worth.head_params``);
-        n-gram lookup alone never asks for a model's token, so nothing to weigh there."""
+        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): the draft model's
+        bytes beside the target's, or the share of the target a step of its MTP head touches
+        (``worth.head_params``); n-gram lookup alone never asks for a model's token, so nothing
+        to weigh there. Decided from the pair alone, so that a request gives the same text in
+        any slot, with one slot or several, whatever the load."""
         m = self.target_model
         if self.draft_ctx is not None:
             return worth.loosening_pays(self.draft_ctx.model.size_bytes / max(m.size_bytes, 1), m.size_bytes)
@@ -381,10 +392,9 @@ class Engine:
         return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
 
     def busy_slots(self) -> list[bool]:
-        """Whether each slot is generating now (one slot: whether a generation holds the engine)."""
-        if self.slots is None:
-            return [self._lock.locked()]
-        return list(self.slots.busy)
+        """Whether each slot is running a task now (a generation, or work between them)."""
+        assert self.steps is not None
+        return [t is not None for t in self.steps.busy]
 
     def slot_views(self) -> list[SlotView]:
         """Each slot's generation (running, else its last) and its counters (``fly_cpp.ledger``)."""
@@ -402,14 +412,12 @@ class Engine:
 
     @property
     def generations_waiting(self) -> int:
-        """Generations started (iterated) that wait for a slot, or for the engine with one slot."""
-        return self._ledger.waiting
+        """Generations started (iterated) that wait for a slot."""
+        return self.steps.waiting if self.steps is not None else 0
 
     def _pair(self, slot: int = 0) -> tuple[Context | Seq, Context | Seq | None]:
         """The target's and the draft's caches a generation in ``slot`` runs on."""
-        if self.slots is None:
-            return self.target, self.draft_ctx
-        return self.slots.targets[slot], self.slots.drafts[slot] if self.slots.drafts is not None else None
+        return self._views[slot]
 
     def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
@@ -432,12 +440,9 @@ class Engine:
                *(("mtp",) if isinstance(base, MtpDrafter) else ()))  # the head learns apart from n-gram lookup on the same file
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
-            # the costs are measured where the pacer first needs them: with one slot inside the
-            # generation, which holds the engine's lock; in a slot, on that slot's own sequence
-            # under the lock (measuring on another slot's raced its generation: llama_decode
-            # refused positions that two threads wrote)
-            load = self._cost_model if self.slots is None else functools.partial(self._slot_costs, slot)
-            self._pacers[key] = pacer = Pacer(load, spec.k_max, recall.load(record))
+            # the costs are measured where the pacer first needs them, on the step loop in the
+            # slot of the generation that needs them
+            self._pacers[key] = pacer = Pacer(lambda: self._cost_model(slot=slot), spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
@@ -462,65 +467,48 @@ class Engine:
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
-        first use; ``refresh`` measures again. Waits for a running generation."""
-        if self.slots is None:
-            with self._lock:
-                return self._cost_model(refresh=refresh)
-        with self.slots.take(None) as at:
-            return self._slot_costs(at, refresh=refresh)
-
-    def _slot_costs(self, slot: int, *, refresh: bool = False) -> Costs:
-        """The cost model, measured (when it must be) on ``slot``'s own sequence under the lock."""
-        with self._lock:
-            return self._cost_model(refresh=refresh, slot=slot)
+        first use; ``refresh`` measures again. Waits for a free slot."""
+        assert self.steps is not None
+        return self.steps.call(lambda at: self._cost_model(refresh=refresh, slot=at))
 
     def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
+        """The cost model, measured (when it must be) on ``slot``'s own caches, on the step loop;
+        a task that needs it while another measures it waits for that measurement."""
+        assert self.steps is not None
+        while self._measuring:
+            self.steps.pause()
         if self._costs is None or refresh:
             token = self.target_model.bos if self.target_model.bos >= 0 else 0
             target, draft = self._pair(slot)
-            self._costs = calibrate(target, self.target_settings, draft, self.draft_settings,  # type: ignore[arg-type]
-                                    token, refresh=refresh, mtp=self.mtp_ctx)
+            self._measuring = True
+            try:
+                self._costs = calibrate(target, self.target_settings, draft, self.draft_settings,  # type: ignore[arg-type]
+                                        token, refresh=refresh, mtp=self.mtp_ctx)
+            finally:
+                self._measuring = False
         return self._costs
 
-    @contextmanager
-    def _engine_held(self) -> Iterator[int]:
-        with self._lock:
-            yield 0
+    def _submitted(self, body: Callable[[int], Iterator[T]], slot: int | None, prompt: Sequence[int] = (),
+                   ) -> Iterator[T]:
+        """``body``'s items: it goes to the step loop when the first one is asked for (a
+        generation takes its slot when it starts, as before), and is cancelled when this
+        iterator is closed before its end."""
+        assert self.steps is not None
+        task: Task[T] = self.steps.submit(body, slot, prompt)
+        yield from task
 
-    def _locked(self, start: Callable[[int], tuple[Iterator[Step | Progress], Pacer | None]], stats: Stats,
-                limit: int, fresh: bool = False) -> Iterator[Step | Progress]:
-        """A generation under the engine's lock. Its loop and drafter are made there too: requests
-        are prepared on other threads while one runs, and a new drafter begins the pacer it
-        shares with the running one (a concurrent request under load made the running
-        generation's llama_decode fail)."""
-        with self._ledger.hold(self._engine_held(), stats, limit):
-            steps, pacer = start(0)
-            if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
-                self._cost_model()
-            if fresh:  # cache_prompt off: nothing carried over from earlier generations
-                for ctx in (self.target, self.draft_ctx, self.mtp_ctx):
-                    if ctx is not None:
-                        ctx.truncate(0)
-            marks = _rollback_marks(self.target, self.draft_ctx)
-            try:
-                yield from steps
-            finally:
-                if pacer is not None:
-                    self._finish(pacer, stats)
-                stats.rollback = _rollback_spent(marks)
-
-    def _in_slot(self, start: Callable[[int], tuple[Iterator[Step | Progress], Pacer | None]], request: Request, stats: Stats,
-                 fresh: bool, slot: int | None) -> Iterator[Step | Progress]:
-        """A generation in one of several slots (``slot``, or the free one whose cache shares
-        most with the prompt): that slot, not the engine's lock."""
-        assert self.slots is not None
-        with self._ledger.hold(self.slots.take(slot, list(request.prompt)), stats, request.max_tokens) as at:
-            stats.slot = at
+    def _in_slot(self, at: int, start: Callable[[int], tuple[Iterator[Step | Progress], Pacer | None]],
+                 request: Request, stats: Stats, fresh: bool) -> Iterator[Step | Progress]:
+        """A generation in slot ``at`` (on the step loop). Its loop and drafter are made there
+        too: a new drafter begins the pacer it may share with a running generation."""
+        with self._ledger.run(at, stats, request.max_tokens):
+            if self.n_seq > 1:
+                stats.slot = at
             steps, pacer = start(at)
-            if pacer is not None:
-                self._slot_costs(at)
-            if fresh:
-                for ctx in self._pair(at):
+            if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
+                self._cost_model(slot=at)
+            if fresh:  # cache_prompt off: nothing carried over from earlier generations
+                for ctx in (*self._pair(at), self.mtp_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
             marks = _rollback_marks(*self._pair(at))
@@ -528,8 +516,7 @@ class Engine:
                 yield from steps
             finally:
                 if pacer is not None:
-                    with self._lock:
-                        self._finish(pacer, stats)
+                    self._finish(pacer, stats)
                 stats.rollback = _rollback_spent(marks)
 
     def _finish(self, pacer: Pacer, stats: Stats) -> None:
@@ -547,27 +534,21 @@ class Engine:
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
-        at once: the bench times decoding alone this way)."""
-        with self._held() as (target, draft):
+        at once: the bench times decoding alone this way), in a free slot."""
+        def sync(at: int) -> None:
+            target, draft = self._pair(at)
             target.sync(prompt)
             if draft is not None:
                 draft.sync(prompt)
 
-    def score(self, prompt: Sequence[int], output: Sequence[int], top_n: int = 0) -> scoring.Score:
-        """The target's teacher-forced scores of ``output`` after ``prompt`` (between
-        generations: it waits for a running one)."""
-        with self._held() as (target, _):
-            return scoring.score(target, prompt, output, top_n)  # type: ignore[arg-type]
+        assert self.steps is not None
+        self.steps.call(sync)
 
-    @contextmanager
-    def _held(self) -> Iterator[tuple[Context | Seq, Context | Seq | None]]:
-        """The caches, held for work between generations: the engine's lock, or a free slot."""
-        if self.slots is None:
-            with self._lock:
-                yield self.target, self.draft_ctx
-        else:
-            with self.slots.take(None) as at:
-                yield self._pair(at)
+    def score(self, prompt: Sequence[int], output: Sequence[int], top_n: int = 0) -> scoring.Score:
+        """The target's teacher-forced scores of ``output`` after ``prompt``, in a free slot
+        (it waits for one)."""
+        assert self.steps is not None
+        return self.steps.call(lambda at: scoring.score(self._pair(at)[0], prompt, output, top_n))  # type: ignore[arg-type]
 
     def slower_note(self, gen: Generation) -> str | None:
         """One line when ``gen`` (finished) ran slower than the target alone would have here,
@@ -577,8 +558,7 @@ class Engine:
         s = gen.stats
         if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
             return None
-        with self._lock:
-            model = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings, self.mtp_ctx)
+        model = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings, self.mtp_ctx)
         if model is None:
             return None
         return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)
@@ -591,14 +571,13 @@ class Engine:
         for gen in list(self._open):
             try:
                 gen.close()
-            except ValueError:  # running in another thread: the lock below waits for it
+            except ValueError:  # running in another thread: the step loop's close waits for it
                 pass
-        if self.slots is not None:
-            self.slots.wait_idle()  # slots run outside the engine's lock
-        with self._lock:
-            self._close()
+        self._close()
 
     def _close(self) -> None:
+        if self.steps is not None:
+            self.steps.close()  # the running and waiting tasks end first
         for part in (self.mtp_ctx, self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
             if part is not None:
                 part.close()

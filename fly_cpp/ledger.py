@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from fly_cpp.step import Stats
@@ -46,34 +46,21 @@ class Ledger:
         self._last: list[Stats | None] = [None] * n
         self._limit = [0] * n
         self._done = [dict.fromkeys(COUNTERS, 0) for _ in range(n)]
-        self.waiting = 0  # generations waiting for a slot
 
     @contextmanager
-    def hold(self, take: AbstractContextManager[int], stats: Stats, limit: int) -> Iterator[int]:
-        """Enter ``take`` (which may wait, and yields the slot it got) for the generation
-        counted by ``stats`` (``limit``: its max_tokens): waiting until it has a slot, running
-        there until it ends."""
+    def run(self, at: int, stats: Stats, limit: int) -> Iterator[None]:
+        """The generation counted by ``stats`` (``limit``: its max_tokens) runs in slot ``at``
+        for the block."""
         with self._lock:
-            self.waiting += 1
-        got = False
+            self._running[at] = self._last[at] = stats
+            self._limit[at] = limit
         try:
-            with take as at:
-                with self._lock:
-                    self.waiting -= 1
-                    got = True
-                    self._running[at] = self._last[at] = stats
-                    self._limit[at] = limit
-                try:
-                    yield at
-                finally:
-                    with self._lock:
-                        self._running[at] = None
-                        for name, (_, of) in COUNTERS.items():
-                            self._done[at][name] += of(stats)
+            yield
         finally:
-            if not got:
-                with self._lock:
-                    self.waiting -= 1
+            with self._lock:
+                self._running[at] = None
+                for name, (_, of) in COUNTERS.items():
+                    self._done[at][name] += of(stats)
 
     @property
     def running(self) -> int:

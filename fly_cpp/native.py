@@ -64,6 +64,7 @@ class DraftRules(ctypes.Structure):
 # bound when the library has them (a library built before them keeps its other functions)
 _OPTIONAL = {
     "fly_greedy_run": (_i64, [_p, _p, _p, _p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _i64, _p, _i64, _p, _p]),
+    "fly_greedy_runs": (_i64, [_p, _p, _p, _p, _i64, _p, _p, _p, _p, ctypes.c_int32, _i64, _p, _p, _i64, _p, _p, _p]),
     "fly_ngram_match": (_i64, [_p, _i64, ctypes.c_int32, _i64, _p]),
     "fly_draft_run": (_i64, [ctypes.POINTER(DraftContext), ctypes.POINTER(DraftRules), _p, _i64, _p, _p, _p, _p, _p]),
 }
@@ -269,6 +270,38 @@ def greedy_run(decode: int, get_logits: int, ctx: int, batch: int, token: int, p
     got = _need().fly_greedy_run(decode, get_logits, ctx, batch, token, pos, seq, n_vocab, stop_ptr, n,
                                  _ptr(out), ctypes.byref(status))
     return out[:got].tolist(), status.value
+
+
+MAX_RUN_SEQS = 256  # native/flyrows.c FLY_MAX_RUN_SEQS
+
+
+def has_greedy_runs() -> bool:
+    """Whether ``greedy_runs`` is available (the library is in use and has it)."""
+    lib = _library()
+    return lib is not None and hasattr(lib, "fly_greedy_runs")
+
+
+def greedy_runs(decode: int, get_logits: int, ctx: int, batch: int, tokens: np.ndarray, pos: np.ndarray,
+                seqs: np.ndarray, n: np.ndarray, separate: bool, n_vocab: int, stop: np.ndarray | None,
+                halt: np.ndarray | None = None) -> tuple[list[list[int]], int]:
+    """Greedy runs of several sequences of one context at once (``fly_greedy_runs``): sequence
+    ``seqs[i]`` decodes ``tokens[i]`` at ``pos[i]`` first, then its own argmax; each step decodes
+    one row of every sequence in one llama_decode (``separate``: one per sequence), and the runs
+    end together after the step at which one has ``n[i]`` tokens or took a token marked in
+    ``stop``, or at which ``halt[0]`` is non-zero (another thread may set it meanwhile).
+    ``tokens``, ``pos``, ``seqs``: (S,) int32; ``n``: (S,) int64, each >= 1; ``halt``: (1,) int32;
+    ``batch``: a llama_batch with room for S tokens. Returns (each sequence's tokens, the status:
+    0, llama_decode's error, -1 no logits)."""
+    cap = max(int(n.max()) if len(n) else 1, 1)
+    out = np.empty(len(n) * cap, dtype=np.int32)
+    got = np.zeros(len(n), dtype=np.int64)
+    status = ctypes.c_int32(0)
+    _need().fly_greedy_runs(decode, get_logits, ctx, batch, len(n), _ptr(tokens), _ptr(pos), _ptr(seqs), _ptr(n),
+                            int(separate), n_vocab, _ptr(stop) if stop is not None else None,
+                            _ptr(halt) if halt is not None else None, cap, _ptr(out), _ptr(got), ctypes.byref(status))
+    if status.value == -2:
+        raise ValueError("bad greedy runs arguments")
+    return [out[i * cap: i * cap + int(got[i])].tolist() for i in range(len(n))], status.value
 
 
 def has_draft_run() -> bool:

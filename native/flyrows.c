@@ -479,6 +479,73 @@ int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_llama_batc
     return n;
 }
 
+/* ---- greedy runs of several sequences --------------------------------------------------- */
+
+#define FLY_MAX_RUN_SEQS 256
+
+/* Fill the batch with sequences [lo, hi) and decode it. */
+static int32_t decode_rows(fly_decode_fn dec, void *ctx, fly_llama_batch *b, int64_t lo, int64_t hi,
+                           const int32_t *next, const int32_t *pos, const int32_t *seq, int64_t step) {
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t k = i - lo;
+        b->token[k] = next[i];
+        b->pos[k] = pos[i] + (int32_t)step;
+        b->n_seq_id[k] = 1;
+        b->seq_id[k][0] = seq[i];
+        b->logits[k] = 1;
+    }
+    b->n_tokens = (int32_t)(hi - lo);
+    return dec(ctx, *b);
+}
+
+int64_t fly_greedy_runs(void *decode, void *get_logits, void *ctx, fly_llama_batch *batch, int64_t n_seqs,
+                        const int32_t *token, const int32_t *pos, const int32_t *seq, const int64_t *n,
+                        int32_t separate, int64_t n_vocab, const uint8_t *stop, const volatile int32_t *halt,
+                        int64_t cap, int32_t *out, int64_t *got, int32_t *status) {
+    fly_decode_fn dec = (fly_decode_fn)decode;
+    fly_logits_fn logits = (fly_logits_fn)get_logits;
+    const struct kernels *k = kset();
+    int32_t next[FLY_MAX_RUN_SEQS];
+    *status = 0;
+    if (n_seqs < 1 || n_seqs > FLY_MAX_RUN_SEQS || n_vocab < 1) {
+        *status = -2;
+        return 0;
+    }
+    for (int64_t i = 0; i < n_seqs; i++) {
+        if (n[i] < 1 || n[i] > cap) {
+            *status = -2;
+            return 0;
+        }
+        got[i] = 0;
+        next[i] = token[i];
+    }
+    for (int64_t step = 0;; step++) {
+        int64_t groups = separate ? n_seqs : 1;
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t lo = separate ? g : 0, hi = separate ? g + 1 : n_seqs;
+            int32_t rc = decode_rows(dec, ctx, batch, lo, hi, next, pos, seq, step);
+            if (rc != 0) {
+                *status = rc;
+                return step;
+            }
+            const float *rows = logits(ctx);
+            if (!rows) {
+                *status = -1;
+                return step;
+            }
+            for (int64_t i = lo; i < hi; i++) {
+                int32_t t = (int32_t)k->argmax(rows + (i - lo) * n_vocab, n_vocab);
+                out[i * cap + step] = t;
+                got[i] = step + 1;
+                next[i] = t;
+            }
+        }
+        int ended = halt && *halt;
+        for (int64_t i = 0; i < n_seqs && !ended; i++) ended = got[i] >= n[i] || (stop && stop[next[i]]);
+        if (ended) return step + 1;
+    }
+}
+
 /* ---- draft runs -------------------------------------------------------------------------- */
 
 /* One pass: m is how many tokens before position i match the text's last tokens. */

@@ -93,6 +93,24 @@ FLY_API int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_ll
                                int32_t pos, int32_t seq, int64_t n_vocab, const uint8_t *stop, int64_t n,
                                int32_t *out, int32_t *status);
 
+/* Greedy runs of several sequences of one context at once (slots decoding with the target
+ * alone): each step decodes one row per sequence, all in one llama_decode (`separate`: a
+ * llama_decode per sequence, for one-row micro-batches whose rows must not depend on their
+ * batch), and takes each row's argmax (as fly_argmax) as that sequence's next token. Sequence i
+ * decodes token[i] at position pos[i] of sequence seq[i] first. The runs end together, after the
+ * first step at which some sequence has its n[i] tokens (n[i] <= cap) or took a token whose
+ * stop[token] is non-zero (stop may be NULL), or at which *halt (NULL: never) is non-zero: the
+ * caller's loop then has news (a sequence to admit, one to end) before the next step. The rows
+ * go into the batch in the order given (the caller orders them by sequence id). `batch` has room
+ * for n_seqs tokens. Writes sequence i's tokens to out + i * cap and their count to got[i]
+ * (every sequence gets as many). Returns the steps decoded; *status is 0, or llama_decode's
+ * non-zero result (the failed decode wrote nothing; the sequences in it may hold part of it), or
+ * -1 when llama.cpp returned no logits, or -2 for bad arguments. */
+FLY_API int64_t fly_greedy_runs(void *decode, void *get_logits, void *ctx, fly_llama_batch *batch, int64_t n_seqs,
+                                const int32_t *token, const int32_t *pos, const int32_t *seq, const int64_t *n,
+                                int32_t separate, int64_t n_vocab, const uint8_t *stop, const volatile int32_t *halt,
+                                int64_t cap, int32_t *out, int64_t *got, int32_t *status);
+
 /* ---- draft runs ----------------------------------------------------------------------------
  * A fixed-k round of greedy drafting with a draft model (fly_cpp.draft_model.ModelDrafter.draft,
  * the reference) without returning to Python per drafted token. */

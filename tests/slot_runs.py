@@ -9,6 +9,26 @@ from collections.abc import Iterator
 from fly_cpp import Engine, SpecSettings
 
 
+class Gate:
+    """A drafter that holds the step loop in its first round until ``open``: the generation it
+    drafts for is then surely running (a generation runs ahead of its reader). It drafts
+    nothing."""
+
+    def __init__(self) -> None:
+        self._came, self._open = threading.Event(), threading.Event()
+
+    def draft(self, committed: list[int], limit: int) -> list[int]:
+        self._came.set()
+        assert self._open.wait(60), "the gate was never opened"
+        return []
+
+    def wait_for_round(self) -> None:
+        assert self._came.wait(60)
+
+    def open(self) -> None:
+        self._open.set()
+
+
 def drive(its: list[Iterator[object]]) -> None:
     """Each iterator to its end, all at once in threads."""
     threads = [threading.Thread(target=lambda it=it: [None for _ in it]) for it in its]

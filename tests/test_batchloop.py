@@ -1,6 +1,7 @@
-"""Slots (``Engine(n_seq=N)``, ``fly_cpp.batchloop``): several greedy generations at once, their
-rows sharing the target's batches, return exactly what each returns alone. ``n_ubatch=1``
-makes a row's numbers independent of what else is in its batch (docs/fly-rule.md)."""
+"""Slots (``Engine(n_seq=N)``, the engine's step loop ``fly_cpp.scheduler`` and
+``fly_cpp.batchloop``): several greedy generations at once, their rows sharing the target's
+batches, return exactly what each returns alone. ``n_ubatch=1`` makes a row's numbers
+independent of what else is in its batch (docs/fly-rule.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import slot_runs
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp.batchloop import LOAD_RUN, Throttled
+from fly_cpp.drafters import Draft
 from fly_cpp.errors import FlyError
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because",
@@ -72,7 +75,7 @@ def test_generations_without_a_slot_take_the_free_ones(alone, slots):
     for t in threads:
         t.join()
     assert out == expected
-    assert slots.slots.active == 0 and not any(slots.slots.busy)
+    assert slots.steps.active == 0 and not any(slots.busy_slots())
 
 
 def test_scoring_and_prefill_run_in_a_free_slot(alone, slots):
@@ -95,36 +98,45 @@ def test_several_active_slots_draft_together(alone, slots):
     assert draft.seqs - seqs > 1.5 * (draft.shared - shared)  # steps of several slots in one decode
 
 
-def test_a_slot_that_stops_drafting_leaves_the_round(slots):
-    """A slot whose rounds no longer draft together is not waited for by the next round."""
-    rounds = slots.slots.rounds
-    with rounds.join(0):
-        pass
-    assert rounds.members == {0}
-    rounds.leave(0)
-    assert rounds.members == set()
-    assert not rounds.draft.held  # done drafting
-    assert rounds.target.held == {0: False}  # its verification rows are awaited once
-    rounds.target.release(0)
+def test_every_slots_verification_rows_go_in_one_target_decode(alone, slots):
+    """The step loop holds the target's batch while any slot still drafts: the slots' rounds
+    stay in step, each verifying its rows in the same target decode as the others."""
+    target = slots.target._shared
+    shared, seqs = target.shared, target.seqs
+    gens = slot_runs.together(slots, spec("spd"), PROMPTS, N)
+    assert all(g.stats.n_drafted > 0 for g in gens)
+    rounds = sum(g.stats.n_rounds for g in gens)
+    assert target.seqs - seqs >= rounds  # every round's rows in a shared decode (prompts too)
+    assert target.shared - shared < 0.5 * rounds  # ... with other slots' rows in most of them
+
+
+class _Busy:
+    """What ``Throttled`` reads of the step loop: how many slots are active."""
+
+    def __init__(self, active: int) -> None:
+        self.active = active
 
 
 def test_without_k_slots_loaded_slots_draft_only_what_windows_need(slots):
-    """``k_slots`` 0: with all slots active, k auto's rounds draft only what an open window
-    needs (a drafted row costs another client's real row); alone, a slot drafts as it always does."""
+    """``k_slots`` 0: with other slots active, k auto's rounds draft only what an open window
+    needs (a drafted row costs another client's real row) and leave the rest to the target
+    alone, in runs; alone, a slot drafts as it always does."""
     auto = SpecSettings(mode="spd", k_slots=0)
     alone_gen = slots.generate(PROMPTS[0], spec=spec("spd"), max_tokens=N, slot=0).run()
     assert alone_gen.stats.n_drafted > 0
-    gens = [slots.generate(p, spec=auto, max_tokens=N, slot=i) for i, p in enumerate(PROMPTS)]
-    its = [iter(g) for g in gens]
-    for it in its:  # every slot active before any round drafts
-        next(it)
-    drafted_before = [g.stats.n_drafted for g in gens]
-    for _ in range(5):
-        for it in its:
-            next(it, None)
-    assert [g.stats.n_drafted for g in gens] == drafted_before
-    for g in gens:
-        g.close()
+
+    def drafts(active: int, need: int) -> Draft:
+        def make(at: int) -> Draft:
+            inner = slots.drafter(auto, slot=at)
+            throttled = Throttled(inner, _Busy(active), inner.pacer, k=0)  # type: ignore[arg-type, attr-defined]
+            committed = slots.tokenize(PROMPTS[1])
+            throttled.begin(committed)
+            return throttled.draft(committed, 8, need)
+        return slots.steps.call(make)
+
+    assert drafts(4, 0) == Draft(alone=LOAD_RUN)
+    owed = drafts(4, 2)  # an open window's tokens come from the draft model
+    assert len(owed.tokens) == 2 and owed.by_model
 
 
 def test_a_free_slot_is_picked_by_its_cached_prefix(slots):
@@ -141,16 +153,19 @@ def test_recurrent_models_go_back_by_checkpoints_with_several_slots(qwen35_pair)
     target, _ = qwen35_pair
     with Engine(ModelSettings(str(target), n_ctx=256), n_seq=2) as e:
         assert e.target.rollback == "checkpoints" and e.target.n_rs_seq == 0
-        assert [s.rollback for s in e.slots.targets] == ["checkpoints"] * 2
+        assert [e._pair(i)[0].rollback for i in range(2)] == ["checkpoints"] * 2
 
 
 def test_busy_slots_follow_running_generations(slots):
-    gen = slots.generate(PROMPTS[1], spec=spec("spd"), max_tokens=N, slot=1)
+    gate = slot_runs.Gate()
+    gen = slots.generate(PROMPTS[1], spec=spec("spd"), max_tokens=N, slot=1, drafter=gate)
     it = iter(gen)
-    next(it)
-    assert slots.busy_slots() == [False, True, False, False] and slots.slots.active == 1
+    next(it)  # the first token comes from the prompt's row, before the rounds
+    gate.wait_for_round()  # the generation is in its rounds (the step loop waits in its drafter)
+    assert slots.busy_slots() == [False, True, False, False] and slots.steps.active == 1
+    gate.open()
     gen.close()
-    assert slots.busy_slots() == [False] * 4 and slots.slots.active == 0
+    assert slots.busy_slots() == [False] * 4 and slots.steps.active == 0
 
 
 def test_slots_in_one_unified_cache(stories, stories_draft):
@@ -173,11 +188,13 @@ def test_each_slot_counts_its_generations(slots):
     """``slot_views``: the running (else last) generation of each slot and counters over its
     life; a generation pinned to a busy slot counts as waiting until the slot frees."""
     before = slots.slot_views()[2].totals
-    gen = slots.generate(PROMPTS[2], spec=spec("spd"), max_tokens=N, slot=2)
+    gate = slot_runs.Gate()
+    gen = slots.generate(PROMPTS[2], spec=spec("spd"), max_tokens=N, slot=2, drafter=gate)
     it = iter(gen)
     next(it)
+    gate.wait_for_round()
     view = slots.slot_views()[2]
-    assert view.running and view.limit == N and view.last is not None and view.last.n_tokens >= 1
+    assert view.running and view.limit == N and view.last is not None
     assert slots.generations_running == 1
     pinned = slots.generate(PROMPTS[0], spec=spec("target"), max_tokens=4, slot=2)
     waiter = threading.Thread(target=pinned.run)
@@ -185,6 +202,7 @@ def test_each_slot_counts_its_generations(slots):
     while slots.generations_waiting == 0:
         waiter.join(0.01)
     assert slots.generations_running == 1 and waiter.is_alive()
+    gate.open()
     stats = gen.run().stats  # the rest of it; then the pinned one runs in slot 2
     waiter.join()
     assert slots.generations_running == 0 and slots.generations_waiting == 0
@@ -207,8 +225,8 @@ def test_one_row_micro_batches_give_each_sequence_its_own_numbers(slots):
     seqs = [ctx.seq(i) for i in range(3)]
     alone = []
     for s, tokens in zip(seqs, prompts):
-        ctx._shared.edit(s.seq_id, 0)  # whatever an earlier test left there
         s.tokens.clear()
+        s._physical(0)  # whatever an earlier test left there
         s.decode(tokens[:-1], logits="none")
         alone.append(s.decode(tokens[-1:]))
         s.truncate(len(tokens) - 1)
@@ -219,14 +237,14 @@ def test_one_row_micro_batches_give_each_sequence_its_own_numbers(slots):
             assert np.array_equal(job.rows, rows)
     finally:
         for s, tokens in zip(seqs, prompts):
-            ctx._shared.edit(s.seq_id, len(tokens) - 1)
+            s._physical(len(tokens) - 1)  # what the jobs decoded outside the sequences' views
             s.truncate(0)
 
 
-def test_k_auto_fly_matches_exactly_with_several_slots(slots):
-    """Slots draft only what windows need, so FLy would ask the draft model at nearly every unsure
-    position: with several slots k auto's fly keeps exact matches (the configuration decides,
-    never the load); a fixed k, or --loosen on, still loosens."""
+def test_k_auto_fly_decides_loosening_by_the_pair_in_slots_too(slots):
+    """Whether k auto's fly loosens is the pair's to decide (the bundled target is too small for
+    it to pay), never the number of slots or the load, so that a request gives the text it gives
+    alone; a fixed k, or --loosen on, still loosens."""
     auto = slots.generate(PROMPTS[0], spec=SpecSettings(), max_tokens=8)
     assert auto.request.spec.loosen == "off"
     auto.run()
@@ -264,7 +282,7 @@ def test_a_request_made_while_another_runs_leaves_its_pacer_alone(stories, stori
         pacer = next(iter(e._pacers.values()))
         begun: list[bool] = []
         begin = pacer.begin
-        monkeypatch.setattr(pacer, "begin", lambda: begun.append(e._lock.locked()) or begin())
+        monkeypatch.setattr(pacer, "begin", lambda: begun.append(e.steps.running_task() is not None) or begin())
         waiting = e.generate(PROMPTS[1], spec=auto, max_tokens=N)
         assert begun == []  # nothing of the next generation touched the running one's controller
         for _ in steps:
@@ -274,17 +292,13 @@ def test_a_request_made_while_another_runs_leaves_its_pacer_alone(stories, stori
 
 def test_k_auto_measures_the_costs_in_its_own_slot(stories, stories_draft, tmp_path, monkeypatch):
     """A slot's k auto pacer measures the pair's costs (when it first needs them: as soon as it
-    begins, once a pair has a long record) on its own slot's sequence, under the engine's lock:
-    measured on slot 0's (as it was), the measuring decodes raced slot 0's generation, and
-    llama_decode refused the positions two threads had written."""
+    begins, once a pair has a long record) on its own slot's sequence, on the step loop: measured
+    on slot 0's (as it was), the measuring decodes raced slot 0's generation, and llama_decode
+    refused the positions two threads had written."""
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
     with Engine(exact(stories), exact(stories_draft), n_seq=2) as e:
-        busy = e.generate(PROMPTS[0], spec=spec("target"), max_tokens=N, slot=0)
-        steps = iter(busy)
-        next(steps)  # slot 0 is generating
-        seq0, calls = e.slots.targets[0], []
+        seq0, calls = e._pair(0)[0], []
         decode = seq0.decode
         monkeypatch.setattr(seq0, "decode", lambda *a, **k: calls.append(a) or decode(*a, **k))
-        pacer = e.drafter(SpecSettings(mode="spd"), slot=1).pacer  # type: ignore[attr-defined]
-        assert pacer.costs.cached is False and calls == []  # measured now, and not on slot 0's sequence
-        busy.close()
+        costs = e.steps.call(lambda at: e.drafter(SpecSettings(mode="spd"), slot=at).pacer.costs, slot=1)
+        assert costs.cached is False and calls == []  # measured now, and not on slot 0's sequence

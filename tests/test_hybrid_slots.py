@@ -18,6 +18,7 @@ from fly_cpp._llama import Context, Model
 from fly_cpp.batchloop import Throttled
 from fly_cpp.errors import FlyError
 from fly_cpp.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
+from fly_cpp.scheduler import Scheduler
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is",
            "Once upon a time"]
@@ -111,7 +112,8 @@ def _play(seq, ops) -> list[tuple[list[int], np.ndarray]]:
 
 def test_a_sequence_rolling_back_does_not_disturb_the_others(qwen35_pair):
     """Three sequences of one hybrid context run random decodes, rollbacks and checkpoints at
-    once (their decodes shared, their copies and restores between decodes): every row is, bit
+    once as tasks of one step loop (their decodes shared, their copies and restores between
+    decodes): every row is, bit
     for bit, what the same script gives that sequence while the others stay idle."""
     target, _ = qwen35_pair
     scripts = [_script(random.Random(seed), 30) for seed in range(3)]
@@ -123,12 +125,12 @@ def test_a_sequence_rolling_back_does_not_disturb_the_others(qwen35_pair):
             alone.append(_play(seq, ops))
             seq.truncate(0)
         seqs = [ctx.seq(i) for i in range(3)]
-        out: list = [None] * 3
-        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _play(seqs[i], scripts[i]))) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        steps = Scheduler(3, ctx._shared, None, cached=lambda i: seqs[i].tokens)  # the engine's step loop
+        try:
+            tasks = [steps.submit(lambda at: iter((_play(seqs[at], scripts[at]),)), slot=i) for i in range(3)]
+            out = [next(iter(t)) for t in tasks]
+        finally:
+            steps.close()
         for got, want in zip(out, alone):
             assert len(got) == len(want)
             assert all(a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in zip(got, want))

@@ -267,12 +267,74 @@ static void test_greedy_run(void) {
     run_fail_at = -1;
 }
 
+/* Several sequences: the fake model's next token after t in sequence s is (3 t + 1 + s) mod V
+ * (no ties); rows come back in batch order. */
+static float runs_rows[8 * RUN_V];
+static int32_t runs_decodes = 0, runs_rows_seen = 0;
+
+static int32_t fake_decode_seqs(void *ctx, fly_llama_batch b) {
+    (void)ctx;
+    runs_decodes++;
+    for (int r = 0; r < b.n_tokens; r++) {
+        if (b.n_seq_id[r] != 1 || !b.logits[r]) return 3;
+        int s = b.seq_id[r][0];
+        float *row = runs_rows + r * RUN_V;
+        for (int i = 0; i < RUN_V; i++) row[i] = 0.0f;
+        row[(3 * b.token[r] + 1 + s) % RUN_V] = 1.0f;
+        runs_rows_seen++;
+    }
+    return 0;
+}
+
+static float *fake_logits_seqs(void *ctx) {
+    (void)ctx;
+    return runs_rows;
+}
+
+static void test_greedy_runs(void) {
+    int32_t tok[4], pos[4], nseq[4], s0[4], *seqp[4] = {&s0[0], &s0[1], &s0[2], &s0[3]};
+    int8_t logits[4];
+    fly_llama_batch b = {0, tok, NULL, pos, nseq, seqp, logits};
+    int32_t token[3] = {2, 5, 7}, at[3] = {10, 0, 4}, seq[3] = {0, 1, 3}, out[3 * 8], status = 9, halt = 0;
+    int64_t n[3] = {6, 5, 4}, got[3];
+    uint8_t stop[RUN_V] = {0};
+    for (int separate = 0; separate < 2; separate++) {
+        runs_decodes = runs_rows_seen = 0;
+        int64_t steps = fly_greedy_runs((void *)fake_decode_seqs, (void *)fake_logits_seqs, NULL, &b, 3, token, at, seq,
+                                        n, separate, RUN_V, NULL, NULL, 8, out, got, &status);
+        CHECK(steps == 4 && status == 0, "runs end with the shortest: %lld steps, status %d", (long long)steps, status);
+        CHECK(runs_rows_seen == 12, "rows decoded: %d", runs_rows_seen);
+        CHECK(runs_decodes == (separate ? 12 : 4), "decodes: %d", runs_decodes);
+        for (int i = 0; i < 3; i++) {
+            CHECK(got[i] == 4, "sequence %d got %lld", i, (long long)got[i]);
+            int32_t t = token[i];
+            for (int j = 0; j < got[i]; j++) {
+                int32_t want = (3 * t + 1 + seq[i]) % RUN_V;
+                CHECK(out[i * 8 + j] == want, "seq %d token %d: %d != %d", i, j, out[i * 8 + j], want);
+                t = want;
+            }
+        }
+    }
+    stop[out[1 * 8 + 1]] = 1; /* sequence 1's second token ends every run after that step */
+    int64_t steps = fly_greedy_runs((void *)fake_decode_seqs, (void *)fake_logits_seqs, NULL, &b, 3, token, at, seq, n,
+                                    0, RUN_V, stop, NULL, 8, out, got, &status);
+    CHECK(steps == 2 && got[0] == 2 && got[2] == 2, "stop: %lld steps", (long long)steps);
+    halt = 1; /* news for the caller: one step */
+    steps = fly_greedy_runs((void *)fake_decode_seqs, (void *)fake_logits_seqs, NULL, &b, 3, token, at, seq, n, 0,
+                            RUN_V, NULL, &halt, 8, out, got, &status);
+    CHECK(steps == 1 && got[1] == 1, "halt: %lld steps", (long long)steps);
+    n[0] = 9;
+    CHECK(fly_greedy_runs((void *)fake_decode_seqs, (void *)fake_logits_seqs, NULL, &b, 3, token, at, seq, n, 0, RUN_V,
+                          NULL, NULL, 8, out, got, &status) == 0 && status == -2, "n past cap refused");
+}
+
 int main(void) {
     CHECK(fly_abi_version() == FLY_ABI_VERSION, "abi %d", fly_abi_version());
     test_rows();
     test_ties();
     test_sampling();
     test_greedy_run();
+    test_greedy_runs();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;
