@@ -3,6 +3,7 @@ and a chat page at /."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ import click
 from fly_cpp.chat_format import BUILTIN, builtin, is_builtin
 from fly_cpp.cli.models_opt import model_options, model_settings
 from fly_cpp.cli.options import pick, settings_options
-from fly_cpp.config import SamplingSettings, ServerSettings, SpecSettings
+from fly_cpp.config import AUTO, SamplingSettings, ServerSettings, SpecSettings
 from fly_cpp.errors import FlyError
 
 API_KEY_ENV = "FLY_CPP_API_KEY"
@@ -40,14 +41,14 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     and a chat page at / (open it in a browser).
 
     The sampling and FLy options set the defaults; every request may change them (mode, k,
-    window, entropy_threshold, ...). Requests are served -np/--parallel at a time (default 1),
-    in arrival order. The port is bound first; /health answers 503 until the models are loaded. With no
+    window, entropy_threshold, ...). Requests are served -np/--parallel at a time (default auto:
+    4 in one cache, as llama-server), in arrival order. The port is bound first; /health answers 503 until the models are loaded. With no
     -m/-d, the bundled tiny story model and its draft are used.
     """
     import uvicorn
 
     from fly_cpp.api import Fly
-    from fly_cpp.engine import Engine
+    from fly_cpp.engine import Engine, auto_slots
     from fly_cpp.server import create_app
     from fly_cpp.server.connections import limits, protocol
 
@@ -64,6 +65,8 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     sampling = SamplingSettings(**pick(options, SamplingSettings))
     target, draft = model_settings(options)  # checked (and downloaded) before the port is bound
     Engine.preflight(target, draft)  # files, context size and memory, from the GGUF headers
+    if settings.parallel == AUTO:  # llama-server's -np auto: 4 slots in one cache (1 for an MTP head)
+        settings = dataclasses.replace(settings, parallel=auto_slots(target, draft), kv_unified=True)
     cap, backlog = limits(settings.max_connections)
     _log_to_stderr(log_level)
     socks: list[socket.socket] = []

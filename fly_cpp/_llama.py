@@ -134,7 +134,7 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 HPARAMS = ("context_length", "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
-           "attention.key_length", "attention.value_length")
+           "attention.key_length", "attention.value_length", "nextn_predict_layers")
 
 
 def gguf_hparams(path: str | os.PathLike[str]) -> dict[str, int]:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fly_cpp import worth
 from fly_cpp.draft_model import ModelDrafter
 from fly_cpp.drafters import Draft, Drafter, Report, shift_drafter
-from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.scheduler import Scheduler
 
@@ -30,15 +28,15 @@ LOAD_RUN = 16  # rounds a slot under load that drafts nothing leaves to the targ
 
 
 class Throttled:
-    """A slot's drafter: while other slots are active, its rounds drafted up to ``k`` in step
-    with theirs, else cut to what an open window needs (and k auto's pacer, ``pacer``, told
-    that its rounds share their decodes)."""
+    """A slot's drafter: while other slots are active, its rounds drafted with ``model`` (the
+    draft model's fixed-k drafter) up to ``k`` in step with theirs, else cut to what an open
+    window needs, else left to the target alone; k auto's ``pacer`` is told that its rounds share
+    their decodes and prices the shared round."""
 
-    def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, k: int = 0) -> None:
+    def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, model: ModelDrafter | None,
+                 k: int = 0) -> None:
         self.inner, self.steps, self.pacer = inner, steps, pacer
-        model = inner.inner if isinstance(inner, PacedDrafter) else inner
-        # drafting under load needs the draft model (one shared decode a step for every slot)
-        self.together = model if isinstance(model, ModelDrafter) and k > 0 else None
+        self.together = model if k > 0 else None  # drafting under load needs the draft model: a shared decode a step
         self.k = k
         self.planned = False  # the last round's plan was this drafter's own (the inner one learns nothing of it)
 
@@ -53,7 +51,7 @@ class Throttled:
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         active = self.steps.active
         if self.pacer is not None:
-            self.pacer.sharing = active
+            self.pacer.share(active)
         self.planned = False
         if active <= 1:
             return self.inner.draft(committed, limit, need)
@@ -67,10 +65,8 @@ class Throttled:
 
     def _k(self, active: int) -> int:
         """The draft length of a round under load: as set for a fixed k; with k auto, up to
-        ``k_slots`` as priced for ``active`` slots sharing its decodes (``worth.together``)."""
-        if self.pacer is None:
-            return self.k
-        return worth.together(self.pacer.costs, self.pacer.model.mean(), active, self.k)
+        ``k_slots`` as priced for ``active`` slots sharing its decodes."""
+        return self.k if self.pacer is None else self.pacer.together(active, self.k)
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         return self.inner.candidate(committed)

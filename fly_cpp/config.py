@@ -495,9 +495,10 @@ class ServerSettings:
     max_queue: int = field(default=128, metadata=_help("generation requests waiting for the engine at most (HTTP 503 beyond)"))
     grace: float = field(default=10.0, metadata=_help(
         "seconds open requests get to end after SIGINT/SIGTERM (generations stop at once and say so)"))
-    parallel: int | str = field(default=1, metadata=_help(
-        "slots: requests generated at once, their rows sharing the models' batches (auto = 4, sharing one cache "
-        "as with --kv-unified, as llama-server)",
+    parallel: int | str = field(default=AUTO, metadata=_help(
+        "slots: requests generated at once, their rows sharing the models' batches (auto: 4 sharing one cache "
+        "as with --kv-unified, as llama-server; 1 where the target drafts with its own MTP head, which drafts for "
+        "one sequence)",
         aliases=("-np",)))
     kv_unified: bool = field(default=False, metadata=_help(
         "the slots share all of -c's positions (one cache; off: each slot has -c / -np of its own, as llama-server)",
@@ -546,7 +547,8 @@ class ServerSettings:
 
     @property
     def n_slots(self) -> int:
-        """The slots ``parallel`` asks for ('auto': 4, as llama-server)."""
+        """The slots ``parallel`` asks for ('auto': 4, as llama-server; ``fly_cpp.engine.auto_slots``
+        resolves it for a pair)."""
         return AUTO_SLOTS if self.parallel == AUTO else int(self.parallel)
 
     @property

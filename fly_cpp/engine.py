@@ -21,7 +21,7 @@ from fly_cpp import loop, recall, scoring, worth
 from fly_cpp import rollback as rb
 from fly_cpp.constrain import Lazy, Rules
 from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
-from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.config import AUTO_SLOTS, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.batchloop import Throttled
 from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
 from fly_cpp.costs import Costs, slower_note
@@ -111,6 +111,15 @@ def _rollback_spent(marks: dict[str, tuple[Context | Seq, rb.Ledger]]) -> dict[s
     """What the generation's rollbacks cost each recurrent cache since ``_rollback_marks`` (None: none recurrent)."""
     return {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
             for role, (ctx, before) in marks.items()} or None
+
+
+def auto_slots(target: ModelSettings, draft: ModelSettings | None) -> int:
+    """The slots ``-np auto`` gives a pair: llama-server's 4, or 1 where the target drafts with
+    its own MTP head (no draft model and MTP layers in its GGUF), since the head drafts for one
+    sequence; from the GGUF header alone."""
+    if draft is None and gguf_hparams(target.path).get("nextn_predict_layers", 0) > 0:
+        return 1
+    return AUTO_SLOTS
 
 
 def _settings(model: ModelSettings | str) -> ModelSettings:
@@ -332,14 +341,16 @@ class Engine:
 
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at``, its drafter made there."""
-            made = self.drafter(spec, bias, at) if own else drafter
-            if isinstance(made.inner if isinstance(made, PacedDrafter) else made, MtpDrafter):
+            base = self._base_drafter(spec, bias, at) if own else None
+            made = self._paced(base, spec, at) if base is not None else drafter
+            if isinstance(base, MtpDrafter):
                 out.stats.drafter = "mtp"
             steady = Steady() if made is not None and self.steady_batches(spec) else None
             pacer = made.pacer if isinstance(made, PacedDrafter) else None
             if self.n_seq > 1 and made is not None:
-                assert self.steps is not None
-                made = Throttled(made, self.steps, pacer, spec.k_slots if spec.auto else int(spec.k))
+                assert self.steps is not None  # under load the draft model's fixed-k rounds, in step with the others'
+                made = Throttled(made, self.steps, pacer, base if isinstance(base, ModelDrafter) else None,
+                                 spec.k_slots if spec.auto else int(spec.k))
             return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
 
         def body(at: int) -> Iterator[Step | Progress]:
@@ -424,16 +435,20 @@ class Engine:
         ``spec.ngram``), else the target's MTP head (draft-mtp, or a model with one and no -d),
         else n-gram lookup alone; with k auto, paced by the engine's cost-aware controller for
         this mode (the head's steps priced by its own measured curve, its evidence its own)."""
-        base: ModelDrafter | MtpDrafter | NgramDrafter
+        return self._paced(self._base_drafter(spec, bias, slot), spec, slot)
+
+    def _base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> ModelDrafter | MtpDrafter | NgramDrafter:
         draft_ctx = self._pair(slot)[1]
         if self.mtp_ctx is not None and draft_ctx is None:
-            base = MtpDrafter(self.mtp_ctx, spec, bias)
-        elif draft_ctx is not None:
+            return MtpDrafter(self.mtp_ctx, spec, bias)
+        if draft_ctx is not None:
             n_vocab = min(self.n_vocab, draft_ctx.model.n_vocab)
-            base = ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec,  # type: ignore[arg-type]
+            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec,  # type: ignore[arg-type]
                                 None if spec.auto else self._guess_checks(spec))
-        else:
-            base = NgramDrafter(spec, bias)
+        return NgramDrafter(spec, bias)
+
+    def _paced(self, base: ModelDrafter | MtpDrafter | NgramDrafter, spec: SpecSettings, slot: int) -> Drafter:
+        """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k)."""
         if not spec.auto:
             return base
         key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window,

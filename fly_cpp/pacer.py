@@ -62,6 +62,17 @@ class Pacer:
         self.price_every = PRICE_EVERY  # ... before the target decodes a few alone to price itself
         self._costs: Costs | None = None
 
+    # under load (several slots, ``fly_cpp.batchloop``)
+    def share(self, active: int) -> None:
+        """``active`` slots share this round's decodes (1: it runs alone)."""
+        self.sharing = active
+
+    def together(self, active: int, k_max: int) -> int:
+        """The draft length (up to ``k_max``, 0: none) of a round drafted in step with
+        ``active`` slots, as priced by the measured costs of their shared batches
+        (``worth.together``)."""
+        return worth.together(self.costs, self.model.mean(), active, k_max)
+
     # what has been learned, by name
     @property
     def model(self) -> Acceptance:

@@ -5,6 +5,8 @@ independent of what else is in its batch (docs/fly-rule.md)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -54,6 +56,32 @@ def test_slots_return_what_each_returns_alone(alone, slots, mode):
     shared = slots.target._shared
     assert shared.decodes > before
     assert shared.rows > shared.decodes  # some decodes held several slots' rows
+
+
+def test_fly_loosening_in_slots_gives_the_text_it_gives_alone(alone, slots):
+    """FLy's loose acceptance runs in every slot (each its own cross-round window, the draft
+    model's own token asked for through the shared draft batches): the text is the one alone."""
+    loose = SpecSettings(mode="fly", k=6, loosen="on", entropy_threshold=0.5)
+    expected = [alone.generate(p, spec=loose, max_tokens=N).run() for p in PROMPTS]
+    assert sum(g.stats.n_loose for g in expected) > 0  # the rule did loosen here
+    gens = slot_runs.together(slots, loose, PROMPTS, N)
+    assert [g.tokens for g in gens] == [g.tokens for g in expected]
+
+
+def test_the_defaults_in_slots_write_the_targets_text_even_beside_a_cpu_hog(alone, slots):
+    """k auto's plans follow the timings (drafting together or not, runs under load), and a busy
+    machine moves the timings; the text never follows them: greedy, the defaults in four slots at
+    once write what the target writes alone."""
+    expected = [alone.generate(p, spec=spec("target"), max_tokens=N).run().tokens for p in PROMPTS]
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        gens = slot_runs.together(slots, SpecSettings(), PROMPTS, N)
+        hogged = slot_runs.together(slots, spec("spd"), PROMPTS, N)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert [g.tokens for g in gens] == expected
+    assert [g.tokens for g in hogged] == expected
 
 
 def test_slot_finishing_or_closed_early_does_not_disturb_others(alone, slots):
@@ -128,7 +156,7 @@ def test_without_k_slots_loaded_slots_draft_only_what_windows_need(slots):
     def drafts(active: int, need: int) -> Draft:
         def make(at: int) -> Draft:
             inner = slots.drafter(auto, slot=at)
-            throttled = Throttled(inner, _Busy(active), inner.pacer, k=0)  # type: ignore[arg-type, attr-defined]
+            throttled = Throttled(inner, _Busy(active), inner.pacer, None, k=0)  # type: ignore[arg-type, attr-defined]
             committed = slots.tokenize(PROMPTS[1])
             throttled.begin(committed)
             return throttled.draft(committed, 8, need)

@@ -96,7 +96,7 @@ def test_api_key_refused_and_accepted(server, http):
     r = httpx.get(server.url + "/props")
     assert r.status_code == 401 and r.json()["error"]["code"] == 401
     assert httpx.post(server.url + "/completion", json={"prompt": "a"}).status_code == 401
-    assert http.get("/props").json()["serving"].startswith("one generation at a time")
+    assert http.get("/props").json()["serving"].startswith("4 generations at a time")  # -np auto, as llama-server
 
 
 def test_completion_raw_and_sse_framing(http):

@@ -59,7 +59,8 @@ def test_id_slot(client):
 
 
 def test_parallel_setting():
-    assert ServerSettings(parallel="auto").n_slots == 4 and ServerSettings().n_slots == 1
+    assert ServerSettings(parallel="auto").n_slots == 4 and ServerSettings().n_slots == 4  # -np auto by default
+    assert ServerSettings().unified and not ServerSettings(parallel=4).unified and ServerSettings(parallel=1).n_slots == 1
     with pytest.raises(FlyError, match="parallel"):
         ServerSettings(parallel=0)
 
@@ -82,3 +83,15 @@ def test_slots_and_metrics_count_each_slots_speculation(client):
     for name, n in slot["totals"].items():
         assert f'fly_cpp_slot_{name}_total{{slot="1"}} {n}\n' in metrics
     assert "llamacpp:requests_processing 0\n" in metrics and "llamacpp:requests_deferred 0\n" in metrics
+
+
+def test_auto_slots_keep_an_mtp_head_drafting(stories, stories_draft, qwen35_mtp):
+    """``-np auto``: llama-server's 4 slots, but 1 where the target drafts with its own MTP head
+    (it drafts for one sequence): the slots would leave the head unused."""
+    from fly_cpp import ModelSettings
+    from fly_cpp.engine import auto_slots
+
+    assert auto_slots(ModelSettings(str(stories)), ModelSettings(str(stories_draft))) == 4
+    assert auto_slots(ModelSettings(str(stories)), None) == 4
+    assert auto_slots(ModelSettings(str(qwen35_mtp)), None) == 1
+    assert auto_slots(ModelSettings(str(qwen35_mtp)), ModelSettings(str(stories_draft))) == 4  # -d drafts instead

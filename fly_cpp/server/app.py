@@ -52,7 +52,9 @@ def create_app(fly: Fly | Callable[[], Fly], *, settings: ServerSettings | None 
     if api_key is not None:
         settings = dataclasses.replace(settings, api_key=api_key)  # validated: an empty key is refused
     served = Served(fly)
-    runs = Runs(Worker(settings.max_queue, settings.n_slots,
+    # a thread per slot: the loaded engine's slots, else as many as the settings will load
+    slots = fly.engine.n_seq if isinstance(fly, Fly) else settings.n_slots
+    runs = Runs(Worker(settings.max_queue, slots,
                        lambda: served.fly.engine.generations_waiting if served.fly is not None else 0), Metrics())
     compat = Compat(settings.strict)
     sleep = (Sleep(served, runs, settings.sleep_idle_seconds, page.is_page)
