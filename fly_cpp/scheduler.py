@@ -118,12 +118,14 @@ class Task(Generic[T]):
 
     def cancel(self) -> None:
         """Stop the task (at its next wait for a decode, or before it starts) and wait until it
-        has ended; from the step thread itself it is only marked."""
+        has ended; from the step thread itself it is only marked, and so it is where the caller
+        holds the loop's lock (a finalizer the garbage collector ran there: waiting would hold
+        the loop off)."""
         self.cancelled = True
         owner = self._owner
         if owner is not None:
             owner._wake()
-            if threading.current_thread() is not owner._thread:
+            if threading.current_thread() is not owner._thread and not owner._lock._is_owned():  # type: ignore[attr-defined]
                 self.done.wait()
 
     # -- the step thread's side --------------------------------------------------------------
@@ -241,9 +243,23 @@ class Scheduler:
                 self._news[0] = 0
                 if self._closing and not self.active and not self._waiting:
                     return
-            self._admit()
-            self._advance()
-            self._decode()
+            try:
+                self._admit()
+                self._advance()
+                self._decode()
+            except Exception as e:  # the loop's own failure: every task raises it, the loop goes on
+                self._fail(e)
+
+    def _fail(self, error: Exception) -> None:
+        for task in list(self._waiting):
+            self._waiting.remove(task)
+            task._end(error)
+        for task in list(self.busy):
+            if task is not None and task.glet:
+                task.glet.throw(error)
+            elif task is not None and task.at is not None:  # admitted, never started
+                self.busy[task.at] = None
+                task._end(error)
 
     def _admit(self) -> None:
         """Waiting tasks into free slots, in arrival order (a cancelled one ends unstarted)."""

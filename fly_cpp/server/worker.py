@@ -1,14 +1,13 @@
-"""The engine's thread.
+"""The threads that read the engine's generations for the event loop.
 
-llama.cpp calls block, so generations run on worker threads, in arrival order: one with a
-single slot (the engine holds a lock while a generation runs), N with ``-np N`` (each takes a
-free slot of the engine, whose decodes the slots share); waiting requests queue in front of them (at most ``max_queue``: beyond, HTTP 503 at once). The
-event loop never blocks on the engine: it reads what the worker produces through an asyncio
-queue.
+Generations run on the engine's step loop (``fly_cpp.scheduler``); a worker thread per slot
+reads one generation's items at a time, in arrival order, and hands them to the event loop
+through an asyncio queue, so the event loop never blocks on the engine. Waiting requests queue
+in front of the threads (at most ``max_queue``: beyond, HTTP 503 at once).
 
 A consumer that stops early (the client went away) sets the job's cancel flag; the worker sees
-it before the next item, closes the generation (both KV caches stay consistent, the engine lock
-is released) and takes the next job. A job still waiting when its client leaves closes at once
+it before the next item, closes the generation (its task ends where it next waits for a decode,
+both KV caches consistent, its slot free) and takes the next job. A job still waiting when its client leaves closes at once
 without generating.
 
 Shutdown (``stop``) ends every job cleanly: the running one is interrupted (its generation ends
@@ -139,8 +138,10 @@ class Worker:
         thread.start()
 
     def _forget(self, cancel: threading.Event) -> None:
-        with self._lock:
-            self._cancels.discard(cancel)
+        # no lock: a Job's finalizer calls this wherever the garbage collector runs, also on a
+        # thread that holds the lock (in ``submit``), which then waited for itself (a soak at -np 4
+        # hung so); a set's discard is atomic
+        self._cancels.discard(cancel)
 
     def stop(self) -> None:
         """Shutdown begins: take no more jobs, interrupt the running one (it ends with its
@@ -154,9 +155,8 @@ class Worker:
     def close(self) -> None:
         """Stop; abandon what is still open (its consumers are gone), and wait for the thread."""
         self.stop()
-        with self._lock:
-            for cancel in self._cancels:
-                cancel.set()
+        for cancel in list(self._cancels):  # a copy: finalizers discard from it on any thread
+            cancel.set()
         self._pool.shutdown(wait=True)
         with self._lock:
             own = list(self._own)
