@@ -151,11 +151,13 @@ def _mean_accepted(metrics: str) -> float | None:
     return float(values["fly_cpp_tokens_predicted_total"]) / rounds if rounds else None
 
 
-def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(args: list[str], python: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    """``fly-cpp serve ARGS`` on a free port, run by ``python`` (another checkout's virtualenv,
+    say); its process and address once the models are loaded."""
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("FLY_CPP_THREADS", "1")
-    proc = subprocess.Popen([sys.executable, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level",
+    proc = subprocess.Popen([python, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level",
                              "warning", "--metrics", *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.monotonic() + 600
     while not (m := re.search(r"serving .* on (http://\S+)", open(log.name).read())):  # loaded

@@ -24,31 +24,11 @@ import asyncio
 import json
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_load  # noqa: E402
-
-
-def _fly(python: str, args: list[str]) -> tuple[subprocess.Popen, str]:
-    """``fly-cpp serve ARGS`` run by ``python`` (serve_load's start, with another interpreter)."""
-    import os
-    import re
-
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([python, "-m", "fly_cpp.cli.main", "serve", "--port", "0", "--log-level", "warning",
-                             "--metrics", *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
-    deadline = time.monotonic() + 600
-    while not (m := re.search(r"serving .* on (http://\S+)", open(log.name).read())):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"server did not start:\n{open(log.name).read()}")
-        time.sleep(0.1)
-    return proc, m.group(1)
 
 
 def main() -> None:
@@ -94,7 +74,7 @@ def main() -> None:
                 payload = body
             else:
                 python = kind.partition("@")[2] or sys.executable
-                proc, url = _fly(python, ["-t", str(args.threads), *extra, *common])
+                proc, url = serve_load.start_server(["-t", str(args.threads), *extra, *common], python)
                 payload = body
             try:
                 got = asyncio.run(serve_load.load(url, None, args.clients, args.requests, payload))
