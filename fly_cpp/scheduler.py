@@ -27,7 +27,7 @@ generations (scoring, prefill, measuring costs) waits for a slot like any reques
 
 from __future__ import annotations
 
-import collections
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -89,9 +89,9 @@ class Task(Generic[T]):
         self.at: int | None = None  # the slot it runs in, once admitted
         self.glet: greenlet | None = None
         self.cancelled = False
-        self._items: collections.deque[Any] = collections.deque()
-        self._cond = threading.Condition()
-        self._reader = False  # the caller waits for items
+        # the items, then _END; a SimpleQueue, whose put and get take no Python-level lock (a
+        # finalizer may put or cancel on any thread) and whose get waits in C
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self.done = threading.Event()
 
@@ -100,13 +100,7 @@ class Task(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         try:
             while True:
-                if not self._items:
-                    with self._cond:
-                        self._reader = True
-                        while not self._items:
-                            self._cond.wait()
-                        self._reader = False
-                item = self._items.popleft()
+                item = self._items.get()
                 if item is _END:
                     if self._error is not None:
                         raise self._error
@@ -118,14 +112,14 @@ class Task(Generic[T]):
 
     def cancel(self) -> None:
         """Stop the task (at its next wait for a decode, or before it starts) and wait until it
-        has ended; from the step thread itself it is only marked, and so it is where the caller
-        holds the loop's lock (a finalizer the garbage collector ran there: waiting would hold
-        the loop off)."""
+        has ended; from the step thread itself it is only marked. Nothing here or on the step
+        thread's side holds a lock while it waits, so a finalizer that cancels wherever the
+        garbage collector runs cannot hold the loop off."""
         self.cancelled = True
         owner = self._owner
         if owner is not None:
             owner._wake()
-            if threading.current_thread() is not owner._thread and not owner._lock._is_owned():  # type: ignore[attr-defined]
+            if threading.current_thread() is not owner._thread:
                 self.done.wait()
 
     # -- the step thread's side --------------------------------------------------------------
@@ -133,10 +127,7 @@ class Task(Generic[T]):
     _owner: Scheduler | None = None
 
     def _put(self, item: Any) -> None:
-        self._items.append(item)
-        if self._reader:
-            with self._cond:
-                self._cond.notify()
+        self._items.put(item)
 
     def _end(self, error: BaseException | None) -> None:
         self._error = error
@@ -154,11 +145,10 @@ class Scheduler:
         self.n = n
         self.target, self.draft, self.cached = target, draft, cached
         self.busy: list[Task[Any] | None] = [None] * n
-        self._lock = threading.Condition()
-        self._incoming: list[Task[Any]] = []  # submitted, not yet seen by the loop
-        self._waiting: list[Task[Any]] = []  # seen, waiting for a slot (in arrival order)
+        self._inbox: queue.SimpleQueue[Task[Any] | None] = queue.SimpleQueue()  # tasks; None: a wake-up
+        self._queued: dict[int, Task[Any]] = {}  # submitted, not admitted nor ended (single dict operations)
+        self._waiting: list[Task[Any]] = []  # seen by the loop, waiting for a slot (in arrival order)
         self._closing = False
-        self._wakeup = False
         self._hub: greenlet | None = None
         self._news = np.zeros(1, dtype=np.int32)  # set when a task comes or is cancelled: greedy runs end early
         self._thread = threading.Thread(target=self._main, name="fly-cpp-step", daemon=True)
@@ -171,14 +161,13 @@ class Scheduler:
         """Queue ``body`` for a slot (``slot``: that one; None: the best free one for ``prompt``)."""
         if slot is not None and not 0 <= slot < self.n:
             raise ValueError(f"slot {slot} outside 0..{self.n - 1}")
+        if self._closing:
+            raise RuntimeError("the engine is closed")
         task: Task[T] = Task(body, slot, prompt, kind)
         task._owner = self
-        with self._lock:
-            if self._closing:
-                raise RuntimeError("the engine is closed")
-            self._incoming.append(task)
-            self._news[0] = 1
-            self._lock.notify()
+        self._queued[id(task)] = task
+        self._news[0] = 1
+        self._inbox.put(task)
         return task
 
     def call(self, fn: Callable[[int], T], slot: int | None = None) -> T:
@@ -208,8 +197,7 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Generations submitted that have no slot yet."""
-        with self._lock:
-            return sum(t.kind == "generation" for t in (*self._incoming, *self._waiting))
+        return sum(t.kind == "generation" for t in list(self._queued.values()))
 
     @property
     def active(self) -> int:
@@ -218,31 +206,27 @@ class Scheduler:
 
     def close(self) -> None:
         """Take no more tasks, let the running and waiting ones end, stop the thread."""
-        with self._lock:
-            self._closing = True
-            self._lock.notify()
+        self._closing = True
+        self._inbox.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
     def _wake(self) -> None:
-        with self._lock:
-            self._wakeup = True
-            self._news[0] = 1
-            self._lock.notify()
+        self._news[0] = 1
+        self._inbox.put(None)
 
     # -- the step thread -----------------------------------------------------------------------
 
     def _main(self) -> None:
         self._hub = getcurrent()
         while True:
-            with self._lock:
-                while not (self._incoming or self._wakeup or self._closing or self.active or self._waiting):
-                    self._lock.wait()
-                self._waiting += self._incoming
-                self._incoming, self._wakeup = [], False
-                self._news[0] = 0
-                if self._closing and not self.active and not self._waiting:
-                    return
+            self._news[0] = 0  # before the inbox is read: news after this point ends the next runs early
+            self._take(block=not (self.active or self._waiting or self._closing))
+            if self._closing and not self.active and not self._waiting:
+                self._take(block=False)  # submitted as it closed: refused
+                for task in self._waiting:
+                    self._end(task, RuntimeError("the engine is closed"))
+                return
             try:
                 self._admit()
                 self._advance()
@@ -250,23 +234,38 @@ class Scheduler:
             except Exception as e:  # the loop's own failure: every task raises it, the loop goes on
                 self._fail(e)
 
+    def _take(self, block: bool) -> None:
+        """Move what has come to the inbox into the waiting list (``block``: wait for something)."""
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _end(self, task: Task[Any], error: BaseException | None) -> None:
+        self._queued.pop(id(task), None)
+        task._end(error)
+
     def _fail(self, error: Exception) -> None:
         for task in list(self._waiting):
             self._waiting.remove(task)
-            task._end(error)
+            self._end(task, error)
         for task in list(self.busy):
             if task is not None and task.glet:
                 task.glet.throw(error)
             elif task is not None and task.at is not None:  # admitted, never started
                 self.busy[task.at] = None
-                task._end(error)
+                self._end(task, error)
 
     def _admit(self) -> None:
         """Waiting tasks into free slots, in arrival order (a cancelled one ends unstarted)."""
         for task in list(self._waiting):
             if task.cancelled:
                 self._waiting.remove(task)
-                task._end(None)
+                self._end(task, None)
                 continue
             free = [i for i in ([task.slot] if task.slot is not None else range(self.n)) if self.busy[i] is None]
             if not free:
@@ -274,6 +273,7 @@ class Scheduler:
             prompt = list(task.prompt)
             task.at = max(free, key=lambda i: (_common_prefix(self.cached(i), prompt), -i))
             self._waiting.remove(task)
+            self._queued.pop(id(task), None)
             self.busy[task.at] = task
             task.glet = _TaskGreenlet(lambda t=task: self._run(t))
             task.glet.owner = self
@@ -302,7 +302,7 @@ class Scheduler:
                 except BaseException as e:
                     error = error or e
             self.busy[task.at] = None
-            task._end(error)
+            self._end(task, error)
 
     def _advance(self) -> None:
         """Every task not waiting for a decode, resumed until it waits for one or ends."""
