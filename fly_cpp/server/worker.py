@@ -70,9 +70,23 @@ class Worker:
         items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         cancel = threading.Event()
 
+        # items on their way to the event loop: while one hand-off is pending, later items join it
+        # (one wake-up of the loop for a burst of tokens; the order is kept)
+        outbox: list[tuple[str, Any]] = []
+
+        def deliver() -> None:  # on the event loop; copy and cut are each atomic, and an item
+            while outbox:      # appended between them is taken by the next turn
+                batch = outbox[:]
+                del outbox[: len(batch)]
+                for entry in batch:
+                    items.put_nowait(entry)
+
         def post(kind: str, value: Any = None) -> None:
+            outbox.append((kind, value))
+            if len(outbox) > 1:
+                return  # a hand-off is pending: it takes this item too
             try:
-                loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+                loop.call_soon_threadsafe(deliver)
             except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
                 cancel.set()
 
