@@ -53,7 +53,7 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
                 out.flush()
             out.write("\n")
             out.flush()
-            click.echo(gen.stats.summary(), err=True)
+            click.echo(f"{gen.stats.summary()}; {engine.info().placement}", err=True)
         if (note := engine.slower_note(gen)) is not None:
             click.echo(f"fly-cpp: note: {note}", err=True)
         if gen.context_full:

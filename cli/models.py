@@ -85,20 +85,23 @@ def _list_local(heading: str, files: list[Any]) -> None:
 @click.option("-p", "--prompt", "prompts", multiple=True, help="prompt (repeatable; default: a few short stories)")
 @click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=512, show_default=True)
 @click.option("-t", "--n-threads", type=click.IntRange(min=0), default=0, help="CPU threads; 0 = all cores")
-def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ctx: int, n_threads: int) -> None:
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="layers to offload to the GPUs; -1 = all (a build without a GPU backend keeps them on the CPU)")
+def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ctx: int, n_threads: int,
+          n_gpu_layers: int) -> None:
     """Check that DRAFT can draft for TARGET (vocabulary rules) and print their greedy agreement."""
-    from fly_cpp import _llama
+    from fly_cpp.backend.model import Model
     from fly_cpp.models import measure
     from fly_cpp.vocab import check_compatible
 
-    with _llama.Model(target) as t, _llama.Model(draft) as d:
+    with Model(target, n_gpu_layers=n_gpu_layers) as t, Model(draft, n_gpu_layers=n_gpu_layers) as d:
         check_compatible(t, d)
         click.echo(f"vocabulary: compatible ({t.vocab_type}, {t.n_vocab} / {d.n_vocab} tokens, "
                    f"BOS {t.bos}, EOS {t.eos})")
         for m in (t, d):
             label = " (synthetic)" if m.meta("fly_cpp.synthetic") else ""
             click.echo(f"{'target' if m is t else 'draft '}: {m.name}{label}, {m.n_params / 1e6:.2f}M params, "
-                       f"{_mb(m.size_bytes)}")
+                       f"{_mb(m.size_bytes)}, {m.placement}")
             if m.recurrent:
                 _hybrid_line(m, n_threads)
         chosen = prompts or measure.PROMPTS

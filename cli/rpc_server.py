@@ -33,7 +33,8 @@ def rpc_server(host: str, port: int, threads: int, cache: bool, trusted_network:
     """Serve this machine's GPUs (or its CPU) to other fly-cpp or llama.cpp processes, which
     put model layers here with --rpc HOST:PORT. Stop it with Ctrl-C.
     """
-    from fly_cpp import _llama, rpc
+    from fly_cpp import rpc
+    from fly_cpp.backend.lib import library
 
     where = f"{host}:{port}"
     if not rpc.is_loopback(host):
@@ -42,7 +43,7 @@ def rpc_server(host: str, port: int, threads: int, cache: bool, trusted_network:
                                    + WARNING.format(where=where) + " Add --trusted-network to do it anyway")
         click.echo("fly-cpp: WARNING: " + WARNING.format(where=where), err=True)
     rpc.check_port(host, port)
-    lib = _llama.library()
+    lib = library()
     if not rpc.supported(lib):
         raise FlyError(f"this build of llama-cpp-python has no RPC support; rebuild it with: {rpc.INSTALL}")
     cache_dir = _cache_dir() if cache else None

@@ -88,6 +88,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
 
     def ready(fly: Fly) -> None:
         note = fly.info.draft_name or "n-gram lookup only"
+        click.echo(f"fly-cpp: {fly.info.placement}", err=True)
         click.echo(f"fly-cpp: serving {fly.model} (draft: {note}) on {url}", err=True)
         if settings.context_shift and not fly.engine.can_shift:
             click.echo("fly-cpp: --context-shift is off: these models' caches cannot shift (a recurrent state, or "

@@ -24,9 +24,9 @@ from typing import Any
 
 from fly_cpp import oai, reply, structured, tool_formats
 from fly_cpp import tools as tool_calls
+from fly_cpp.backend.lib import set_verbose
 from fly_cpp.chat_format import ChatFormat, continued, resolve
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp._llama import set_verbose
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation

@@ -24,7 +24,8 @@ from typing import Literal, Protocol
 import numpy as np
 
 from fly_cpp import costcache
-from fly_cpp._llama import Context, MtpContext
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import ModelSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.rollback_costs import Rollbacks

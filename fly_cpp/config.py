@@ -116,8 +116,9 @@ class ModelSettings:
     n_ubatch: int = field(default=512, metadata=_help(
         "physical batch size; 1 makes batched verification numerically identical to one-token decoding (slow)",
         aliases=("-ub", "--ubatch-size")))
-    n_gpu_layers: int = field(default=0, metadata=_help(
-        "layers to offload to the GPUs or rpc servers; -1 = all; 0 = none, or all when rpc servers are given",
+    n_gpu_layers: int = field(default=-1, metadata=_help(
+        "layers to offload to the GPUs or rpc servers; -1 = all (on a build without a GPU backend, and with no "
+        "rpc servers, the CPU keeps them); 0 = none, or all when rpc servers are given",
         aliases=("-ngl", "--gpu-layers"),
         draft=("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl")))
     split_mode: str = field(default="layer", metadata=_help("multi-GPU split: none, layer or row",
@@ -151,7 +152,7 @@ class ModelSettings:
     def __post_init__(self) -> None:
         _integer("n_ctx", self.n_ctx, 0, MAX_CTX)
         _threads("n_threads", self.n_threads)
-        # llama.cpp caps both at n_ctx (so does fly-cpp's batch, see _llama.Context); here
+        # llama.cpp caps both at n_ctx (so does fly-cpp's batch, see backend.context.Context); here
         # they only have to be counts a context could hold
         _integer("n_batch", self.n_batch, 1, MAX_CTX)
         _integer("n_ubatch", self.n_ubatch, 1, MAX_CTX)
@@ -202,6 +203,14 @@ class ModelSettings:
         """``n_gpu_layers`` as llama.cpp takes it: all layers go to the rpc servers unless told
         otherwise (``--rpc`` alone must not leave the model local)."""
         return -1 if self.rpc and self.n_gpu_layers == 0 else self.n_gpu_layers
+
+    def placed(self, local_gpus: bool) -> ModelSettings:
+        """These settings on a machine with (``local_gpus``) or without a GPU llama.cpp can use:
+        without one and without rpc servers, "all layers" (-1) is none (0), so that a CPU-only
+        build runs exactly as with ``-ngl 0``."""
+        if self.n_gpu_layers < 0 and not self.rpc and not local_gpus:
+            return dataclasses.replace(self, n_gpu_layers=0)
+        return self
 
     def for_draft(self, path: str, **changes: Any) -> ModelSettings:
         """The draft model's settings: this (the target's) settings, its own ``path``, and the
@@ -257,9 +266,9 @@ class SpecSettings:
         "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
     loosen: str = field(default="auto", metadata=_help(
-        "fly: 'auto' = loose acceptance, except under k auto with a draft model a tenth of the target's bytes or more, "
-        "a target under 256 MiB, or several slots (asking the draft for its tokens would cost more than they "
-        "save: fly then matches exactly); 'on' = always; "
+        "fly: 'auto' = loose acceptance, except under k auto with a draft model a tenth of the target's bytes or more "
+        "or a target under 256 MiB (asking the draft for its tokens would cost more than they "
+        "save: fly then matches exactly), with one slot or several alike; 'on' = always; "
         "'off' = never (fly's text is then spd's)"))
     loose_min_ratio: float = field(default=0.5, metadata=_help(
         "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "

@@ -16,12 +16,13 @@ from typing import Protocol
 
 import numpy as np
 
-from fly_cpp._llama import Grammar, common_prefix
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.grammar import Grammar
 from fly_cpp.errors import FlyError
 
 
 class Rules(Protocol):
-    """One state of a grammar (``_llama.Grammar``, or ``Lazy`` around one)."""
+    """One state of a grammar (``backend.grammar.Grammar``, or ``Lazy`` around one)."""
 
     def mask(self, row: np.ndarray) -> None: ...
     def allows(self, token: int) -> bool: ...

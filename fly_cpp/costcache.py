@@ -12,7 +12,7 @@ import platform
 from pathlib import Path
 
 from fly_cpp import jsoncache
-from fly_cpp._llama import backend_version
+from fly_cpp.backend.lib import backend_version
 from fly_cpp.config import ModelSettings
 
 MAX_ENTRIES = 64

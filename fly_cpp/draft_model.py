@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fly_cpp import native, ngram, rows
-from fly_cpp._llama import Context, common_prefix
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.context import Context
 from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import Draft, Report
 from fly_cpp.sampling import NO_BIAS, LogitBias

@@ -13,20 +13,25 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import weakref
-from time import perf_counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TypeVar
 
-from fly_cpp import loop, recall, scoring, worth
+from fly_cpp import loop, recall
 from fly_cpp import rollback as rb
-from fly_cpp.constrain import Lazy, Rules
-from fly_cpp._llama import Context, Grammar, Model, MtpContext, Seq, gbnf, gguf_hparams, gpu_names, kv_bytes_per_token
-from fly_cpp.config import AUTO_SLOTS, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp import scoring, worth
+from fly_cpp.backend.batch import Batcher, Seq
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.grammar import Grammar, gbnf
+from fly_cpp.backend.lib import gpu_names
+from fly_cpp.backend.model import Model, gguf_hparams, kv_bytes_per_token
+from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
 from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
+from fly_cpp.config import AUTO_SLOTS, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.constrain import Lazy, Rules
 from fly_cpp.costs import Costs, slower_note
-from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
 from fly_cpp.errors import ContextExceeded, FlyError
@@ -38,6 +43,7 @@ from fly_cpp.output import Output
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.request import Request, Shift
+from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.scheduler import Scheduler, Task
 
@@ -125,7 +131,9 @@ def auto_slots(target: ModelSettings, draft: ModelSettings | None) -> int:
 
 
 def _settings(model: ModelSettings | str) -> ModelSettings:
-    return model if isinstance(model, ModelSettings) else ModelSettings(path=str(model))
+    """A model's settings as they load here: "every layer" is none without a GPU or rpc server."""
+    settings = model if isinstance(model, ModelSettings) else ModelSettings(path=str(model))
+    return settings.placed(local_gpus=bool(gpu_names()))
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,7 @@ class EngineInfo:
     bos_text: str  # the BOS / EOS tokens' text, as chat templates want them
     eos_text: str
     chat_template: str | None  # the target GGUF's tokenizer.chat_template
+    placement: str = ""  # where each model's layers went ("target on the CPU", "target 29/29 layers on ...")
 
 
 class Engine:
@@ -163,6 +172,7 @@ class Engine:
         self.n_seq = n_seq
         self.steps: Scheduler | None = None  # the step loop: every slot's work runs there
         self._views: list[tuple[Context | Seq, Context | Seq | None]] = []  # each slot's caches
+        self.batchers: dict[str, Batcher] = {}  # with several slots, each model's shared decodes ("target", "draft")
         self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
@@ -195,13 +205,14 @@ class Engine:
                 for ctx in (self.target, self.draft_ctx):
                     _check_rollback(ctx)
             if n_seq > 1:
-                draft_ctx = self.draft_ctx
-                self._views = [(self.target.seq(i), draft_ctx.seq(i) if draft_ctx is not None else None)
-                               for i in range(n_seq)]
-                shared = (self.target._shared, draft_ctx._shared if draft_ctx is not None else None)
+                self.batchers = {role: Batcher(ctx) for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
+                                 if ctx is not None}
+                target, draft = self.batchers["target"], self.batchers.get("draft")
+                self._views = [(target.seq(i), draft.seq(i) if draft is not None else None) for i in range(n_seq)]
             else:
-                self._views, shared = [(self.target, self.draft_ctx)], (None, None)
-            self.steps = Scheduler(n_seq, *shared, cached=lambda i: self._views[i][0].tokens)
+                self._views = [(self.target, self.draft_ctx)]
+            self.steps = Scheduler(n_seq, self.batchers.get("target"), self.batchers.get("draft"),
+                                   cached=lambda i: self._views[i][0].tokens)
         except BaseException:
             self._close()
             raise
@@ -211,7 +222,7 @@ class Engine:
         """The checks of loading that need no weights (files, context size against the model
         and this machine's memory), from the GGUF headers alone: a server refuses bad settings
         this way before it binds its port."""
-        _check_context(target, draft)
+        _check_context(_settings(target), _settings(draft) if draft is not None else None)
 
     @staticmethod
     def _load(s: ModelSettings, mtp: bool = False) -> Model:
@@ -250,7 +261,9 @@ class Engine:
             n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target.n_threads,
             draft_n_threads=self.draft_ctx.n_threads if self.draft_ctx is not None else None,
             bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
-            chat_template=m.meta("tokenizer.chat_template"))
+            chat_template=m.meta("tokenizer.chat_template"),
+            placement="; ".join(f"{role} {model.placement}" for role, model in
+                                (("target", m), ("draft", self.draft_model)) if model is not None))
 
     # -- tokens ----------------------------------------------------------------------------
 
@@ -417,9 +430,8 @@ class Engine:
 
     def sharing(self) -> dict[str, tuple[int, int, int]]:
         """With several slots, how the shared decodes ran so far, by model ("target", "draft"):
-        (decodes, sequences, rows) in all (``Context.sharing``); empty with one slot."""
-        found = {role: ctx.sharing for role, ctx in (("target", self.target), ("draft", self.draft_ctx)) if ctx is not None}
-        return {role: v for role, v in found.items() if v is not None}
+        (decodes, sequences, rows) in all (``Batcher.sharing``); empty with one slot."""
+        return {role: b.sharing for role, b in self.batchers.items()}
 
     @property
     def generations_running(self) -> int:

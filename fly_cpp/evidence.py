@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fly_cpp._llama import common_prefix
+from fly_cpp.backend.cache import common_prefix
 from fly_cpp.decayed import Histogram, Rate, Tally
 
 BINS = 10  # confidence bins of the acceptance model

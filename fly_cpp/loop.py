@@ -33,9 +33,10 @@ from time import perf_counter
 
 import numpy as np
 
-from fly_cpp._llama import Context, common_prefix
-from fly_cpp.constrain import Constraint, Rules
 from fly_cpp.accept import Verdict
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.context import Context
+from fly_cpp.constrain import Constraint, Rules
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
 from fly_cpp.output import Output

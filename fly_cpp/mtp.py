@@ -27,7 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fly_cpp import ngram, rows
-from fly_cpp._llama import MtpContext, common_prefix
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import SpecSettings
 from fly_cpp.draft_model import Stepped, cut_at_end
 from fly_cpp.drafters import Draft, Report

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from fly_cpp._llama import common_prefix
+from fly_cpp.backend.cache import common_prefix
 
 
 def lookup(tokens: Sequence[int] | np.ndarray, max_n: int = 4, n_pred: int = 6, earliest: bool = True) -> list[int]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from time import perf_counter
 
-from fly_cpp._llama import Context, Seq, common_prefix
+from fly_cpp.backend.batch import Seq
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.context import Context
 from fly_cpp.output import Output
 from fly_cpp.runs import Runs
 from fly_cpp.step import Progress

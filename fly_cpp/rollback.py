@@ -2,7 +2,7 @@
 
 A transformer's KV cache drops any suffix (``KV``). A recurrent or hybrid model (Qwen3.5/3.6's
 Gated DeltaNet, Mamba, LFM2, ...) keeps one running state per sequence, which cannot forget the
-last tokens by itself. ``_llama._Cache`` (a ``Context``'s sequence, or one of a shared
+last tokens by itself. ``backend.cache.Cache`` (a ``Context``'s sequence, or one of a shared
 context's several, ``Seq``) brings it back two ways:
 
 - ``SNAPSHOTS``: llama.cpp keeps the states of the last ``n_rs_seq`` tokens of the last decode

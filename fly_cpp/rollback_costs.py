@@ -13,7 +13,8 @@ from time import perf_counter
 
 from fly_cpp import costcache
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.config import ModelSettings
 from fly_cpp.errors import FlyError
 

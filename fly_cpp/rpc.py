@@ -20,7 +20,7 @@ process would reuse the dead one: recovery is a restart of the process. A loss i
 
 Server. ``serve`` runs ggml's RPC server on this machine's devices (``fly-cpp rpc-server``).
 
-Every function takes ``lib``, the ctypes handle of libllama (``_llama`` hands it over): the
+Every function takes ``lib``, the ctypes handle of libllama (``fly_cpp.backend.lib`` hands it over): the
 ggml symbols resolve through its dependencies, i.e. in the very ggml copy llama.cpp uses.
 """
 

@@ -35,10 +35,11 @@ from time import perf_counter
 import numpy as np
 
 from fly_cpp import rollback as rb
-from fly_cpp._llama import Context, Seq
-from fly_cpp.rows import argmax
+from fly_cpp.backend.batch import Seq
+from fly_cpp.backend.context import Context
 from fly_cpp.output import Output
 from fly_cpp.request import Request
+from fly_cpp.rows import argmax
 
 RUN_SECONDS = 0.02  # decoding per run: the longest a streamed token waits for the run it is in
 MAX_RUN = 64

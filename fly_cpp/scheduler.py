@@ -3,7 +3,7 @@
 Everything that touches the models' contexts runs here, on one thread, as *tasks*: a
 generation, a scoring pass, a prefill, a cost measurement. A task is a function of the slot it
 runs in (its body, an iterator of items), started in a greenlet once its slot is free. Where
-the task asks a context shared by several slots for a decode (``fly_cpp._llama.Seq``), its
+the task asks a context shared by several slots for a decode (``fly_cpp.backend.batch.Seq``), its
 greenlet parks the request with that context's batcher and switches back here; the loop then
 advances every slot by one step, as llama-server's ``update_slots`` does:
 
@@ -16,7 +16,7 @@ advances every slot by one step, as llama-server's ``update_slots`` does:
    (verification rows, prompt chunks, greedy runs) waits while any slot still drafts, so
    that every slot's rows go to the target together; a step where the target's batch holds
    only greedy runs decodes them inside the native library for several tokens at once
-   (``_llama._Batcher.flush``).
+   (``backend.batch.Batcher.flush``).
 
 With one slot the same loop runs the one task, whose context decodes in place (no batcher):
 the N = 1 case of the same code. A task ends when its body does, or when its caller cancels it
@@ -44,7 +44,7 @@ class Cancelled(BaseException):
 
 
 class Batcher(Protocol):
-    """A context shared by several slots, as the loop drives it (``fly_cpp._llama._Batcher``)."""
+    """A context shared by several slots, as the loop drives it (``fly_cpp.backend.batch.Batcher``)."""
 
     def waiting(self) -> list[Any]: ...  # parked jobs, each with ``glet`` (who waits) and ``want`` (rows read)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fly_cpp._llama import Context, common_prefix
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.context import Context
 from fly_cpp.rows import logsumexp
 from fly_cpp.step import TokenProbs
 

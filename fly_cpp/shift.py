@@ -4,7 +4,7 @@ its first tokens, drops about half of the rest and goes on, instead of ending th
 When the target's cache holds n_ctx - 1 tokens (the committed text fills the context), the
 first ``keep`` positions stay, the next ``discard`` ones (0: half of what follows ``keep``) are
 dropped from the target's cache, the draft's and the committed text alike, and what followed
-them moves down to fill the gap (``_Cache.shift``). The loop's invariant holds after
+them moves down to fill the gap (``backend.cache.Cache.shift``). The loop's invariant holds after
 (``target.tokens == committed[:-1]``), and the parts that follow the generated text by position
 (sampler draws, grammar state, code fences: ``Verifier.rebase``) count on from where they were.
 A shift happens only between rounds with no cross-round window open, so no rollback ever
@@ -13,7 +13,8 @@ reaches back past it. KV caches only: a recurrent state cannot be moved.
 
 from __future__ import annotations
 
-from fly_cpp._llama import Context, Seq
+from fly_cpp.backend.batch import Seq
+from fly_cpp.backend.context import Context
 from fly_cpp.drafters import Drafter, shift_drafter
 from fly_cpp.request import Shift
 from fly_cpp.step import Stats

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fly_cpp._llama import json_schema_rules
+from fly_cpp.backend.grammar import json_schema_rules
 from fly_cpp.errors import FlyError
 from fly_cpp.reply import END_THINK, THINK
 from fly_cpp.tool_formats import KNOWN, Format, detect, lit

@@ -17,7 +17,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from fly_cpp._llama import quantize  # noqa: F401  (re-exported: part of the kit)
+from fly_cpp.backend.model import quantize  # noqa: F401  (re-exported: part of the kit)
 from fly_cpp.errors import FlyError
 
 PathLike = str | os.PathLike[str]

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fly_cpp import _llama
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.vocab import check_compatible
 
 PathLike = str | os.PathLike[str]
@@ -45,7 +46,7 @@ def _threads(n_threads: int) -> int:
     return n_threads or os.cpu_count() or 1
 
 
-def target_continuation(ctx: _llama.Context, prompt_tokens: list[int], n_tokens: int) -> list[int]:
+def target_continuation(ctx: Context, prompt_tokens: list[int], n_tokens: int) -> list[int]:
     """The target's greedy continuation (stops after an end-of-generation token)."""
     ctx.truncate(0)
     logits = ctx.decode(prompt_tokens, "last")
@@ -59,24 +60,24 @@ def target_continuation(ctx: _llama.Context, prompt_tokens: list[int], n_tokens:
     return out
 
 
-def _greedy_rows(ctx: _llama.Context, tokens: list[int], first: int) -> np.ndarray:
+def _greedy_rows(ctx: Context, tokens: list[int], first: int) -> np.ndarray:
     """Greedy token after each position >= first - 1 of ``tokens``: shape (len(tokens) - first,)."""
     ctx.truncate(0)
     logits = ctx.decode(tokens, "all")  # (len(tokens), n_vocab) float32
     return np.argmax(logits[first - 1 : len(tokens) - 1], axis=1)
 
 
-def greedy_agreement(target: PathLike | _llama.Model, draft: PathLike | _llama.Model,
+def greedy_agreement(target: PathLike | Model, draft: PathLike | Model,
                      prompts: Sequence[str] = PROMPTS, *, n_tokens: int = 48, n_ctx: int = 512,
                      n_threads: int = 0) -> Agreement:
     """Fraction of positions of the target's greedy text where the draft's greedy token
     equals the target's (teacher-forced on the target's text)."""
-    owned: list[_llama.Model] = []
+    owned: list[Model] = []
 
-    def load(m: PathLike | _llama.Model) -> _llama.Model:
-        if isinstance(m, _llama.Model):
+    def load(m: PathLike | Model) -> Model:
+        if isinstance(m, Model):
             return m
-        owned.append(_llama.Model(m))
+        owned.append(Model(m))
         return owned[-1]
 
     try:
@@ -84,8 +85,8 @@ def greedy_agreement(target: PathLike | _llama.Model, draft: PathLike | _llama.M
         check_compatible(t_model, d_model)
         threads = _threads(n_threads)
         per_prompt, matches, positions = [], 0, 0
-        with _llama.Context(t_model, n_ctx=n_ctx, n_threads=threads) as t_ctx, \
-                _llama.Context(d_model, n_ctx=n_ctx, n_threads=threads) as d_ctx:
+        with Context(t_model, n_ctx=n_ctx, n_threads=threads) as t_ctx, \
+                Context(d_model, n_ctx=n_ctx, n_threads=threads) as d_ctx:
             for prompt in prompts:
                 prompt_tokens = t_model.tokenize(prompt)
                 text = prompt_tokens + target_continuation(t_ctx, prompt_tokens, n_tokens)
@@ -102,12 +103,12 @@ def greedy_agreement(target: PathLike | _llama.Model, draft: PathLike | _llama.M
             m.close()
 
 
-def decode_ms(model: PathLike | _llama.Model, *, n_tokens: int = 24, n_ctx: int = 256, n_threads: int = 0,
+def decode_ms(model: PathLike | Model, *, n_tokens: int = 24, n_ctx: int = 256, n_threads: int = 0,
               prompt: str = "Once upon a time") -> float:
     """Median milliseconds of one single-token decode (after a short prompt and one warm-up)."""
-    m = model if isinstance(model, _llama.Model) else _llama.Model(model)
+    m = model if isinstance(model, Model) else Model(model)
     try:
-        with _llama.Context(m, n_ctx=n_ctx, n_threads=_threads(n_threads)) as ctx:
+        with Context(m, n_ctx=n_ctx, n_threads=_threads(n_threads)) as ctx:
             logits = ctx.decode(m.tokenize(prompt), "last")
             times = []
             for _ in range(n_tokens + 1):

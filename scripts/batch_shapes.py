@@ -19,7 +19,8 @@ import random
 import statistics
 import time
 
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.shape import Steady, padded
 
 HISTOGRAM = {0: 23, 1: 213, 2: 99, 3: 73, 4: 42, 5: 57, 6: 104, 7: 132, 8: 11}  # draft length: rounds

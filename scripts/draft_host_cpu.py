@@ -17,7 +17,8 @@ import argparse
 import statistics
 from time import thread_time
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, _llama, native
+from fly_cpp import Engine, ModelSettings, SpecSettings, native
+from fly_cpp.backend.lib import ll
 from fly_cpp.draft_model import ModelDrafter
 
 PROMPT = "Tom and Sue went to the park. They saw a big dog"
@@ -40,7 +41,7 @@ def main() -> None:
         call = ctx._call
 
         def timed(fn, *args, call=call, name=name):  # type: ignore[no-untyped-def]
-            if fn is not _llama.ll.llama_decode:
+            if fn is not ll.llama_decode:
                 return call(fn, *args)
             t0 = thread_time()
             try:

@@ -93,7 +93,7 @@ run)
     export PYTHONPATH=/tmp/site FLY_CPP_SHARED=$PWD/.dev/shared LD_LIBRARY_PATH=/tmp/b/bin:${LD_LIBRARY_PATH:-}
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUTDIR/pip.log" 2>&1 \
         || { tail -20 "$OUTDIR/pip.log"; exit 1; }
-    python3 -c "from fly_cpp._llama import gpu_names; from fly_cpp import native; print(gpu_names(), native.status())"
+    python3 -c "from fly_cpp.backend.lib import gpu_names; from fly_cpp import native; print(gpu_names(), native.status())"
     python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
     t tests
     measure /tmp/b/bin

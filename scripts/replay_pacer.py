@@ -42,16 +42,16 @@ from pathlib import Path
 import numpy as np
 
 from fly_cpp import rows, worth
-from fly_cpp._llama import common_prefix
+from fly_cpp.backend.cache import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs
-from fly_cpp.engine import Engine
-from fly_cpp.evidence import AGREE_PRIOR
-from fly_cpp.errors import FlyError
 from fly_cpp.draft_model import ModelDrafter, Stepped
 from fly_cpp.drafters import Draft, Drafter, NgramDrafter, Report
+from fly_cpp.engine import Engine
+from fly_cpp.errors import FlyError
+from fly_cpp.evidence import AGREE_PRIOR
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.sampling import NO_BIAS

@@ -166,7 +166,7 @@ def make_once(path: Path, build) -> Path:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def period_is_eos(stories: Path, models_dir: Path) -> Path:
     """stories260K never emits EOS (its stories end with BOS); this copy's EOS is '.'."""
-    from fly_cpp._llama import Model
+    from fly_cpp.backend.model import Model
 
     with Model(stories, vocab_only=True) as m:
         period = m.tokenize(".", add_special=False)[-1]

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from fly_cpp import Fly, FlyError, SpecSettings, Step
-from fly_cpp._llama import Context
-from fly_cpp._llama import common_prefix
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.context import Context
 from fly_cpp.models import make
 
 ONE_THREAD = {"n_threads": 1, "draft_n_threads": 1}  # the test machines are shared and busy
@@ -318,14 +318,14 @@ def test_llama_cpp_python_habits(stories, capfd):
         assert f.chat_format.name == "llama-3"
         assert f.info.target.mmap is False and f.info.target.flash_attn == "on"
     assert "llama_model_loader" not in capfd.readouterr().err
-    from fly_cpp import _llama
+    from fly_cpp.backend.lib import set_verbose
 
     try:
         with Fly(stories, n_ctx=256, n_threads=1, verbose=True):
             pass
         assert "llama_model_loader" in capfd.readouterr().err
     finally:
-        _llama.set_verbose(False)
+        set_verbose(False)
 
 
 def test_draft_min_drops_short_drafts(fly):

@@ -51,9 +51,9 @@ def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N) ->
 @pytest.mark.parametrize("mode", ["target", "spd", "fly"])
 def test_slots_return_what_each_returns_alone(alone, slots, mode):
     expected = [alone.generate(p, spec=spec(mode), max_tokens=N).run().tokens for p in PROMPTS]
-    before = slots.target._shared.decodes
+    before = slots.batchers["target"].decodes
     assert together(slots, mode) == expected
-    shared = slots.target._shared
+    shared = slots.batchers["target"]
     assert shared.decodes > before
     assert shared.rows > shared.decodes  # some decodes held several slots' rows
 
@@ -118,7 +118,7 @@ def test_several_active_slots_draft_together(alone, slots):
     """Under load the slots' rounds draft together, as llama-server's do: a draft-model decode
     holds a step of several slots, and each slot returns what it returns alone."""
     expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in PROMPTS]
-    draft = slots.draft_ctx._shared
+    draft = slots.batchers["draft"]
     shared, seqs = draft.shared, draft.seqs
     gens = slot_runs.together(slots, spec("spd"), PROMPTS, N)
     assert [g.tokens for g in gens] == expected
@@ -129,7 +129,7 @@ def test_several_active_slots_draft_together(alone, slots):
 def test_every_slots_verification_rows_go_in_one_target_decode(alone, slots):
     """The step loop holds the target's batch while any slot still drafts: the slots' rounds
     stay in step, each verifying its rows in the same target decode as the others."""
-    target = slots.target._shared
+    target = slots.batchers["target"]
     shared, seqs = target.shared, target.seqs
     gens = slot_runs.together(slots, spec("spd"), PROMPTS, N)
     assert all(g.stats.n_drafted > 0 for g in gens)
@@ -203,7 +203,7 @@ def test_slots_in_one_unified_cache(stories, stories_draft):
         assert e.n_ctx == 1024
         out = together(e, "spd", PROMPTS[:2])
         assert [len(t) for t in out] == [N, N]
-        assert e.target._shared.rows > e.target._shared.decodes
+        assert e.batchers["target"].rows > e.batchers["target"].decodes
 
 
 def test_each_slot_has_its_share_of_the_context(slots):
@@ -246,11 +246,11 @@ def test_one_row_micro_batches_give_each_sequence_its_own_numbers(slots):
     """llama.cpp puts one row of each of two sequences in one micro-batch even at n_ubatch 1 (a
     cache per sequence): a shared decode must still give every row the very numbers it gets
     decoded alone, or FLy's decisions near a threshold follow the load (seen under -np 4)."""
-    from fly_cpp._llama import _Job
+    from fly_cpp.backend.batch import Job
 
-    ctx = slots.target
+    shared = slots.batchers["target"]
     prompts = [slots.tokenize(p) for p in PROMPTS[:3]]
-    seqs = [ctx.seq(i) for i in range(3)]
+    seqs = [shared.seq(i) for i in range(3)]
     alone = []
     for s, tokens in zip(seqs, prompts):
         s.tokens.clear()
@@ -258,8 +258,8 @@ def test_one_row_micro_batches_give_each_sequence_its_own_numbers(slots):
         s.decode(tokens[:-1], logits="none")
         alone.append(s.decode(tokens[-1:]))
         s.truncate(len(tokens) - 1)
-    jobs = [_Job(s.seq_id, len(tokens) - 1, tokens[-1:], 1) for s, tokens in zip(seqs, prompts)]
-    ctx._shared._run(jobs)
+    jobs = [Job(s.seq_id, len(tokens) - 1, tokens[-1:], 1) for s, tokens in zip(seqs, prompts)]
+    shared._run(jobs)
     try:
         for job, rows in zip(jobs, alone):
             assert np.array_equal(job.rows, rows)

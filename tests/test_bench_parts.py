@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.bench import checkers, datasets, fidelity, paired, report, summary
 from fly_cpp.bench.modes import parse_modes
 from fly_cpp.config import SpecSettings

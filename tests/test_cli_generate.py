@@ -41,6 +41,7 @@ def test_bundled_pair_streams_a_story_in_fly_mode():
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.split()) >= 10
     assert r.stderr.startswith("fly: 40 tokens") and "mean accepted" in r.stderr
+    assert "; target on the CPU; draft on the CPU" in r.stderr  # where the layers went (a CPU-only build)
 
 
 def test_json_output(stories, stories_draft):

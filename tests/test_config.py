@@ -114,3 +114,15 @@ def test_parallel_auto_shares_one_cache_as_llama_server():
 def test_k_slots_must_be_a_count():
     with pytest.raises(ValueError, match="k_slots"):
         SpecSettings(k_slots=-1)
+
+
+def test_all_layers_offload_by_default_where_a_gpu_or_rpc_server_is():
+    """-ngl defaults to every layer, as llama.cpp's tools do on a GPU build; without a GPU and
+    rpc servers that is none, so a CPU-only build runs as it always did."""
+    s = ModelSettings("t.gguf")
+    assert s.n_gpu_layers == -1
+    assert s.placed(local_gpus=True).n_gpu_layers == -1
+    assert s.placed(local_gpus=False).n_gpu_layers == 0 and s.placed(local_gpus=False).offloaded_layers == 0
+    remote = ModelSettings("t.gguf", rpc=("127.0.0.1:50052",))
+    assert remote.placed(local_gpus=False).offloaded_layers == -1
+    assert ModelSettings("t.gguf", n_gpu_layers=7).placed(local_gpus=False).n_gpu_layers == 7

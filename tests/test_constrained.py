@@ -9,7 +9,7 @@ import re
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp._llama import Grammar
+from fly_cpp.backend.grammar import Grammar
 from fly_cpp.errors import FlyError
 
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)*'

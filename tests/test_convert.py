@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fly_cpp import FlyError, _llama
+from fly_cpp import FlyError
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.cli.main import main
 from fly_cpp.models import convert, reference
 from tests.conftest import SHARED, TINYSTORIES, needs_tinystories
@@ -36,7 +38,7 @@ def checkpoint() -> tuple[dict, dict[str, np.ndarray]]:
 
 def test_tokenizer_matches_tokenizer_json(converted: Path) -> None:
     texts = PROMPTS + [(SHARED / "corpora" / "tinystories" / "tinystories_sample.txt").read_text(encoding="utf-8")]
-    with _llama.Model(converted) as m:
+    with Model(converted) as m:
         assert (m.vocab_type, m.n_vocab, m.bos, m.eos, m.add_bos) == ("SPM", 2048, 1, 2, True)
         for text in texts:
             text = re.sub(r"[^\x20-\x7e\n]", "", text)  # characters the 2048-token vocabulary has
@@ -46,7 +48,7 @@ def test_tokenizer_matches_tokenizer_json(converted: Path) -> None:
 
 def test_logits_match_numpy_reference(converted: Path, checkpoint: tuple) -> None:
     config, tensors = checkpoint
-    with _llama.Model(converted) as m, _llama.Context(m, n_ctx=128, n_threads=2, precise=True) as ctx:
+    with Model(converted) as m, Context(m, n_ctx=128, n_threads=2, precise=True) as ctx:
         for prompt in PROMPTS:
             tokens = m.tokenize(prompt)
             ctx.truncate(0)
@@ -71,7 +73,7 @@ def test_rotary_permutation_is_needed(checkpoint: tuple) -> None:
 
 
 def test_greedy_text_is_english(converted: Path) -> None:
-    with _llama.Model(converted) as m, _llama.Context(m, n_ctx=256, n_threads=2) as ctx:
+    with Model(converted) as m, Context(m, n_ctx=256, n_threads=2) as ctx:
         logits = ctx.decode(m.tokenize("Once upon a time, there was a little"), "last")
         out = []
         for _ in range(80):
@@ -96,7 +98,7 @@ def test_f16_conversion_is_close(converted: Path, tmp_path: Path) -> None:
     tokens = [1, 80, 147, 201, 282, 215]
     rows = []
     for path in (converted, half):
-        with _llama.Model(path) as m, _llama.Context(m, n_ctx=64, n_threads=2, precise=True) as ctx:
+        with Model(path) as m, Context(m, n_ctx=64, n_threads=2, precise=True) as ctx:
             rows.append(ctx.decode(tokens, "all").copy())
     assert np.max(np.abs(rows[0] - rows[1])) < 0.1
     assert (rows[0].argmax(1) == rows[1].argmax(1)).mean() >= 5 / 6

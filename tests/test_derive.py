@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fly_cpp import _llama
+from fly_cpp.backend.model import Model
 from fly_cpp.cli.main import main
 from fly_cpp.models import convert, derive, measure, widen
 from tests.conftest import STORIES, TINYSTORIES, needs_tinystories
@@ -49,7 +49,7 @@ def test_derive_reports_agreement_and_skips(tiny: Path, tmp_path: Path) -> None:
     assert q4.agreement is not None and 0.5 <= q4.agreement <= q8.agreement
     assert cut.agreement is not None and cut.agreement < q8.agreement
     assert q4.size_bytes < q8.size_bytes < tiny.stat().st_size
-    with _llama.Model(cut.path) as m:
+    with Model(cut.path) as m:
         assert m.meta("llama.block_count") == "1"
     skipped = derive.derive(tiny, tmp_path, quants=("Q8_0",), agree=False)  # reuses the file
     assert skipped[0].path == q8.path and skipped[0].agreement is None

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SpecSettings, native, ngram
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.models import bundled
 

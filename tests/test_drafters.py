@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fly_cpp import Engine, ModelSettings, native
+from fly_cpp import Engine, ModelSettings
 from fly_cpp import engine as engine_module
-from fly_cpp._llama import Context, Model
+from fly_cpp import native
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.draft_model import DraftModel, ModelDrafter

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-import numpy as np
-
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp._llama import Context
+from fly_cpp.backend.context import Context
 
 STORY_PROMPTS = [
     "Once upon a time",

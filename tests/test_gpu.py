@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
-from fly_cpp._llama import gpu_names
+from fly_cpp.backend.lib import gpu_names
 
 pytestmark = pytest.mark.skipif(not gpu_names(), reason="llama.cpp was built without a GPU backend, or sees no GPU")
 

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from fly_cpp._llama import Grammar, Model, json_schema_grammar
+from fly_cpp.backend.grammar import Grammar, json_schema_grammar
+from fly_cpp.backend.model import Model
 from fly_cpp.errors import FlyError
 
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)*'

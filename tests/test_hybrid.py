@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.errors import FlyError
 from fly_cpp.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
 
@@ -263,9 +264,9 @@ def test_a_state_that_cannot_go_back_is_refused_in_one_line(qwen35_pair, monkeyp
 
 def test_k_auto_prices_a_rejection_on_a_recurrent_state():
     from fly_cpp.costs import Costs, Curve
-    from fly_cpp.rollback_costs import Rollbacks
     from fly_cpp.pacer import Pacer
     from fly_cpp.rollback import Ledger
+    from fly_cpp.rollback_costs import Rollbacks
 
     ms = 1e-3
     ledger = Ledger(copies=1, copy_seconds=1 * ms, restores=1, restore_seconds=2 * ms)

@@ -14,7 +14,9 @@ import pytest
 import slot_runs
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.batch import Batcher
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.batchloop import Throttled
 from fly_cpp.errors import FlyError
 from fly_cpp.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
@@ -63,10 +65,10 @@ def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N):
 def test_hybrid_slots_return_what_each_returns_alone(alone, slots, mode, drafting):
     prompts = PROMPTS[: slots.n_seq]
     expected = [alone.generate(p, spec=spec(mode), max_tokens=N).run().tokens for p in prompts]
-    before = slots.target._shared.decodes
+    before = slots.batchers["target"].decodes
     out = together(slots, mode, prompts)
     assert [g.tokens for g in out] == expected
-    shared = slots.target._shared
+    shared = slots.batchers["target"]
     assert shared.decodes > before and shared.rows > shared.decodes  # some decodes held several slots' rows
     assert all(g.stats.rollback["target"]["way"] == CHECKPOINTS for g in out)
     if mode == "spd":  # every slot drafted, and rejections rolled sequences back while the others decoded
@@ -119,13 +121,14 @@ def test_a_sequence_rolling_back_does_not_disturb_the_others(qwen35_pair):
     scripts = [_script(random.Random(seed), 30) for seed in range(3)]
     with Model(target) as m, Context(m, n_ctx=3 * 256, n_threads=1, n_ubatch=1, n_seq=3) as ctx:
         assert ctx.rollback == CHECKPOINTS and ctx.n_rs_seq == 0
+        shared = Batcher(ctx)
         alone = []
         for i, ops in enumerate(scripts):
-            seq = ctx.seq(i)
+            seq = shared.seq(i)
             alone.append(_play(seq, ops))
             seq.truncate(0)
-        seqs = [ctx.seq(i) for i in range(3)]
-        steps = Scheduler(3, ctx._shared, None, cached=lambda i: seqs[i].tokens)  # the engine's step loop
+        seqs = [shared.seq(i) for i in range(3)]
+        steps = Scheduler(3, shared, None, cached=lambda i: seqs[i].tokens)  # the engine's step loop
         try:
             tasks = [steps.submit(lambda at: iter((_play(seqs[at], scripts[at]),)), slot=i) for i in range(3)]
             out = [next(iter(t)) for t in tasks]
@@ -135,7 +138,7 @@ def test_a_sequence_rolling_back_does_not_disturb_the_others(qwen35_pair):
             assert len(got) == len(want)
             assert all(a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in zip(got, want))
         assert all(s.rollbacks.copies and s.rollbacks.restores for s in seqs)
-        assert ctx._shared.rows > ctx._shared.decodes  # the sequences did share decodes
+        assert shared.rows > shared.decodes  # the sequences did share decodes
         # and the rows are right: each sequence's last decode ends as a fresh context's decode
         # of its tokens (kernels differ by hundredths between batch shapes; a wrong state by units)
         for rows in out:

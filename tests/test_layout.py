@@ -136,3 +136,30 @@ def test_the_seam_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
                    "def learn(loop: object):\n    getattr(loop, 'observe')(1, 2)\n"
                    "def fine(value: Any):\n    return value.items() if isinstance(value, dict) else value\n")
     assert [hit.split(" ", 1)[1] for hit in untyped_calls(src)] == ["pacer.plan()", "getattr(..., 'observe')()"]
+
+
+# files over the size a reader takes in at once, each waiting to be split; the list only shrinks
+LONG = 400
+STILL_LONG = {"fly_cpp/config.py", "fly_cpp/engine.py", "fly_cpp/rpc.py"}
+
+
+def test_only_the_backend_imports_llama_cpp() -> None:
+    """llama-cpp-python is touched in one place (``fly_cpp.backend``), so that a change of its
+    API, or of the library under it, is a change there."""
+    found = []
+    for name, path in modules().items():
+        if name == "fly_cpp.backend" or name.startswith("fly_cpp.backend."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{name}: {n}" for n in names if n == "llama_cpp" or n.startswith("llama_cpp.")]
+    assert found == []
+
+
+def test_no_file_grows_past_what_a_reader_takes_in() -> None:
+    long = {str(path.relative_to(ROOT)) for path in modules().values()
+            if len(path.read_text(encoding="utf-8").splitlines()) > LONG}
+    assert long <= STILL_LONG, f"over {LONG} lines: {sorted(long - STILL_LONG)}"
+    backend = [p for p in (ROOT / "fly_cpp" / "backend").glob("*.py")]
+    assert len(backend) >= 7 and not [p for p in backend if str(p.relative_to(ROOT)) in STILL_LONG]

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp._llama import Context, Model, MtpContext
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
+from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.errors import FlyError
 from fly_cpp.mtp import MtpDrafter
 from fly_cpp.rollback import CHECKPOINTS, SNAPSHOTS

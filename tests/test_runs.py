@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, native
-from fly_cpp._llama import Context, Model
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.model import Model
 from fly_cpp.request import Request
 from fly_cpp.runs import Runs
 

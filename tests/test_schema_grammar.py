@@ -1,4 +1,4 @@
-"""The JSON-schema converter's gaps that fly-cpp closes (``fly_cpp._llama.json_schema_grammar``):
+"""The JSON-schema converter's gaps that fly-cpp closes (``fly_cpp.backend.grammar.json_schema_grammar``):
 integer bounds as digit-by-digit ranges (``fly_cpp.int_bounds``), and no raw control character
 inside a string."""
 
@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from fly_cpp._llama import Grammar, Model, json_schema_grammar
+from fly_cpp.backend.grammar import Grammar, json_schema_grammar
+from fly_cpp.backend.model import Model
 from fly_cpp.errors import FlyError
 from fly_cpp.int_bounds import bounds, integer_range
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
-from fly_cpp._llama import Context
+from fly_cpp.backend.context import Context
 from fly_cpp.shape import Steady, padded
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from fly_cpp import Fly, FlyError
 from fly_cpp import tools as tool_calls
-from fly_cpp._llama import Grammar
+from fly_cpp.backend.grammar import Grammar
 from fly_cpp.constrain import Lazy
 from fly_cpp.reply import Options, Splitter, split
 from fly_cpp.server import create_app

@@ -14,7 +14,7 @@ import pytest
 
 from fly_cpp import Fly, FlyError
 from fly_cpp import tools as tool_calls
-from fly_cpp._llama import Grammar
+from fly_cpp.backend.grammar import Grammar
 from fly_cpp.constrain import Lazy
 from fly_cpp.tool_formats import detect
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fly_cpp._llama import cpu_has_amx
+from fly_cpp.backend.lib import cpu_has_amx
 from fly_cpp.errors import FlyError
 
 SPECULATIVE = "llama-speculative-simple"
