@@ -4,6 +4,8 @@ machine's noise: what each policy would have decoded, timed by the pair's measur
 
     python scripts/replay_pacer.py RUN/results.json --dataset prompts.jsonl [--draft-scale 1.2]
     python scripts/replay_pacer.py RUN/results.json --dataset prompts.jsonl --no-draft --policies auto,spd@k6
+    python scripts/replay_pacer.py RUN/results.json --dataset prompts.jsonl --save tests/data/replays/NAME.json.gz
+    python scripts/replay_pacer.py tests/data/replays/NAME.json.gz [--policies ...]
 
 From the run: every prompt's rendered tokens (re-rendered from ``--dataset`` as the bench did)
 and the target's greedy output (its ``target`` records). One teacher-forced pass of the draft
@@ -26,11 +28,20 @@ by lookup every round, as ``NgramDrafter`` does.
 The clock is the pair's calibrated curves (``fly_cpp.costs``, cached per machine) times the
 ``--*-scale`` factors; the replayed tok/s of each policy the run also measured is printed beside
 the measured one, so that the scales can be set to make the replay keep the run's time.
+
+``--save`` records what a replay reads (the traces, the curves, the run's measured totals) in one
+gzipped JSON file, which replays later with no models and on any machine, to the last digit:
+``tests/test_replays.py`` replays the recordings in ``tests/data/replays`` against the tables
+stored beside them, so that a change to k auto shows what it does to every recorded run.
+``--curves FILE.json`` replaces a recording's curves (``{"target": {"rows": [...], "seconds":
+[...]}, "draft": {...}}``), e.g. with a GPU's, to replay the same texts at other costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gzip
 import json
 import math
 import statistics
@@ -46,7 +57,7 @@ from fly_cpp.backend.cache import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.config import ModelSettings, SpecSettings
-from fly_cpp.costs import Costs
+from fly_cpp.costs import Costs, Curve
 from fly_cpp.draft_model import ModelDrafter, Stepped
 from fly_cpp.drafters import Draft, Drafter, NgramDrafter, Report
 from fly_cpp.engine import Engine
@@ -68,6 +79,35 @@ class Trace:
     out: list[int]  # the target's greedy output
     top: list[int]  # the draft's top token after prompt + out[:i], i = 0..len(out) (empty: no draft)
     prob: list[float]  # ... and its probability
+
+
+@dataclass
+class Recording:
+    """What a replay reads, with no models: the traces, the pair's curves, the run's totals."""
+    traces: list[Trace]
+    target: Curve
+    draft: Curve | None
+    measured: dict[str, list[float]]  # mode -> [tokens, seconds] the run measured
+    note: str = ""  # where it came from (pair, prompts, machine, date)
+
+    def save(self, path: Path) -> None:
+        data = {"version": 1, "note": self.note, "measured": self.measured,
+                "target": dataclasses.asdict(self.target),
+                "draft": dataclasses.asdict(self.draft) if self.draft is not None else None,
+                "traces": [dataclasses.asdict(t) for t in self.traces]}
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+
+    @staticmethod
+    def load(path: Path) -> Recording:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+        return Recording([Trace(**t) for t in data["traces"]], _curve(data["target"]), _curve(data["draft"]),
+                         data["measured"], data.get("note", ""))
+
+
+def _curve(d: dict | None) -> Curve | None:
+    return None if d is None else Curve(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 def traces(engine: Engine, results: dict, dataset: str) -> list[Trace]:
@@ -248,20 +288,8 @@ def geo(values: list[float]) -> float:
     return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results")
-    ap.add_argument("--dataset", required=True, help="the JSONL file or dataset name the run used")
-    ap.add_argument("--policies", default="auto,oracle,spd@k3,spd@k5,spd-plain@k3,spd-plain@k5")
-    ap.add_argument("--target-scale", type=float, default=1.0, help="one-row target decodes x this")
-    ap.add_argument("--batch-scale", type=float, default=1.0, help="target batches x this")
-    ap.add_argument("--draft-scale", type=float, default=1.0, help="draft decodes x this")
-    ap.add_argument("--host-ms", type=float, default=0.5, help="host time of a round")
-    ap.add_argument("--no-draft", action="store_true", help="the target with n-gram lookup alone")
-    args = ap.parse_args()
-    chosen = policies(args.policies.split(","))
-    if args.no_draft and any(how["policy"] == "oracle" for _, how in chosen):
-        sys.exit("error: the oracle drafts with the draft model: not with --no-draft")
+def record(args: argparse.Namespace) -> Recording:
+    """The run's traces and the pair's curves, read with the models (a bench results.json)."""
     try:
         results = json.loads(Path(args.results).read_text(encoding="utf-8"))
         meta = results["meta"]
@@ -271,6 +299,8 @@ def main() -> None:
         sys.exit(f"error: {args.results} is not a fly-cpp bench results.json{'' if args.no_draft else ' with a draft model'} ({e})")
     if not any(x.get("mode") == "target" for x in results.get("records", [])):
         sys.exit(f"error: {args.results} has no target records to replay (run the bench with the target mode)")
+    if args.dataset is None:
+        sys.exit("error: --dataset is needed to replay a bench run (the JSONL file or dataset name it used)")
     try:
         with Engine(*settings) as engine:
             found = traces(engine, results, args.dataset)
@@ -279,20 +309,29 @@ def main() -> None:
         sys.exit(f"error: {e}")
     if not found:
         sys.exit(f"error: none of the run's prompts is in --dataset {args.dataset}")
-    costs = Costs(calibrated.target_curve, calibrated.draft_curve)  # the pacer's, scaled: it learns the scales
-    costs.target_scale, costs.batch_scale, costs.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
-    costs.host = args.host_ms / 1e3
-    clock = Clock(costs)
     measured: dict[str, list[float]] = {}
     for x in results["records"]:
         measured.setdefault(x["mode"], [0, 0])
         measured[x["mode"]][0] += x["stats"]["n_tokens"]
         measured[x["mode"]][1] += x["stats"]["seconds"]
+    note = (f"{Path(meta['target_path']).name} + {Path(meta['draft_path']).name if not args.no_draft else 'no draft'}, "
+            f"{len(found)} prompts of {args.dataset}, {meta['max_tokens']} tokens")
+    return Recording(found, calibrated.target_curve, None if args.no_draft else calibrated.draft_curve, measured, note)
+
+
+def replay(rec: Recording, chosen: list[tuple[str, dict]], args: argparse.Namespace) -> list[str]:
+    """The table: one row per policy, replayed over the recording's traces."""
+    found, measured = rec.traces, rec.measured
+    costs = Costs(rec.target, rec.draft)  # the pacer's, scaled: it learns the scales
+    costs.target_scale, costs.batch_scale, costs.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
+    costs.host = args.host_ms / 1e3
+    clock = Clock(costs)
     groups = sorted({t.id.split("/")[0] for t in found})
     alone = {t.id: (lambda r: r[0] / r[1])(Replay(t, clock).run(None)) for t in found}
-    print(f"{len(found)} prompts; speedup: per-prompt geometric mean over the target alone, replayed\n")
-    print(f"| policy | {' | '.join(groups)} | all | tok/s replayed | tok/s measured | mean accepted | draft lengths |")
-    print("|---|" + "---|" * (len(groups) + 5))
+    out = [f"{len(found)} prompts; speedup: per-prompt geometric mean over the target alone, replayed", "",
+           f"| policy | {' | '.join(groups)} | all | tok/s replayed | tok/s measured | mean accepted | draft lengths |",
+           "|---|" + "---|" * (len(groups) + 5)]
+    no_draft = rec.draft is None
     for name, how in [("target", {"policy": "target"}), *chosen]:
         speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
         pacer = Pacer(lambda: costs, K_MAX) if how["policy"] == "auto" else None
@@ -302,10 +341,47 @@ def main() -> None:
             speedups[t.id] = (n / s) / alone[t.id]
             tokens, seconds, passes = tokens + n, seconds + s, passes + p
         by_group = [geo([v for i, v in speedups.items() if i.split("/")[0] == g]) for g in groups]
-        real = measured.get("fly" if name == "auto" else name) if name == "target" or not args.no_draft else None
-        print(f"| {name} | {' | '.join(f'{v:.3f}' for v in by_group)} | {geo(list(speedups.values())):.3f} | "
-              f"{tokens / seconds:.2f} | {f'{real[0] / real[1]:.2f}' if real else '-'} | ", end="")
-        print(f"{tokens / passes:.2f} | {dict(sorted(lengths.items()))} |")
+        mode = next((m for m in ("spd", "fly") if m in measured), None) if name == "auto" else name  # k auto's run
+        real = measured.get(mode) if name == "target" or not no_draft else None
+        out.append(f"| {name} | {' | '.join(f'{v:.3f}' for v in by_group)} | {geo(list(speedups.values())):.3f} | "
+                   f"{tokens / seconds:.2f} | {f'{real[0] / real[1]:.2f}' if real else '-'} | "
+                   f"{tokens / passes:.2f} | {dict(sorted(lengths.items()))} |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="a bench run's results.json, or a recording (.json.gz) made with --save")
+    ap.add_argument("--dataset", help="the JSONL file or dataset name the run used (not for a recording)")
+    ap.add_argument("--policies", default="auto,oracle,spd@k3,spd@k5,spd-plain@k3,spd-plain@k5")
+    ap.add_argument("--target-scale", type=float, default=1.0, help="one-row target decodes x this")
+    ap.add_argument("--batch-scale", type=float, default=1.0, help="target batches x this")
+    ap.add_argument("--draft-scale", type=float, default=1.0, help="draft decodes x this")
+    ap.add_argument("--host-ms", type=float, default=0.5, help="host time of a round")
+    ap.add_argument("--no-draft", action="store_true", help="the target with n-gram lookup alone")
+    ap.add_argument("--save", type=Path, help="record the traces and curves in this .json.gz file")
+    ap.add_argument("--curves", type=Path, help="replay with these curves (JSON: target, draft) instead")
+    args = ap.parse_args()
+    chosen = policies(args.policies.split(","))
+    if args.no_draft and any(how["policy"] == "oracle" for _, how in chosen):
+        sys.exit("error: the oracle drafts with the draft model: not with --no-draft")
+    if args.results.endswith(".json.gz"):
+        try:
+            rec = Recording.load(Path(args.results))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"error: {args.results} is not a recording made with --save ({e})")
+    else:
+        rec = record(args)
+    if args.curves is not None:
+        curves = {k: v for k, v in json.loads(args.curves.read_text(encoding="utf-8")).items() if k in ("target", "draft")}
+        rec = dataclasses.replace(rec, target=_curve(curves["target"]),
+                                  draft=_curve(curves.get("draft")) if rec.draft is not None else None,
+                                  measured={}, note=f"{rec.note}; curves from {args.curves.name}")
+    if rec.draft is None and any(how["policy"] == "oracle" for _, how in chosen):
+        sys.exit("error: the oracle drafts with the draft model: not with --no-draft")
+    if args.save is not None:
+        rec.save(args.save)
+    print("\n".join(replay(rec, chosen, args)))
 
 
 if __name__ == "__main__":
