@@ -134,6 +134,10 @@ class Pacer:
         if has_draft:
             first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
             d_rate = self.best(self.model.mean(), limit, first, step)[0]
+            if g:  # the draft's first step checks the guess (``PacedDrafter``), and drafting goes on past it
+                chained = worth.best(self.costs, self.model.mean(), limit, self.costs.draft(lag() + 1 + g), step,
+                                     [self.guesses(self.matched)] * min(g, limit))[0]
+                d_rate = max(d_rate, chained)
         losing = self.drafts_lose()
         if g_rate > target_rate and (g_rate >= d_rate or losing):
             return self._chose("ngram", g)

@@ -88,18 +88,21 @@ def together(costs: Costs, accept: float, slots: int, h_max: int) -> int:
     return top_h
 
 
-def best(costs: Costs, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
+def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
+         lead: Sequence[float] = ()) -> tuple[float, int]:
     """(tokens per second, h) of the best draft length h <= h_max for a round whose first draft
     step costs ``first`` seconds and later ones ``step``, each token kept with probability
-    ``accept`` given the earlier ones were. A batch after one-row decodes also pays for
-    switching kinds, there and back (``Costs.entering``), and a recurrent state for going back
-    after a rejection (``Costs.rollback``)."""
+    ``accept`` given the earlier ones were. ``lead``: tokens the first step yields before its
+    own (an n-gram guess it checks), each kept with its own probability. A batch after one-row
+    decodes also pays for switching kinds, there and back (``Costs.entering``), and a recurrent
+    state for going back after a rejection (``Costs.rollback``)."""
     host, target, entering = costs.host, costs.target, costs.entering()
     top, top_h, expected, p = alone(costs), 0, 1.0, 1.0
     for h in range(1, h_max + 1):
-        p *= accept
+        p *= lead[h - 1] if h <= len(lead) else accept
         expected += p
-        rate = expected / (host + entering + first + (h - 1) * step + target(h + 1) + costs.rollback(h, accept))
+        steps = max(h - len(lead) - 1, 0)
+        rate = expected / (host + entering + first + steps * step + target(h + 1) + costs.rollback(h, accept))
         if rate > top:
             top, top_h = rate, h
     return top, top_h

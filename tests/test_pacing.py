@@ -158,6 +158,25 @@ def test_recovers_when_the_draft_turns_right_again():
     assert p.plans["draft"] - before > 600  # from the first fruitful exploration on
 
 
+# a GPU-sized target beside a small draft: verification nearly free, a draft step 1/17 of a decode
+GPU_SHAPED = Costs(Curve((1, 2, 4, 8, 16, 32), (3.4 * MS, 3.42 * MS, 3.46 * MS, 3.55 * MS, 3.75 * MS, 4.3 * MS)),
+                   Curve((1, 2, 4, 8, 16, 32), (0.2 * MS, 0.21 * MS, 0.22 * MS, 0.24 * MS, 0.28 * MS, 0.36 * MS)))
+
+
+def test_a_guess_the_draft_checks_is_priced_with_the_drafting_after_it():
+    """Where the draft is cheap, drafting checks an n-gram guess in its first step and goes on
+    past it: that round is worth more than the guess verified alone, so the plan drafts (on
+    the recorded runs at GPU-shaped costs the guess alone capped rounds at its 6 tokens: k auto
+    ran 0.75-0.95x a fixed k 16 there, and 0.87-1.00x with the guess priced so; tests/data/replays).
+    Where a draft step is dear, the guess alone still wins."""
+    for costs, want in ((GPU_SHAPED, "draft"), (CPU_Q4, "ngram")):
+        p = pacer(costs)
+        for _ in range(50):
+            p.guesses.observe([None] * 6, 6)  # guesses kept in full lately
+            p.model.observe([0.95] * 8, 6)  # and drafts kept for 6 of 8
+        assert p.plan(16, lambda: 0, lambda: (6, 4), True)[0] == want
+
+
 def test_free_guesses_that_are_right_pay_even_on_a_compute_bound_target():
     p = pacer(CPU_Q4)
     for _ in range(50):
