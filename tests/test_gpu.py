@@ -45,3 +45,18 @@ def test_k_auto_prices_offloaded_decodes_when_it_plans_rounds(gpu_pair) -> None:
     costs = gen.stats.pacing["costs"]
     assert costs["target_ms"] and costs["draft_ms"]
     assert all(ms > 0 for ms in costs["target_ms"].values())
+
+
+def test_a_gpu_build_offloads_every_layer_with_no_flag(stories, stories_draft) -> None:
+    """As llama.cpp's tools do: `fly-cpp generate -m T -d D` runs wholly on the GPU, and the
+    stats line says so."""
+    import subprocess
+    import sys
+
+    with Engine(str(stories), str(stories_draft)) as engine:
+        for model in (engine.target_model, engine.draft_model):
+            assert model is not None and model.offloaded == model.n_layer + 1
+        assert "layers on" in engine.info().placement and "CPU" not in engine.info().placement
+    done = subprocess.run([sys.executable, "-m", "fly_cpp.cli.main", "generate", "-m", str(stories), "-d",
+                           str(stories_draft), "-p", PROMPTS[0], "-n", "8"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "target 6/6 layers on" in done.stderr, done.stderr
