@@ -25,6 +25,7 @@ import numpy as np
 
 from fly_cpp import costcache
 from fly_cpp.backend.context import Context
+from fly_cpp.backend.lib import gpu_names
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import ModelSettings
 from fly_cpp.costs import Costs, Curve
@@ -256,8 +257,9 @@ def flat(curve: Curve) -> bool:
 
 
 def on_cpu(settings: ModelSettings) -> bool:
-    """The model's layers stay on this machine's CPU (no GPU or rpc offload asked for)."""
-    return settings.offloaded_layers == 0
+    """The model's layers stay on this machine's CPU: no offload asked for, or "every layer"
+    (the default) where there is no GPU or rpc server to take them."""
+    return settings.placed(local_gpus=bool(gpu_names())).offloaded_layers == 0
 
 
 def _store(key: str, target: Curve, draft: Curve | None, mtp: Curve | None, when: str) -> None:

@@ -15,12 +15,11 @@ import secrets
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from time import perf_counter
 from typing import TypeVar
 
-from fly_cpp import loop, recall
+from fly_cpp import loop
 from fly_cpp import rollback as rb
-from fly_cpp import scoring, worth
+from fly_cpp import scoring
 from fly_cpp.backend.batch import Batcher, Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.grammar import Grammar, gbnf
@@ -28,14 +27,13 @@ from fly_cpp.backend.lib import gpu_names
 from fly_cpp.backend.model import Model, gguf_hparams, kv_bytes_per_token
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
-from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
 from fly_cpp.config import AUTO_SLOTS, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.constrain import Lazy, Rules
-from fly_cpp.costs import Costs, slower_note
-from fly_cpp.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters import Drafter, NgramDrafter, as_drafter
+from fly_cpp.control import Control, Pair
+from fly_cpp.costs import Costs
+from fly_cpp.draft_model import ModelDrafter
+from fly_cpp.drafters import Drafter, as_drafter
 from fly_cpp.errors import ContextExceeded, FlyError
-from fly_cpp.evidence import AGREE_PRIOR
 from fly_cpp.generation import Generation
 from fly_cpp.ledger import Ledger, SlotView
 from fly_cpp.mtp import MtpDrafter
@@ -46,14 +44,13 @@ from fly_cpp.request import Request, Shift
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.scheduler import Scheduler, Task
-
-T = TypeVar("T")
 from fly_cpp.shape import Steady
 from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.vocab import check_compatible
 
+T = TypeVar("T")
+
 DEFAULT_MAX_CTX = 4096
-STORE_EVERY = 5.0  # seconds between writes of k auto's evidence for the next process (and one at close)
 
 
 def available_memory() -> int | None:
@@ -176,13 +173,8 @@ class Engine:
         self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
         self.target_settings = _settings(target)
         self.draft_settings = _settings(draft) if draft is not None else None
-        self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
-        self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
-        self._saved_at = -STORE_EVERY  # when the evidence was last kept
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
-        self._costs: Costs | None = None
-        self._pacers: dict[tuple[object, ...], Pacer] = {}
-        self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
+        self.control: Control | None = None  # k auto: pacers, costs, what persists
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self.mtp_ctx: MtpContext | None = None  # the target's own MTP head, where it has one and no -d is given
@@ -213,6 +205,7 @@ class Engine:
                 self._views = [(self.target, self.draft_ctx)]
             self.steps = Scheduler(n_seq, self.batchers.get("target"), self.batchers.get("draft"),
                                    cached=lambda i: self._views[i][0].tokens)
+            self.control = Control(Pair(self.target, t, self.draft_ctx, d, self.mtp_ctx, self._views), self.steps)
         except BaseException:
             self._close()
             raise
@@ -336,10 +329,8 @@ class Engine:
             raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
         self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
         bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
-        if spec.auto and spec.k_gpu and spec.mode != "target" and self.on_gpu():
-            spec = dataclasses.replace(spec, k=min(spec.k_gpu, spec.k_max))  # steady rounds (SpecSettings.k_gpu)
-        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self._loosening_pays():
-            spec = dataclasses.replace(spec, loosen="off")
+        control = self._control()
+        spec = control.plan(spec)
         rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
         piece = self.target_model.piece_keeping(sampling.preserved_tokens)
         if rules is not None and sampling.grammar_trigger:
@@ -358,11 +349,11 @@ class Engine:
 
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at``, its drafter made there."""
-            base = self._base_drafter(spec, bias, at) if own else None
-            made = self._paced(base, spec, at) if base is not None else drafter
+            base = control.base_drafter(spec, bias, at) if own else None
+            made = control.paced(base, spec, at) if base is not None else drafter
             if isinstance(base, MtpDrafter):
                 out.stats.drafter = "mtp"
-            steady = Steady() if made is not None and self.steady_batches(spec) else None
+            steady = Steady() if made is not None and control.steady_batches(spec) else None
             pacer = made.pacer if isinstance(made, PacedDrafter) else None
             if self.n_seq > 1 and made is not None:
                 assert self.steps is not None  # under load the draft model's fixed-k rounds, in step with the others'
@@ -383,41 +374,6 @@ class Engine:
         positions llama.cpp can move, and no MTP head (its hidden states stay where they were)."""
         target, draft = self._pair(0)
         return self.mtp_ctx is None and target.can_shift and (draft is None or draft.can_shift)
-
-    def _loosening_pays(self) -> bool:
-        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): the draft model's
-        bytes beside the target's, or the share of the target a step of its MTP head touches
-        (``worth.head_params``); n-gram lookup alone never asks for a model's token, so nothing
-        to weigh there. Decided from the pair alone, so that a request gives the same text in
-        any slot, with one slot or several, whatever the load."""
-        m = self.target_model
-        if self.draft_ctx is not None:
-            return worth.loosening_pays(self.draft_ctx.model.size_bytes / max(m.size_bytes, 1), m.size_bytes)
-        if self.mtp_ctx is not None:
-            head = worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn)
-            return worth.loosening_pays(head / max(m.n_params, 1), m.size_bytes)
-        return True
-
-    def on_gpu(self) -> bool:
-        """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where
-        k auto drafts ``k_gpu`` every round. There a decode costs more when the batch's shape
-        changes from the last, and rounds planned one by one change it: on an H100 (costly pair)
-        k auto's planned rounds ran 0.69-0.92x llama.cpp's best fixed k, fly at a fixed k 6
-        0.93-1.18x (docs/benchmarks.md). Partial offloads, rpc servers, recurrent states (whose rollbacks k auto
-        prices) and several slots (whose rounds share decodes) keep the planned rounds."""
-        t, m = self.target_settings, self.target_model
-        layers = t.offloaded_layers
-        return (self.n_seq == 1 and not t.rpc and not m.recurrent and (layers < 0 or layers >= m.n_layer)
-                and bool(gpu_names()))
-
-    def steady_batches(self, spec: SpecSettings) -> bool:
-        """Whether ``spec``'s verification batches are padded to a steady width
-        (``fly_cpp.shape``): as set, and with "auto" where the target runs on a GPU or rpc server
-        (on a CPU every padded row costs its share)."""
-        if spec.steady_batches != "auto":
-            return spec.steady_batches == "on"
-        t = self.target_settings
-        return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
 
     def busy_slots(self) -> list[bool]:
         """Whether each slot is running a task now (a generation, or work between them)."""
@@ -446,78 +402,20 @@ class Engine:
         """The target's and the draft's caches a generation in ``slot`` runs on."""
         return self._views[slot]
 
+    def _control(self) -> Control:
+        assert self.control is not None  # made with the contexts
+        return self.control
+
     def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0) -> Drafter:
-        """The default drafter for ``spec``: the draft model (with n-gram lookup when
-        ``spec.ngram``), else the target's MTP head (draft-mtp, or a model with one and no -d),
-        else n-gram lookup alone; with k auto, paced by the engine's cost-aware controller for
-        this mode (the head's steps priced by its own measured curve, its evidence its own)."""
-        return self._paced(self._base_drafter(spec, bias, slot), spec, slot)
-
-    def _base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> ModelDrafter | MtpDrafter | NgramDrafter:
-        draft_ctx = self._pair(slot)[1]
-        if self.mtp_ctx is not None and draft_ctx is None:
-            return MtpDrafter(self.mtp_ctx, spec, bias)
-        if draft_ctx is not None:
-            n_vocab = min(self.n_vocab, draft_ctx.model.n_vocab)
-            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec,  # type: ignore[arg-type]
-                                None if spec.auto else self._guess_checks(spec))
-        return NgramDrafter(spec, bias)
-
-    def _paced(self, base: ModelDrafter | MtpDrafter | NgramDrafter, spec: SpecSettings, slot: int) -> Drafter:
-        """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k)."""
-        if not spec.auto:
-            return base
-        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window,
-               *(("mtp",) if isinstance(base, MtpDrafter) else ()))  # the head learns apart from n-gram lookup on the same file
-        if key not in self._pacers:
-            record = recall.key(self.cost_key(), key[1:])
-            # the costs are measured where the pacer first needs them, on the step loop in the
-            # slot of the generation that needs them
-            self._pacers[key] = pacer = Pacer(lambda: self._cost_model(slot=slot), spec.k_max, recall.load(record))
-            self._records[id(pacer)] = record
-        return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
-
-    def _guess_checks(self, spec: SpecSettings) -> int | None:
-        """How many tokens of an n-gram guess a fixed k's draft step checks: as many as pay by
-        the pair's measured costs at the prior agreement (k auto prices each step itself, by the
-        agreement it learns). On this project's 2-core CPU the Q4_K_M draft's two-row decode
-        costs 2.4x its one-row one, and the checks made fly-cpp's k 5 run 1.02x llama.cpp's k 5
-        cold where without them it ran 1.21x (docs/benchmarks.md). Nothing is measured here:
-        with no cost curve of the pair yet (k auto, ``fly-cpp profile --engine`` measure it),
-        None: every step checks up to ``spec.ngram_tokens``, as the published drafter does."""
-        if not spec.ngram:
-            return None
-        costs = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings)
-        if costs is None:
-            return None
-        return worth.guess_length(costs, AGREE_PRIOR, spec.ngram_tokens, 0)
-
-    def cost_key(self) -> str:
-        """The pair's key in the cost cache (and the evidence kept beside it)."""
-        return pair_key(self.target, self.target_settings, self.draft_ctx, self.draft_settings)
+        """The default drafter for ``spec`` in ``slot`` (``Control.drafter``)."""
+        return self._control().drafter(spec, bias, slot)
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on
         first use; ``refresh`` measures again. Waits for a free slot."""
         assert self.steps is not None
-        return self.steps.call(lambda at: self._cost_model(refresh=refresh, slot=at))
-
-    def _cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
-        """The cost model, measured (when it must be) on ``slot``'s own caches, on the step loop;
-        a task that needs it while another measures it waits for that measurement."""
-        assert self.steps is not None
-        while self._measuring:
-            self.steps.pause()
-        if self._costs is None or refresh:
-            token = self.target_model.bos if self.target_model.bos >= 0 else 0
-            target, draft = self._pair(slot)
-            self._measuring = True
-            try:
-                self._costs = calibrate(target, self.target_settings, draft, self.draft_settings,  # type: ignore[arg-type]
-                                        token, refresh=refresh, mtp=self.mtp_ctx)
-            finally:
-                self._measuring = False
-        return self._costs
+        control = self._control()
+        return self.steps.call(lambda at: control.cost_model(refresh=refresh, slot=at))
 
     def _submitted(self, body: Callable[[int], Iterator[T]], slot: int | None, prompt: Sequence[int] = (),
                    ) -> Iterator[T]:
@@ -537,7 +435,7 @@ class Engine:
                 stats.slot = at
             steps, pacer = start(at)
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
-                self._cost_model(slot=at)
+                self._control().cost_model(slot=at)
             if fresh:  # cache_prompt off: nothing carried over from earlier generations
                 for ctx in (*self._pair(at), self.mtp_ctx):
                     if ctx is not None:
@@ -547,33 +445,8 @@ class Engine:
                 yield from steps
             finally:
                 if pacer is not None:
-                    self._finish(pacer, stats)
+                    self._control().finish(pacer, stats)
                 stats.rollback = _rollback_spent(marks)
-
-    def _finish(self, pacer: Pacer, stats: Stats) -> None:
-        """What a paced generation leaves when it ends, in one slot or several: its pacing in
-        the stats, what k auto learned for the next process, and a cached cost curve that its
-        live decodes contradicted cached again as they priced it (``store_live``: the next
-        process starts from it, measuring nothing), or dropped when that is unfit to cache."""
-        if self._costs is not None and self._costs.disagrees and self._costs.cached:
-            self._costs.recached(store_live(self.cost_key(), self._costs, self.target_settings, self.draft_settings,
-                                            head=self.mtp_ctx is not None and self.draft_ctx is None))
-        stats.pacing = pacer.as_dict()
-        if id(pacer) in self._records:  # else a caller's own paced drafter, learning for itself
-            self._unsaved.add(id(pacer))
-            if perf_counter() - self._saved_at >= STORE_EVERY:
-                self._save_evidence()
-
-    def _save_evidence(self) -> None:
-        """What k auto learned, kept for the next process (``recall``): at most every
-        ``STORE_EVERY`` seconds, and when the engine closes. Written at every generation's end,
-        the evidence file's read and rewrite took 4.4% of the step loop's time at -np 4 on the
-        bundled pair (every slot's decode waited for it)."""
-        for pacer in self._pacers.values():
-            if id(pacer) in self._unsaved:
-                recall.store(self._records[id(pacer)], pacer.evidence)
-        self._unsaved.clear()
-        self._saved_at = perf_counter()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
@@ -594,17 +467,9 @@ class Engine:
         return self.steps.call(lambda at: scoring.score(self._pair(at)[0], prompt, output, top_n))  # type: ignore[arg-type]
 
     def slower_note(self, gen: Generation) -> str | None:
-        """One line when ``gen`` (finished) ran slower than the target alone would have here,
-        with the measured reason and what to try; None otherwise (or when it was too short to
-        tell). Never measures: a note must not cost more than the answer, so it reads the costs
-        k auto used, else the cached ones, else says nothing."""
-        s = gen.stats
-        if gen.spec.mode == "target" or s.n_drafted == 0 or s.n_tokens < 16:
-            return None
-        model = self._costs or cached(self.target, self.target_settings, self.draft_ctx, self.draft_settings, self.mtp_ctx)
-        if model is None:
-            return None
-        return slower_note(s.tokens_per_second, s.n_drafted / s.n_rounds, s.mean_accepted, model, gen.spec.auto)
+        """One line when ``gen`` (finished) ran slower than the target alone would have here
+        (``Control.slower_note``); None otherwise."""
+        return self._control().slower_note(gen.stats, gen.spec)
 
     # -- lifetime --------------------------------------------------------------------------
 
@@ -621,8 +486,8 @@ class Engine:
     def _close(self) -> None:
         if self.steps is not None:
             self.steps.close()  # the running and waiting tasks end first
-        if getattr(self, "_unsaved", None):
-            self._save_evidence()
+        if getattr(self, "control", None) is not None:
+            self.control.close()
         for part in (self.mtp_ctx, self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
             if part is not None:
                 part.close()

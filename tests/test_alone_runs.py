@@ -57,8 +57,7 @@ def pair():
 
 def fresh_pacer(e: Engine, costs: Costs) -> None:
     """The engine's next paced generation starts a new pacer on (a copy of) ``costs``."""
-    e._costs = copy.copy(costs)
-    e._pacers.clear()
+    e.control.use(copy.copy(costs))
 
 
 def generate(e: Engine, prompt: str, spec: SpecSettings, costs: Costs, n: int, **kw):

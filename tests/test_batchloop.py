@@ -307,7 +307,7 @@ def test_a_request_made_while_another_runs_leaves_its_pacer_alone(stories, stori
         running = e.generate(PROMPTS[0], spec=auto, max_tokens=N)
         steps = iter(running)
         next(steps)
-        pacer = next(iter(e._pacers.values()))
+        pacer = e.control.pacers()[0]
         begun: list[bool] = []
         begin = pacer.begin
         monkeypatch.setattr(pacer, "begin", lambda: begun.append(e.steps.running_task() is not None) or begin())

@@ -298,7 +298,7 @@ def test_a_contradicted_calibration_is_cached_rescaled_and_the_next_process_meas
     from fly_cpp import SpecSettings
     from fly_cpp.costcache import load, store
     with Engine(*_pair(stories, stories_draft)) as e:
-        key, real = e.cost_key(), e.costs()
+        key, real = e.control.cost_key(), e.costs()
         bent = {"target": _entry(real.target_curve, 20.0), "draft": _entry(real.draft_curve, 10.0),  # far past any load
                 "measured": "2026-01-01 00:00 UTC, load 7.00 on 2 cores"}
     store(key, bent)
@@ -356,7 +356,7 @@ class _FlatContext(_TimedContext):
         self.tokens += tokens
 
 
-@pytest.mark.parametrize("gpu_layers, cached", [(0, False), (-1, True)])
+@pytest.mark.parametrize("gpu_layers, cached", [(0, False), (99, True)])
 def test_a_curve_whose_batches_cost_a_single_decode_is_not_cached_on_a_cpu(stories, tmp_path, monkeypatch,
                                                                            gpu_layers, cached):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
@@ -386,7 +386,7 @@ def test_a_calibration_beside_a_cpu_hog_is_refused_or_checked_by_the_next_run(st
     try:
         with Engine(*settings) as e:
             measured = e.costs()
-            key = e.cost_key()
+            key = e.control.cost_key()
     finally:
         for h in hogs:
             h.kill()

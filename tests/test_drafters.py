@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings
-from fly_cpp import engine as engine_module
+from fly_cpp import control as control_module
 from fly_cpp import native
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
@@ -81,9 +81,9 @@ def test_a_fixed_k_prices_its_guess_checks_by_the_pairs_cached_costs(stories, st
     flat = Costs(Curve((1, 2, 4, 8), (80 * ms, 81 * ms, 82 * ms, 84 * ms)), Curve((1, 2, 4, 8), (16 * ms, 16.2 * ms, 16.4 * ms, 17 * ms)))
     with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
         for found, least, most in ((dear, 0, 0), (flat, 4, 6), (None, 6, 6)):
-            monkeypatch.setattr(engine_module, "cached", lambda *a, found=found, **k: found)
+            monkeypatch.setattr(control_module, "cached", lambda *a, found=found, **k: found)
             assert least <= engine.drafter(SpecSettings(mode="spd", k=5)).checks <= most
-        monkeypatch.setattr(engine_module, "cached", lambda *a, **k: pytest.fail("k auto prices each step itself"))
+        monkeypatch.setattr(control_module, "cached", lambda *a, **k: pytest.fail("k auto prices each step itself"))
         engine.drafter(SpecSettings(mode="spd"))
 
 

@@ -33,7 +33,7 @@ def test_offloaded_spd_is_the_offloaded_targets_greedy_output(gpu_pair, k) -> No
 
 
 def test_k_auto_drafts_a_steady_k_on_a_gpu(gpu_pair) -> None:
-    assert gpu_pair.on_gpu()
+    assert gpu_pair.control.on_gpu()
     gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd", k="auto", k_gpu=4), max_tokens=48).run()
     lengths = gen.stats.draft_lengths
     assert max(lengths) == 4 and lengths[4] >= sum(lengths.values()) // 2, lengths  # shorter only near the end

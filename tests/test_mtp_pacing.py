@@ -47,7 +47,7 @@ def test_k_auto_prices_the_head_by_its_own_measured_curve_cached_under_the_pairs
         held = list(e.mtp_ctx.tokens)
         costs = e.costs()
         assert e.mtp_ctx.tokens == held  # measuring the head leaves its cache as it was
-        entry = costcache.load()[e.cost_key()]
+        entry = costcache.load()[e.control.cost_key()]
         assert entry["draft"] is None and entry["mtp"]["rows"] == [1, 2, 4, 8, 16, 32]
         assert costs.draft_curve is not None and costs.draft(1) > 0
         got = run(e, SpecSettings(mode="spd", ngram=False), PROMPTS[0], 24)
@@ -66,7 +66,7 @@ def test_greedy_k_auto_with_mtp_drafts(qwen35_mtp, mode, ngram):
     drafting pays, the head drafts."""
     loose = dict(entropy_threshold=0.0, loose_min_ratio=0.0, loosen="on") if mode == "fly" else {}
     with engine(qwen35_mtp) as e:
-        e._costs = priced(1e-3)
+        e.control.use(priced(1e-3))
         drafted = kept_loosely = 0
         for prompt in PROMPTS:
             auto = run(e, SpecSettings(mode=mode, ngram=ngram, **loose), prompt)
@@ -87,7 +87,7 @@ def test_an_expensive_head_step_is_not_drafted(qwen35_mtp):
     plans = {}
     for name, head in (("cheap", 1e-3), ("dear", 10.0)):
         with engine(qwen35_mtp) as e:
-            e._costs = priced(head)
+            e.control.use(priced(head))
             got = run(e, SpecSettings(mode="spd", ngram=False), PROMPTS[1])
             plans[name] = (got.stats.n_drafted, got.stats.pacing["plans"])
             assert got.tokens == run(e, SpecSettings(mode="target"), PROMPTS[1]).tokens
@@ -99,7 +99,7 @@ def test_an_expensive_head_step_is_not_drafted(qwen35_mtp):
 def test_what_the_head_taught_persists_per_pair(qwen35_mtp):
     spec = SpecSettings(mode="spd", ngram=False)
     with engine(qwen35_mtp) as e:
-        e._costs = priced(1e-3)
+        e.control.use(priced(1e-3))
         run(e, spec, PROMPTS[2])
         learned = e.drafter(spec).pacer.evidence.as_dict()
     assert learned != Evidence().as_dict()

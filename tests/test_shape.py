@@ -81,7 +81,7 @@ def test_padding_holds_the_width_of_the_widest_recent_round(pair, widths, steady
 
 
 def test_auto_pads_only_where_the_target_runs_on_a_device(pair) -> None:
-    assert not pair.steady_batches(SpecSettings())  # off unless asked
-    assert not pair.steady_batches(SpecSettings(steady_batches="auto"))  # this target runs on the CPU
-    assert pair.steady_batches(SpecSettings(steady_batches="on"))
-    assert not pair.steady_batches(SpecSettings(steady_batches="off"))
+    assert not pair.control.steady_batches(SpecSettings())  # off unless asked
+    assert not pair.control.steady_batches(SpecSettings(steady_batches="auto"))  # this target runs on the CPU
+    assert pair.control.steady_batches(SpecSettings(steady_batches="on"))
+    assert not pair.control.steady_batches(SpecSettings(steady_batches="off"))

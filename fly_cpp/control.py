@@ -1,0 +1,237 @@
+"""k auto's one face to the engine. The engine hands it the pair (its contexts and settings,
+each slot's caches, the step loop) once; per request it returns the settings as k auto runs
+them (``plan``) and the drafter that drafts them (``drafter``); at a paced generation's end it
+keeps what was learned (``finish``). Everything that decides how far to draft, whether to
+loosen, what the pair's decodes cost and what persists across processes lives behind it:
+the pacers (one per slot and mode, ``fly_cpp.pacer``), the cost model (``fly_cpp.calibrate``,
+measured once per pair and machine) and the evidence file (``fly_cpp.recall``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from time import perf_counter
+
+from fly_cpp import recall, worth
+from fly_cpp.backend.batch import Seq
+from fly_cpp.backend.context import Context
+from fly_cpp.backend.lib import gpu_names
+from fly_cpp.backend.mtp import MtpContext
+from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
+from fly_cpp.config import ModelSettings, SpecSettings
+from fly_cpp.costs import Costs, slower_note
+from fly_cpp.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters import Drafter, NgramDrafter
+from fly_cpp.evidence import AGREE_PRIOR
+from fly_cpp.mtp import MtpDrafter
+from fly_cpp.paced import PacedDrafter
+from fly_cpp.pacer import Pacer
+from fly_cpp.sampling import LogitBias
+from fly_cpp.scheduler import Scheduler
+from fly_cpp.step import Stats
+
+STORE_EVERY = 5.0  # seconds between writes of k auto's evidence for the next process (and one at close)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """What the controller is told of the pair and where it runs: the target's and the draft
+    model's contexts and settings, the target's MTP head (where it drafts), and each slot's
+    caches (``views[slot]``: the target's, the draft's)."""
+    target: Context
+    target_settings: ModelSettings
+    draft: Context | None
+    draft_settings: ModelSettings | None
+    mtp: MtpContext | None
+    views: Sequence[tuple[Context | Seq, Context | Seq | None]]
+
+
+class Control:
+    """k auto for one engine: its pacers, its cost model and what it keeps across processes."""
+
+    def __init__(self, pair: Pair, steps: Scheduler) -> None:
+        self.pair, self.steps = pair, steps
+        self._costs: Costs | None = None
+        self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
+        self._pacers: dict[tuple[object, ...], Pacer] = {}
+        self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
+        self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
+        self._saved_at = -STORE_EVERY  # when the evidence was last kept
+
+    # -- a request's plan ------------------------------------------------------------------
+
+    def plan(self, spec: SpecSettings) -> SpecSettings:
+        """``spec`` as k auto runs it here: a steady k where the target is wholly on a GPU
+        (``SpecSettings.k_gpu``), and fly's loosening where it pays on this pair."""
+        if spec.auto and spec.k_gpu and spec.mode != "target" and self.on_gpu():
+            spec = dataclasses.replace(spec, k=min(spec.k_gpu, spec.k_max))  # steady rounds (SpecSettings.k_gpu)
+        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self.loosening_pays():
+            spec = dataclasses.replace(spec, loosen="off")
+        return spec
+
+    def loosening_pays(self) -> bool:
+        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): the draft model's
+        bytes beside the target's, or the share of the target a step of its MTP head touches
+        (``worth.head_params``); n-gram lookup alone never asks for a model's token, so nothing
+        to weigh there. Decided from the pair alone, so that a request gives the same text in
+        any slot, with one slot or several, whatever the load."""
+        m, p = self.pair.target.model, self.pair
+        if p.draft is not None:
+            return worth.loosening_pays(p.draft.model.size_bytes / max(m.size_bytes, 1), m.size_bytes)
+        if p.mtp is not None:
+            head = worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn)
+            return worth.loosening_pays(head / max(m.n_params, 1), m.size_bytes)
+        return True
+
+    def on_gpu(self) -> bool:
+        """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where
+        k auto drafts ``k_gpu`` every round. There a decode costs more when the batch's shape
+        changes from the last, and rounds planned one by one change it: on an H100 (costly pair)
+        k auto's planned rounds ran 0.69-0.92x llama.cpp's best fixed k, fly at a fixed k 6
+        0.93-1.18x (docs/benchmarks.md). Partial offloads, rpc servers, recurrent states (whose rollbacks k auto
+        prices) and several slots (whose rounds share decodes) keep the planned rounds."""
+        t, m = self.pair.target_settings, self.pair.target.model
+        layers = t.offloaded_layers
+        return (len(self.pair.views) == 1 and not t.rpc and not m.recurrent and (layers < 0 or layers >= m.n_layer)
+                and bool(gpu_names()))
+
+    def steady_batches(self, spec: SpecSettings) -> bool:
+        """Whether ``spec``'s verification batches are padded to a steady width
+        (``fly_cpp.shape``): as set, and with "auto" where the target runs on a GPU or rpc server
+        (on a CPU every padded row costs its share)."""
+        if spec.steady_batches != "auto":
+            return spec.steady_batches == "on"
+        t = self.pair.target_settings
+        return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
+
+    # -- drafters --------------------------------------------------------------------------
+
+    def drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> Drafter:
+        """The default drafter for ``spec``: the draft model (with n-gram lookup when
+        ``spec.ngram``), else the target's MTP head (draft-mtp, or a model with one and no -d),
+        else n-gram lookup alone; with k auto, paced by this pair's controller for this mode
+        (the head's steps priced by its own measured curve, its evidence its own)."""
+        return self.paced(self.base_drafter(spec, bias, slot), spec, slot)
+
+    def base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> ModelDrafter | MtpDrafter | NgramDrafter:
+        """Who drafts for ``spec`` in ``slot``, before any pacing."""
+        draft_ctx = self.pair.views[slot][1]
+        if self.pair.mtp is not None and draft_ctx is None:
+            return MtpDrafter(self.pair.mtp, spec, bias)
+        if draft_ctx is not None:
+            n_vocab = min(self.pair.target.model.n_vocab, draft_ctx.model.n_vocab)
+            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec,  # type: ignore[arg-type]
+                                None if spec.auto else self._guess_checks(spec))
+        return NgramDrafter(spec, bias)
+
+    def paced(self, base: ModelDrafter | MtpDrafter | NgramDrafter, spec: SpecSettings, slot: int) -> Drafter:
+        """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k)."""
+        if not spec.auto:
+            return base
+        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window,
+               *(("mtp",) if isinstance(base, MtpDrafter) else ()))  # the head learns apart from n-gram lookup on the same file
+        if key not in self._pacers:
+            record = recall.key(self.cost_key(), key[1:])
+            # the costs are measured where the pacer first needs them, on the step loop in the
+            # slot of the generation that needs them
+            self._pacers[key] = pacer = Pacer(lambda: self.cost_model(slot=slot), spec.k_max, recall.load(record))
+            self._records[id(pacer)] = record
+        return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
+
+    def pacers(self) -> list[Pacer]:
+        """The pacers made so far (one per slot and mode)."""
+        return list(self._pacers.values())
+
+    def _guess_checks(self, spec: SpecSettings) -> int | None:
+        """How many tokens of an n-gram guess a fixed k's draft step checks: as many as pay by
+        the pair's measured costs at the prior agreement (k auto prices each step itself, by the
+        agreement it learns). On this project's 2-core CPU the Q4_K_M draft's two-row decode
+        costs 2.4x its one-row one, and the checks made fly-cpp's k 5 run 1.02x llama.cpp's k 5
+        cold where without them it ran 1.21x (docs/benchmarks.md). Nothing is measured here:
+        with no cost curve of the pair yet (k auto, ``fly-cpp profile --engine`` measure it),
+        None: every step checks up to ``spec.ngram_tokens``, as the published drafter does."""
+        if not spec.ngram:
+            return None
+        p = self.pair
+        costs = self._costs or cached(p.target, p.target_settings, p.draft, p.draft_settings)
+        if costs is None:
+            return None
+        return worth.guess_length(costs, AGREE_PRIOR, spec.ngram_tokens, 0)
+
+    # -- costs -----------------------------------------------------------------------------
+
+    def cost_key(self) -> str:
+        """The pair's key in the cost cache (and the evidence kept beside it)."""
+        p = self.pair
+        return pair_key(p.target, p.target_settings, p.draft, p.draft_settings)
+
+    def cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
+        """The cost model, measured (when it must be) on ``slot``'s own caches, on the step loop;
+        a task that needs it while another measures it waits for that measurement."""
+        while self._measuring:
+            self.steps.pause()
+        if self._costs is None or refresh:
+            p = self.pair
+            model = p.target.model
+            token = model.bos if model.bos >= 0 else 0
+            target, draft = p.views[slot]
+            self._measuring = True
+            try:
+                self._costs = calibrate(target, p.target_settings, draft, p.draft_settings,  # type: ignore[arg-type]
+                                        token, refresh=refresh, mtp=p.mtp)
+            finally:
+                self._measuring = False
+        return self._costs
+
+    def use(self, costs: Costs) -> None:
+        """Price with ``costs`` from now on, with new pacers (what the old ones learned was
+        priced otherwise): for measuring the controller itself at chosen costs."""
+        self._costs = costs
+        self._pacers.clear()
+
+    def slower_note(self, stats: Stats, spec: SpecSettings) -> str | None:
+        """One line when a finished generation ran slower than the target alone would have
+        here, with the measured reason and what to try; None otherwise (or when it was too
+        short to tell). Never measures: a note must not cost more than the answer, so it reads
+        the costs k auto used, else the cached ones, else says nothing."""
+        if spec.mode == "target" or stats.n_drafted == 0 or stats.n_tokens < 16:
+            return None
+        p = self.pair
+        model = self._costs or cached(p.target, p.target_settings, p.draft, p.draft_settings, p.mtp)
+        if model is None:
+            return None
+        return slower_note(stats.tokens_per_second, stats.n_drafted / stats.n_rounds, stats.mean_accepted, model, spec.auto)
+
+    # -- what persists ---------------------------------------------------------------------
+
+    def finish(self, pacer: Pacer, stats: Stats) -> None:
+        """What a paced generation leaves when it ends, in one slot or several: its pacing in
+        the stats, what k auto learned for the next process, and a cached cost curve that its
+        live decodes contradicted cached again as they priced it (``store_live``: the next
+        process starts from it, measuring nothing), or dropped when that is unfit to cache."""
+        p = self.pair
+        if self._costs is not None and self._costs.disagrees and self._costs.cached:
+            self._costs.recached(store_live(self.cost_key(), self._costs, p.target_settings, p.draft_settings,
+                                            head=p.mtp is not None and p.draft is None))
+        stats.pacing = pacer.as_dict()
+        if id(pacer) in self._records:  # else a caller's own paced drafter, learning for itself
+            self._unsaved.add(id(pacer))
+            if perf_counter() - self._saved_at >= STORE_EVERY:
+                self.save()
+
+    def save(self) -> None:
+        """What k auto learned, kept for the next process (``recall``): at most every
+        ``STORE_EVERY`` seconds, and when the engine closes. Written at every generation's end,
+        the evidence file's read and rewrite took 4.4% of the step loop's time at -np 4 on the
+        bundled pair (every slot's decode waited for it)."""
+        for pacer in self._pacers.values():
+            if id(pacer) in self._unsaved:
+                recall.store(self._records[id(pacer)], pacer.evidence)
+        self._unsaved.clear()
+        self._saved_at = perf_counter()
+
+    def close(self) -> None:
+        if self._unsaved:
+            self.save()
