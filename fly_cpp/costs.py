@@ -124,7 +124,7 @@ class Costs:
         self.switch = 0.0  # seconds a target decode of the other kind than the last costs over a warm one, lately
         self.depth = 0  # tokens in the caches this round (both models hold about as many)
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
-        self.draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
+        self._draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
         self._seen = {False: False, True: False}  # a warm decode of each kind (one row, a batch) was seen
         self._guessed: list[float] | None = None  # the one-row scale followed the batches: its first own ratios
@@ -132,7 +132,7 @@ class Costs:
 
     def cold(self) -> None:
         """A decode outside the rounds (a prompt) came last: the next round's decodes are not warm."""
-        self._batched, self.draft_warm = None, False
+        self._batched, self._draft_warm = None, False
 
     def at(self, depth: int) -> None:
         """This round's decodes come after ``depth`` tokens of context."""
@@ -244,10 +244,14 @@ class Costs:
         weight = 1 - (1 - SMOOTHING) ** count
         self.host = max(seconds, 0.0) if self.host == 0 else (1 - weight) * self.host + weight * max(seconds, 0.0)
 
+    def drafted(self, drafting: bool) -> None:
+        """Whether the draft model decoded in this round: its decodes in the next one teach then."""
+        self._draft_warm = drafting
+
     def observe_draft(self, rows: int, seconds: float) -> None:
         """A draft decode, learned from when the draft model decoded in the last round too (its
         first decode after idle rounds switches kinds as the target's do)."""
-        if self.draft_curve is not None and rows > 0 and self.draft_warm:
+        if self.draft_curve is not None and rows > 0 and self._draft_warm:
             self.draft_scale = _blend(self.draft_scale, seconds / self.draft_curve(rows, self.depth))
 
     def as_dict(self) -> dict[str, object]:

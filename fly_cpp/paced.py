@@ -187,7 +187,7 @@ class PacedDrafter:
             costs.at(len(written) - 1 + rounds // 2)
         if self.pacer.sharing == 1:  # a shared decode's timings are the others' too: nothing to learn from them
             warm = costs.observe_target(report.decoded_rows, report.target_seconds / rounds, rounds)
-            costs.draft_warm = self.kind in ("draft", "explore") and self.model is not None
+            costs.drafted(self.kind in ("draft", "explore") and self.model is not None)
             costs.observe_host((report.round_seconds - report.draft_seconds - report.target_seconds) / rounds, rounds)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
         self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm, rounds)

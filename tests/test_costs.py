@@ -127,11 +127,13 @@ def test_only_warm_decodes_teach_and_one_off_costs_move_a_scale_a_little():
     assert c.target_scale == pytest.approx(1.1)
     c.observe_draft(1, 50 * MS)  # the draft model did not decode in the last round: not warm
     assert c.draft_scale == 1.0
-    c.draft_warm = True
+    c.drafted(True)
     c.observe_draft(1, 0.1 * MS)  # held to half the scale
     assert c.draft_scale == pytest.approx(0.95)
     c.cold()  # a prompt was decoded: the next decodes are not warm
-    assert not c.observe_target(1, 2 * MS) and not c.draft_warm
+    assert not c.observe_target(1, 2 * MS)
+    c.observe_draft(1, 50 * MS)  # nor the draft's
+    assert c.draft_scale == pytest.approx(0.95)
 
 
 def test_a_switch_of_kinds_is_priced_apart_and_charged_to_a_batch_after_one_row_decodes():

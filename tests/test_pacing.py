@@ -442,7 +442,7 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
         target += (3.5 * MS if drafted else 1.0 * MS) if batched is not (drafted > 0) else 0.0  # a switch
         batched = drafted > 0
         warm = costs.observe_target(drafted + 1, target)
-        costs.draft_warm = kind in ("draft", "explore")
+        costs.drafted(kind in ("draft", "explore"))
         took = target + drafted * 0.65 * MS
         p.observe(kind, [0.9] * drafted, kept, kept + 1, took, warm)
         if i >= 600:
