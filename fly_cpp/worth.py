@@ -14,7 +14,8 @@ target decode of h+1 rows (and host work, and the switch to a batch after one-ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 from fly_cpp.costs import Costs
 
@@ -65,6 +66,17 @@ def head_params(n_params: int, n_vocab: int, n_embd: int, n_layer: int, n_nextn:
     return int(output + n_nextn * per_layer)
 
 
+def kept(accepts: Iterable[float], expected: float = 1.0, chance: float = 1.0) -> Iterator[float]:
+    """The expected tokens a round emits as its draft grows by one token at a time, the i-th
+    new one kept with probability ``accepts[i]`` given the earlier ones were: ``expected``
+    before it (the target's own token: 1), ``chance`` that every earlier one is kept. The one
+    scan every price below makes (1 + a + a^2 + ... for a steady a)."""
+    for accept in accepts:
+        chance *= accept
+        expected += chance
+        yield expected
+
+
 def alone(costs: Costs) -> float:
     """Tokens per second of a plain target decode (host time included), now."""
     return 1.0 / (costs.host + costs.target(1))
@@ -77,10 +89,8 @@ def together(costs: Costs, accept: float, slots: int, h_max: int) -> int:
     target decode of one row each. Here a drafted row costs what it adds to a batch that other
     slots' real rows already pay for. 0 unless the best h beats that by ``TOGETHER_MARGIN``."""
     plain = slots / (slots * costs.host + costs.target(slots))
-    top, top_h, expected, p = plain * TOGETHER_MARGIN, 0, 1.0, 1.0
-    for h in range(1, h_max + 1):
-        p *= accept
-        expected += p
+    top, top_h = plain * TOGETHER_MARGIN, 0
+    for h, expected in enumerate(kept(itertools.repeat(accept, h_max)), start=1):
         seconds = (slots * costs.host + costs.draft(2 * slots) + (h - 1) * costs.draft(slots)
                    + costs.target(slots * (h + 1)))
         if slots * expected / seconds > top:
@@ -97,10 +107,9 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
     decodes also pays for switching kinds, there and back (``Costs.entering``), and a recurrent
     state for going back after a rejection (``Costs.rollback``)."""
     host, target, entering = costs.host, costs.target, costs.entering()
-    top, top_h, expected, p = alone(costs), 0, 1.0, 1.0
-    for h in range(1, h_max + 1):
-        p *= lead[h - 1] if h <= len(lead) else accept
-        expected += p
+    top, top_h = alone(costs), 0
+    accepts = itertools.chain(lead[:h_max], itertools.repeat(accept, max(h_max - len(lead), 0)))
+    for h, expected in enumerate(kept(accepts), start=1):
         steps = max(h - len(lead) - 1, 0)
         rate = expected / (host + entering + first + steps * step + target(h + 1) + costs.rollback(h, accept))
         if rate > top:
@@ -111,9 +120,8 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
 def value(costs: Costs, pace: float, chances: Sequence[float]) -> tuple[float, int]:
     """(value, n) of verifying the best prefix of a draft (``chances[i]``: the chance that its
     tokens 0..i are all kept); drafting is paid already."""
-    top, top_n, expected = -pace * costs.target(1), 0, 0.0
-    for n, chance in enumerate(chances, start=1):
-        expected += chance
+    top, top_n = -pace * costs.target(1), 0
+    for n, expected in enumerate(itertools.accumulate(chances), start=1):  # the chances are the products already
         v = expected - pace * costs.target(n + 1)
         if v > top:
             top, top_n = v, n
@@ -125,10 +133,8 @@ def more(costs: Costs, pace: float, chances: Sequence[float], accept: float, k_m
     be worth more than stopping now and verifying the best prefix?"""
     drafted, step = len(chances), costs.draft(1)
     stop = value(costs, pace, chances)[0]
-    expected, p = sum(chances), chances[-1] if chances else 1.0
-    for h in range(1, k_max - drafted + 1):
-        p *= accept
-        expected += p
+    further = kept(itertools.repeat(accept, max(k_max - drafted, 0)), sum(chances), chances[-1] if chances else 1.0)
+    for h, expected in enumerate(further, start=1):
         if expected - pace * (h * step + costs.target(drafted + 1 + h)) > stop:
             return True
     return False
@@ -146,10 +152,8 @@ def probe(costs: Costs, pace: float, firsts: Sequence[float], accept_of_bin: Seq
     for b, weight in enumerate(firsts):
         if weight <= 0:
             continue
-        accept, top, expected, p = accept_of_bin[b], plain, 1.0, 1.0
-        for h in range(1, limit + 1):
-            p *= accept
-            expected += p
+        top = plain
+        for h, expected in enumerate(kept(itertools.repeat(accept_of_bin[b], limit)), start=1):
             top = max(top, expected - pace * (host + (h - 1) * step + target(h + 1)))
         worth += weight * top
     return worth / sum(firsts) - pace * first > plain
@@ -159,10 +163,8 @@ def guess_length(costs: Costs, agree: float, available: int, catchup: int) -> in
     """How many tokens of an n-gram guess the draft model should check in its next step (each
     agreed with ``agree``): a step over 1 + g rows costs more than a plain one and pays only if
     the draft agrees with enough of the guess (its own next token comes either way)."""
-    top, top_g, expected, p = 1.0 / costs.draft(catchup + 1), 0, 1.0, 1.0
-    for g in range(1, available + 1):
-        p *= agree
-        expected += p
+    top, top_g = 1.0 / costs.draft(catchup + 1), 0
+    for g, expected in enumerate(kept(itertools.repeat(agree, available)), start=1):
         rate = expected / costs.draft(catchup + 1 + g)
         if rate > top:
             top, top_g = rate, g
