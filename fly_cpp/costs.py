@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fly_cpp.decayed import ema
 from fly_cpp.rollback_costs import Rollbacks
 
 TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
@@ -170,7 +171,7 @@ class Costs:
         self._batched = rows > 1
         if switched and count == 1:
             extra = min(max(seconds - self.target(rows), 0.0), SWITCH_MAX * self.target(1))
-            self.switch = (1 - SMOOTHING) * self.switch + SMOOTHING * extra
+            self.switch = ema(self.switch, extra, SMOOTHING)
         count -= not first_warm
         if count <= 0:
             return False
@@ -242,7 +243,7 @@ class Costs:
     def observe_host(self, seconds: float, count: int = 1) -> None:
         """``count`` rounds that each spent ``seconds`` outside the decodes (a run's mean)."""
         weight = 1 - (1 - SMOOTHING) ** count
-        self.host = max(seconds, 0.0) if self.host == 0 else (1 - weight) * self.host + weight * max(seconds, 0.0)
+        self.host = max(seconds, 0.0) if self.host == 0 else ema(self.host, max(seconds, 0.0), weight)
 
     def drafted(self, drafting: bool) -> None:
         """Whether the draft model decoded in this round: its decodes in the next one teach then."""
@@ -279,7 +280,7 @@ def _blend(scale: float, ratio: float) -> float:
     moved it 40% and kept drafting off; a real change is followed over a few rounds. No bound
     holds the scale itself: one held within 0.2-5 of the curve crept up a tenth a decode after a
     contradicted curve's check set it to 0.022, to 9x the live cost."""
-    return (1 - SMOOTHING) * scale + SMOOTHING * min(max(ratio, 0.5 * scale), 2.0 * scale)
+    return ema(scale, min(max(ratio, 0.5 * scale), 2.0 * scale), SMOOTHING)
 
 
 def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,
