@@ -169,7 +169,7 @@ def test_rpc_setting_is_parsed_and_checked():
     assert settings(rpc="127.0.0.1:50052, host:1").rpc == ("127.0.0.1:50052", "host:1")
     assert settings(rpc=["a:1"]).offloaded_layers == -1
     assert settings(rpc=["a:1"], n_gpu_layers=2).offloaded_layers == 2
-    assert settings().offloaded_layers == 0
+    assert settings().offloaded_layers == -1 and settings().placed(local_gpus=False).offloaded_layers == 0  # every layer, where there are GPUs
     for bad, words in [("127.0.0.1", "expected HOST:PORT"), ("a:0", "1..65535"), ("a:x", "1..65535"),
                        ("::1:5", "expected HOST:PORT"), ("[::1]:5", "IPv6"), ("a:1,a:1", "twice"),
                        ("a:1,,b:2", "expected HOST:PORT")]:
