@@ -1,5 +1,5 @@
 """A slot's drafting under load: an engine made with ``n_seq`` N > 1 has N slots, each a
-sequence of the target's context and of the draft's (``Context.seq``), advanced together by the
+sequence of the target's context and of the draft's (``backend.batch.Batcher.seq``), advanced together by the
 engine's step loop (``fly_cpp.scheduler``). Each slot runs the speculative loop
 (``fly_cpp.loop``) unchanged, so FLy's rule, the cross-round window, sampling and stops stay per
 sequence; the loop decodes every slot's drafting steps in shared draft batches and every slot's

@@ -155,7 +155,7 @@ class ModelDrafter:
     ``checks``: the most guess tokens one step checks (None: ``spec.ngram_tokens``; 0: none).
     A step over more rows is not always nearly free: on a CPU a Q4_K_M draft's two-row decode
     costs 2.4x its one-row decode, so there the checks cost more than the agreed tokens save
-    (the engine prices them for a fixed k, ``Engine.drafter``). They never change which tokens
+    (k auto's controller prices them for a fixed k, ``Control.base_drafter``). They never change which tokens
     are drafted: an agreed guess token is the draft's own greedy token."""
 
     def __init__(self, draft_model: DraftModel, spec: SpecSettings, checks: int | None = None) -> None:
