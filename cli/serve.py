@@ -48,7 +48,8 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     import uvicorn
 
     from fly_cpp.api import Fly
-    from fly_cpp.engine import Engine, auto_slots
+    from fly_cpp.engine import Engine
+    from fly_cpp.fit import auto_slots
     from fly_cpp.server import create_app
     from fly_cpp.server.connections import limits, protocol
 

@@ -23,17 +23,17 @@ from fly_cpp import scoring
 from fly_cpp.backend.batch import Batcher, Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.grammar import Grammar, gbnf
-from fly_cpp.backend.lib import gpu_names
-from fly_cpp.backend.model import Model, gguf_hparams, kv_bytes_per_token
+from fly_cpp.backend.model import Model
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
-from fly_cpp.config import AUTO_SLOTS, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.constrain import Lazy, Rules
 from fly_cpp.control import Control, Pair
 from fly_cpp.costs import Costs
 from fly_cpp.draft_model import ModelDrafter
 from fly_cpp.drafters import Drafter, as_drafter
 from fly_cpp.errors import ContextExceeded, FlyError
+from fly_cpp.fit import check_context, placed
 from fly_cpp.generation import Generation
 from fly_cpp.ledger import Ledger, SlotView
 from fly_cpp.mtp import MtpDrafter
@@ -49,55 +49,6 @@ from fly_cpp.step import Progress, Stats, Step
 from fly_cpp.vocab import check_compatible
 
 T = TypeVar("T")
-
-DEFAULT_MAX_CTX = 4096
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new allocations (Linux's MemAvailable), None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} PiB"
-
-
-KV_SIZE = {"f32": 2.0, "f16": 1.0, "bf16": 1.0, "q8_0": 0.53, "q5_1": 0.38, "q5_0": 0.34, "q4_1": 0.31,
-           "q4_0": 0.28, "iq4_nl": 0.28}  # bytes per KV element, relative to F16
-
-
-def _check_context(target: ModelSettings, draft: ModelSettings | None) -> int:
-    """The context size ``target`` asks for (0: the model's trained context, at most 4096), or a
-    FlyError before llama.cpp allocates anything: KV caches that cannot fit in this machine's
-    memory (CPU-only engines). More than the model was trained for is allowed, as llama.cpp
-    allows it (the text degrades past the trained length)."""
-    models = [(target, gguf_hparams(target.path))]
-    if draft is not None:
-        models.append((draft, gguf_hparams(draft.path)))
-    trained = models[0][1].get("context_length", 0)
-    n_ctx = target.n_ctx or min(trained or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
-    if any(s.offloaded_layers != 0 for s, _ in models):
-        return n_ctx  # the caches live on the devices (GPUs, rpc-servers): llama.cpp reports what does not fit
-    # the KV caches, and the attention scores of one micro-batch against the whole context
-    need = sum(n_ctx * kv_bytes_per_token(h) * (KV_SIZE.get(s.type_k, 1.0) + KV_SIZE.get(s.type_v, 1.0)) / 2
-               + min(s.n_ubatch, s.n_batch, n_ctx) * n_ctx * 4 * h.get("attention.head_count", 1) for s, h in models)
-    free = available_memory()
-    if free is not None and need > free:
-        raise FlyError(f"n_ctx {n_ctx} needs about {_size(need)} for the KV caches, more than the "
-                       f"{_size(free)} of memory available; lower -c/--n-ctx")
-    return n_ctx
-
 
 def _check_rollback(ctx: Context) -> None:
     """Refuse speculation on a model whose cache can neither drop drafted tokens nor be checkpointed."""
@@ -116,21 +67,6 @@ def _rollback_spent(marks: dict[str, tuple[Context | Seq, rb.Ledger]]) -> dict[s
     """What the generation's rollbacks cost each recurrent cache since ``_rollback_marks`` (None: none recurrent)."""
     return {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
             for role, (ctx, before) in marks.items()} or None
-
-
-def auto_slots(target: ModelSettings, draft: ModelSettings | None) -> int:
-    """The slots ``-np auto`` gives a pair: llama-server's 4, or 1 where the target drafts with
-    its own MTP head (no draft model and MTP layers in its GGUF), since the head drafts for one
-    sequence; from the GGUF header alone."""
-    if draft is None and gguf_hparams(target.path).get("nextn_predict_layers", 0) > 0:
-        return 1
-    return AUTO_SLOTS
-
-
-def _settings(model: ModelSettings | str) -> ModelSettings:
-    """A model's settings as they load here: "every layer" is none without a GPU or rpc server."""
-    settings = model if isinstance(model, ModelSettings) else ModelSettings(path=str(model))
-    return settings.placed(local_gpus=bool(gpu_names()))
 
 
 @dataclass(frozen=True)
@@ -171,14 +107,14 @@ class Engine:
         self._views: list[tuple[Context | Seq, Context | Seq | None]] = []  # each slot's caches
         self.batchers: dict[str, Batcher] = {}  # with several slots, each model's shared decodes ("target", "draft")
         self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
-        self.target_settings = _settings(target)
-        self.draft_settings = _settings(draft) if draft is not None else None
+        self.target_settings = placed(target)
+        self.draft_settings = placed(draft) if draft is not None else None
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.control: Control | None = None  # k auto: pacers, costs, what persists
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self.mtp_ctx: MtpContext | None = None  # the target's own MTP head, where it has one and no -d is given
-        n_ctx = _check_context(self.target_settings, self.draft_settings)  # before any weights load
+        n_ctx = check_context(self.target_settings, self.draft_settings)  # before any weights load
         self.target_model = self._load(self.target_settings, mtp=self.draft_settings is None)
         try:
             t, d = self.target_settings, self.draft_settings
@@ -215,7 +151,7 @@ class Engine:
         """The checks of loading that need no weights (files, context size against the model
         and this machine's memory), from the GGUF headers alone: a server refuses bad settings
         this way before it binds its port."""
-        _check_context(_settings(target), _settings(draft) if draft is not None else None)
+        check_context(placed(target), placed(draft) if draft is not None else None)
 
     @staticmethod
     def _load(s: ModelSettings, mtp: bool = False) -> Model:

@@ -31,7 +31,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "surfaces: Python API": ("fly_cpp", "fly_cpp.api", "fly_cpp.oai", "fly_cpp.chat_format", "fly_cpp.tools",
                              "fly_cpp.tool_formats", "fly_cpp.reply", "fly_cpp.structured"),
     "model kit": ("fly_cpp.models.", "fly_cpp.models"),
-    "engine: requests and slots": ("fly_cpp.engine", "fly_cpp.scheduler", "fly_cpp.batchloop", "fly_cpp.ledger",
+    "engine: requests and slots": ("fly_cpp.engine", "fly_cpp.fit", "fly_cpp.scheduler", "fly_cpp.batchloop", "fly_cpp.ledger",
                                    "fly_cpp.generation", "fly_cpp.vocab"),
     "the round": ("fly_cpp.loop", "fly_cpp.request", "fly_cpp.verify", "fly_cpp.accept", "fly_cpp.sampling",
                   "fly_cpp.output", "fly_cpp.text", "fly_cpp.step", "fly_cpp.crossround", "fly_cpp.shape",

@@ -89,7 +89,7 @@ def test_auto_slots_keep_an_mtp_head_drafting(stories, stories_draft, qwen35_mtp
     """``-np auto``: llama-server's 4 slots, but 1 where the target drafts with its own MTP head
     (it drafts for one sequence): the slots would leave the head unused."""
     from fly_cpp import ModelSettings
-    from fly_cpp.engine import auto_slots
+    from fly_cpp.fit import auto_slots
 
     assert auto_slots(ModelSettings(str(stories)), ModelSettings(str(stories_draft))) == 4
     assert auto_slots(ModelSettings(str(stories)), None) == 4
