@@ -17,7 +17,6 @@ from time import perf_counter
 from fly_cpp import recall, worth
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
-from fly_cpp.backend.lib import gpu_names
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
 from fly_cpp.config import ModelSettings, SpecSettings
@@ -92,10 +91,9 @@ class Control:
         k auto's planned rounds ran 0.69-0.92x llama.cpp's best fixed k, fly at a fixed k 6
         0.93-1.18x (docs/benchmarks.md). Partial offloads, rpc servers, recurrent states (whose rollbacks k auto
         prices) and several slots (whose rounds share decodes) keep the planned rounds."""
-        t, m = self.pair.target_settings, self.pair.target.model
-        layers = t.offloaded_layers
-        return (len(self.pair.views) == 1 and not t.rpc and not m.recurrent and (layers < 0 or layers >= m.n_layer)
-                and bool(gpu_names()))
+        m = self.pair.target.model
+        return (len(self.pair.views) == 1 and not self.pair.target_settings.rpc and not m.recurrent
+                and m.offloaded >= m.n_layer)
 
     def steady_batches(self, spec: SpecSettings) -> bool:
         """Whether ``spec``'s verification batches are padded to a steady width
@@ -103,8 +101,7 @@ class Control:
         (on a CPU every padded row costs its share)."""
         if spec.steady_batches != "auto":
             return spec.steady_batches == "on"
-        t = self.pair.target_settings
-        return t.offloaded_layers != 0 and bool(t.rpc or gpu_names())
+        return self.pair.target.model.offloaded > 0
 
     # -- drafters --------------------------------------------------------------------------
 

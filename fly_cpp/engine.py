@@ -50,6 +50,7 @@ from fly_cpp.vocab import check_compatible
 
 T = TypeVar("T")
 
+
 def _check_rollback(ctx: Context) -> None:
     """Refuse speculation on a model whose cache can neither drop drafted tokens nor be checkpointed."""
     if not ctx.can_rollback:
@@ -422,7 +423,7 @@ class Engine:
     def _close(self) -> None:
         if self.steps is not None:
             self.steps.close()  # the running and waiting tasks end first
-        if getattr(self, "control", None) is not None:
+        if self.control is not None:
             self.control.close()
         for part in (self.mtp_ctx, self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
             if part is not None:

@@ -99,8 +99,9 @@ class Pacer:
         """The pace to beat: what the rounds achieve lately, and at least the target's own."""
         return max(self.pace, self.alone())
 
-    def best(self, accept: float, h_max: int, first: float, step: float) -> tuple[float, int]:
-        return worth.best(self.costs, accept, h_max, first, step)
+    def best(self, accept: float, h_max: int, first: float, step: float,
+             lead: Sequence[float] = ()) -> tuple[float, int]:
+        return worth.best(self.costs, accept, h_max, first, step, lead)
 
     def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], tuple[int, int]],
              has_draft: bool) -> tuple[str, int]:
@@ -123,20 +124,21 @@ class Pacer:
             self.rest = PRICE_RUN - 1
             return self._chose("target", 0)
         target_rate = self.alone()
-        g_rate, g = 0.0, 0
+        g_rate, g, g_accept = 0.0, 0, 0.0
         guesses_may_pay = self.best(self.guesses.surest(), limit, 0.0, 0.0)[1] > 0
         # looked up also when guesses cannot pay: what the round then writes tells whether the
         # guess was right (``guess_written``)
         n, self.matched = guess()
         if guesses_may_pay and n:
-            g_rate, g = self.best(self.guesses(self.matched), min(n, limit), 0.0, 0.0)
+            g_accept = self.guesses(self.matched)
+            g_rate, g = self.best(g_accept, min(n, limit), 0.0, 0.0)
         d_rate = 0.0
         if has_draft:
-            first, step = self.costs.draft(lag() + 1), self.costs.draft(1)
+            behind = lag()
+            first, step = self.costs.draft(behind + 1), self.costs.draft(1)
             d_rate = self.best(self.model.mean(), limit, first, step)[0]
             if g:  # the draft's first step checks the guess (``PacedDrafter``), and drafting goes on past it
-                chained = worth.best(self.costs, self.model.mean(), limit, self.costs.draft(lag() + 1 + g), step,
-                                     [self.guesses(self.matched)] * min(g, limit))[0]
+                chained = self.best(self.model.mean(), limit, self.costs.draft(behind + 1 + g), step, [g_accept] * g)[0]
                 d_rate = max(d_rate, chained)
         losing = self.drafts_lose()
         if g_rate > target_rate and (g_rate >= d_rate or losing):
