@@ -18,6 +18,7 @@ from fly_cpp import recall, worth
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
+from fly_cpp.batchloop import Throttled
 from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
 from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs, slower_note
@@ -29,6 +30,7 @@ from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.sampling import LogitBias
 from fly_cpp.scheduler import Scheduler
+from fly_cpp.shape import Steady
 from fly_cpp.step import Stats
 
 STORE_EVERY = 5.0  # seconds between writes of k auto's evidence for the next process (and one at close)
@@ -45,6 +47,17 @@ class Pair:
     draft_settings: ModelSettings | None
     mtp: MtpContext | None
     views: Sequence[tuple[Context | Seq, Context | Seq | None]]
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """Who drafts one generation in its slot and how: the drafter (None: the target alone), the
+    pacer that paces it (k auto), the steady batch width its verifications are padded to, and
+    ``name`` "mtp" where the target's own head drafts (the stats say so)."""
+    drafter: Drafter | None = None
+    pacer: Pacer | None = None
+    steady: Steady | None = None
+    name: str = ""
 
 
 class Control:
@@ -105,6 +118,22 @@ class Control:
 
     # -- drafters --------------------------------------------------------------------------
 
+    def drafting(self, spec: SpecSettings, bias: LogitBias, slot: int, given: Drafter | None) -> Drafting:
+        """How a generation of ``spec`` drafts in ``slot``: with ``given`` (a caller's drafter)
+        or the pair's own (``base_drafter``, paced under k auto); with several slots, in step
+        with the others' rounds (``fly_cpp.batchloop.Throttled``)."""
+        if spec.mode == "target":
+            return Drafting()
+        base = self.base_drafter(spec, bias, slot) if given is None else None
+        made = self.paced(base, spec, slot) if base is not None else given
+        assert made is not None
+        pacer = made.pacer if isinstance(made, PacedDrafter) else None  # a pacer of this pair's, or the caller's own
+        if len(self.pair.views) > 1:  # under load the draft model's fixed-k rounds, in step with the others'
+            made = Throttled(made, self.steps, pacer, base if isinstance(base, ModelDrafter) else None,
+                             spec.k_slots if spec.auto else int(spec.k))
+        return Drafting(made, pacer, Steady() if self.steady_batches(spec) else None,
+                        "mtp" if isinstance(base, MtpDrafter) else "")
+
     def drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), else the target's MTP head (draft-mtp, or a model with one and no -d),
@@ -127,8 +156,7 @@ class Control:
         """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k)."""
         if not spec.auto:
             return base
-        key = (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max, spec.cross_round_window,
-               *(("mtp",) if isinstance(base, MtpDrafter) else ()))  # the head learns apart from n-gram lookup on the same file
+        key = self._key(base, spec, slot)
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
             # the costs are measured where the pacer first needs them, on the step loop in the
@@ -136,6 +164,12 @@ class Control:
             self._pacers[key] = pacer = Pacer(lambda: self.cost_model(slot=slot), spec.k_max, recall.load(record))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
+
+    @staticmethod
+    def _key(base: Drafter | None, spec: SpecSettings, slot: int) -> tuple[object, ...]:
+        """A pacer's key: one per slot and mode (the head learns apart from n-gram lookup on the same file)."""
+        return (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max,
+                spec.cross_round_window, *(("mtp",) if isinstance(base, MtpDrafter) else ()))
 
     def pacers(self) -> list[Pacer]:
         """The pacers made so far (one per slot and mode)."""

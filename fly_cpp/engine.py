@@ -10,85 +10,32 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 
 from __future__ import annotations
 
-import dataclasses
-import secrets
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
-from fly_cpp import loop
-from fly_cpp import rollback as rb
-from fly_cpp import scoring
+from fly_cpp import loop, rollback, scoring
+from fly_cpp.admit import admit, check_tokens
 from fly_cpp.backend.batch import Batcher, Seq
 from fly_cpp.backend.context import Context
-from fly_cpp.backend.grammar import Grammar, gbnf
-from fly_cpp.backend.model import Model
-from fly_cpp.backend.mtp import MtpContext
-from fly_cpp.batchloop import Throttled
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.constrain import Lazy, Rules
 from fly_cpp.control import Control, Pair
 from fly_cpp.costs import Costs
-from fly_cpp.draft_model import ModelDrafter
 from fly_cpp.drafters import Drafter, as_drafter
-from fly_cpp.errors import ContextExceeded, FlyError
+from fly_cpp.errors import FlyError
 from fly_cpp.fit import check_context, placed
 from fly_cpp.generation import Generation
+from fly_cpp.info import EngineInfo, describe
 from fly_cpp.ledger import Ledger, SlotView
-from fly_cpp.mtp import MtpDrafter
+from fly_cpp.loading import Loaded
 from fly_cpp.output import Output
-from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.request import Request, Shift
-from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.sampling import NO_BIAS, LogitBias
 from fly_cpp.scheduler import Scheduler, Task
-from fly_cpp.shape import Steady
 from fly_cpp.step import Progress, Stats, Step
-from fly_cpp.vocab import check_compatible
 
 T = TypeVar("T")
-
-
-def _check_rollback(ctx: Context) -> None:
-    """Refuse speculation on a model whose cache can neither drop drafted tokens nor be checkpointed."""
-    if not ctx.can_rollback:
-        raise FlyError(f"{ctx.model.name} is a recurrent model whose state llama.cpp can neither roll back nor "
-                       "checkpoint: it cannot take part in speculative decoding (use --mode target)")
-
-
-def _rollback_marks(target: Context | Seq, draft: Context | Seq | None) -> dict[str, tuple[Context | Seq, rb.Ledger]]:
-    """Each recurrent cache of a generation with its rollback ledger as the generation starts."""
-    return {role: (ctx, dataclasses.replace(ctx.rollbacks)) for role, ctx in (("target", target), ("draft", draft))
-            if ctx is not None and ctx.rollback != rb.KV}
-
-
-def _rollback_spent(marks: dict[str, tuple[Context | Seq, rb.Ledger]]) -> dict[str, object] | None:
-    """What the generation's rollbacks cost each recurrent cache since ``_rollback_marks`` (None: none recurrent)."""
-    return {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
-            for role, (ctx, before) in marks.items()} or None
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What an engine has loaded, for display and for the outer layers' decisions."""
-
-    target: ModelSettings
-    draft: ModelSettings | None
-    target_name: str
-    draft_name: str | None
-    n_ctx: int
-    n_vocab: int
-    n_threads: int  # threads of the target's context, and of the draft's (None: no draft model)
-    draft_n_threads: int | None
-    bos: int
-    eos: int
-    add_bos: bool
-    bos_text: str  # the BOS / EOS tokens' text, as chat templates want them
-    eos_text: str
-    chat_template: str | None  # the target GGUF's tokenizer.chat_template
-    placement: str = ""  # where each model's layers went ("target on the CPU", "target 29/29 layers on ...")
 
 
 class Engine:
@@ -105,41 +52,18 @@ class Engine:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
         self.steps: Scheduler | None = None  # the step loop: every slot's work runs there
-        self._views: list[tuple[Context | Seq, Context | Seq | None]] = []  # each slot's caches
-        self.batchers: dict[str, Batcher] = {}  # with several slots, each model's shared decodes ("target", "draft")
-        self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
-        self.target_settings = placed(target)
-        self.draft_settings = placed(draft) if draft is not None else None
-        self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.control: Control | None = None  # k auto: pacers, costs, what persists
-        self.draft_model: Model | None = None
-        self.draft_ctx: Context | None = None
-        self.mtp_ctx: MtpContext | None = None  # the target's own MTP head, where it has one and no -d is given
-        n_ctx = check_context(self.target_settings, self.draft_settings)  # before any weights load
-        self.target_model = self._load(self.target_settings, mtp=self.draft_settings is None)
+        self._ledger = Ledger(n_seq)  # what each slot runs and has run (``slot_views``)
+        self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
+        self.target_settings = t = placed(target)
+        self.draft_settings = d = placed(draft) if draft is not None else None
+        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified)  # the context checked before any weights load
+        assert pair.target is not None
+        self.target_model, self.draft_model = pair.target_model, pair.draft_model
+        self.target, self.draft_ctx, self.mtp_ctx = pair.target, pair.draft_ctx, pair.mtp_ctx
+        self.batchers: dict[str, Batcher] = pair.batchers  # with several slots, each model's shared decodes
+        self._views = pair.views  # each slot's caches
         try:
-            t, d = self.target_settings, self.draft_settings
-            if d is not None:
-                self.draft_model = self._load(d)
-                check_compatible(self.target_model, self.draft_model)
-            self.target = self._context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified)
-            if d is not None and self.draft_model is not None:
-                # the draft holds the same tokens as the target, so it gets the same context size
-                # like llama.cpp's -td, the draft's threads default to the target's
-                threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = self._context(self.draft_model, d, self.target.n_ctx, threads, n_seq, kv_unified)
-            if self.target_model.mtp_loaded and n_seq == 1:  # the head drafts for one sequence (-np 1) for now
-                self.mtp_ctx = MtpContext(self.target)
-            if self.draft_ctx is not None:  # speculation is the point of a draft model
-                for ctx in (self.target, self.draft_ctx):
-                    _check_rollback(ctx)
-            if n_seq > 1:
-                self.batchers = {role: Batcher(ctx) for role, ctx in (("target", self.target), ("draft", self.draft_ctx))
-                                 if ctx is not None}
-                target, draft = self.batchers["target"], self.batchers.get("draft")
-                self._views = [(target.seq(i), draft.seq(i) if draft is not None else None) for i in range(n_seq)]
-            else:
-                self._views = [(self.target, self.draft_ctx)]
             self.steps = Scheduler(n_seq, self.batchers.get("target"), self.batchers.get("draft"),
                                    cached=lambda i: self._views[i][0].tokens)
             self.control = Control(Pair(self.target, t, self.draft_ctx, d, self.mtp_ctx, self._views), self.steps)
@@ -154,20 +78,6 @@ class Engine:
         this way before it binds its port."""
         check_context(placed(target), placed(draft) if draft is not None else None)
 
-    @staticmethod
-    def _load(s: ModelSettings, mtp: bool = False) -> Model:
-        return Model(s.path, n_gpu_layers=s.offloaded_layers, split_mode=s.split_mode, main_gpu=s.main_gpu,
-                     tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc, mtp=mtp)
-
-    @staticmethod
-    def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int = 1,
-                 kv_unified: bool = False) -> Context:
-        # several sequences go back by checkpoints only: nothing to measure
-        rollback = pick_rollback(model, s, threads) if n_seq == 1 else s.rollback
-        return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                       type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                       rollback=rollback, n_seq=n_seq, kv_unified=kv_unified)
-
     # -- what is loaded --------------------------------------------------------------------
 
     @property
@@ -180,20 +90,7 @@ class Engine:
         return self.target_model.n_vocab
 
     def info(self) -> EngineInfo:
-        m = self.target_model
-
-        def text(token: int) -> str:
-            return m.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
-
-        return EngineInfo(
-            target=self.target_settings, draft=self.draft_settings, target_name=m.name,
-            draft_name=self.draft_model.name if self.draft_model is not None else None,
-            n_ctx=self.n_ctx, n_vocab=m.n_vocab, n_threads=self.target.n_threads,
-            draft_n_threads=self.draft_ctx.n_threads if self.draft_ctx is not None else None,
-            bos=m.bos, eos=m.eos, add_bos=m.add_bos, bos_text=text(m.bos), eos_text=text(m.eos),
-            chat_template=m.meta("tokenizer.chat_template"),
-            placement="; ".join(f"{role} {model.placement}" for role, model in
-                                (("target", m), ("draft", self.draft_model)) if model is not None))
+        return describe(self._loaded, self.target_settings, self.draft_settings, self.n_ctx)
 
     # -- tokens ----------------------------------------------------------------------------
 
@@ -212,8 +109,7 @@ class Engine:
         return self.target_model.spellable(text)
 
     def check_tokens(self, tokens: Sequence[int], what: str = "token id") -> None:
-        if bad := [t for t in tokens if not 0 <= t < self.n_vocab]:
-            raise FlyError(f"{what} {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        check_tokens(self.n_vocab, tokens, what)
 
     # -- generating ------------------------------------------------------------------------
 
@@ -243,60 +139,23 @@ class Engine:
         ``sampling.grammar`` / ``sampling.json_schema``: every emitted token obeys the grammar
         (``fly_cpp.constrain``); an invalid one is a FlyError here."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not tokens:
-            raise FlyError("the prompt is empty")
-        if len(tokens) > self.n_ctx:
-            raise ContextExceeded(len(tokens), self.n_ctx)
-        self.check_tokens(tokens)
-        if max_tokens < 0:
-            raise FlyError(f"max_tokens must be >= 0, got {max_tokens}")
-        if spec.spec_type == "draft-mtp" and spec.mode != "target" and drafter is None and self.mtp_ctx is None:
-            why = ("a draft model is loaded (leave out -d)" if self.draft_ctx is not None
-                   else f"{self.target_model.name} has no MTP layers")
-            raise FlyError(f"--spec-type draft-mtp drafts with the target's own MTP head: {why}")
-        if (spec.mode != "target" and drafter is None and self.draft_ctx is None and self.mtp_ctx is None
-                and not spec.ngram):
-            raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
-        if spec.mode != "target":
-            _check_rollback(self.target)
-        for model in (self.target_model, self.draft_model):
-            if model is not None:
-                model.check()  # a lost rpc-server: refuse before any token (HTTP 503 in the server)
-        if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
-            raise FlyError(f"n_probs must be an integer >= 0, got {n_probs!r}")
-        self.check_tokens([t for t, _ in sampling.logit_bias], what="logit_bias token")
-        bias = LogitBias(sampling.logit_bias, self.target_model.eog_ids if sampling.ignore_eos else ())
         control = self._control()
         spec = control.plan(spec)
-        rules: Rules | None = Grammar(self.target_model, gbnf(sampling)) if sampling.constrained else None
-        piece = self.target_model.piece_keeping(sampling.preserved_tokens)
-        if rules is not None and sampling.grammar_trigger:
-            rules = Lazy(rules, sampling.grammar_trigger, self.target_model.tokenize, piece=piece)
-        seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
-        request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
-                          min(n_probs, self.n_vocab), cache_prompt, shift if self.can_shift else None)
+        admitted = admit(self._loaded, tokens, self.n_ctx, spec, sampling, max_tokens, stop, drafter is None, n_probs,
+                         cache_prompt, shift if self.can_shift else None)
         if slot is not None and not 0 <= slot < self.n_seq:
             raise FlyError(f"id_slot {slot} is outside 0..{self.n_seq - 1}")
-        own = spec.mode != "target" and drafter is None
-        if spec.mode == "target":
-            drafter = None
-        elif drafter is not None:
-            drafter = as_drafter(drafter)
-        out = Output(request, piece, self.target_model.is_eog)
+        given = as_drafter(drafter) if drafter is not None and spec.mode != "target" else None
+        request = admitted.request
+        out = Output(request, admitted.piece, self.target_model.is_eog)
 
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
-            """The loop in slot ``at``, its drafter made there."""
-            base = control.base_drafter(spec, bias, at) if own else None
-            made = control.paced(base, spec, at) if base is not None else drafter
-            if isinstance(base, MtpDrafter):
-                out.stats.drafter = "mtp"
-            steady = Steady() if made is not None and control.steady_batches(spec) else None
-            pacer = made.pacer if isinstance(made, PacedDrafter) else None
-            if self.n_seq > 1 and made is not None:
-                assert self.steps is not None  # under load the draft model's fixed-k rounds, in step with the others'
-                made = Throttled(made, self.steps, pacer, base if isinstance(base, ModelDrafter) else None,
-                                 spec.k_slots if spec.auto else int(spec.k))
-            return loop.run(request, self._pair(at)[0], made, out, steady, rules), pacer
+            """The loop in slot ``at``, its drafter made there (a new one begins the pacer it
+            may share with a running generation)."""
+            how = control.drafting(spec, request.bias, at, given)
+            if how.name:
+                out.stats.drafter = how.name
+            return loop.run(request, self._pair(at)[0], how.drafter, out, how.steady, admitted.rules), how.pacer
 
         def body(at: int) -> Iterator[Step | Progress]:
             return self._in_slot(at, start, request, out.stats, not cache_prompt)
@@ -377,13 +236,14 @@ class Engine:
                 for ctx in (*self._pair(at), self.mtp_ctx):
                     if ctx is not None:
                         ctx.truncate(0)
-            marks = _rollback_marks(*self._pair(at))
+            target, draft = self._pair(at)
+            marks = rollback.marks({"target": target, "draft": draft})
             try:
                 yield from steps
             finally:
                 if pacer is not None:
                     self._control().finish(pacer, stats)
-                stats.rollback = _rollback_spent(marks)
+                stats.rollback = rollback.spent(marks)
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding
@@ -425,9 +285,7 @@ class Engine:
             self.steps.close()  # the running and waiting tasks end first
         if self.control is not None:
             self.control.close()
-        for part in (self.mtp_ctx, self.draft_ctx, getattr(self, "target", None), self.draft_model, self.target_model):
-            if part is not None:
-                part.close()
+        self._loaded.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -21,7 +21,7 @@ they are there, and the next decode takes them in the same batch as its own toke
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 KV = "kv"
@@ -110,3 +110,16 @@ class Ledger:
                 "restore_ms": round(self.restore_seconds * 1e3, 3), "native": self.native,
                 "rebuilds": self.rebuilds, "redecoded": self.redecoded,
                 "split_ms": round(self.split_seconds * 1e3, 3)}
+
+
+def marks(caches: dict[str, Any]) -> dict[str, tuple[Any, Ledger]]:
+    """Each recurrent cache of ``caches`` (by role; a ``Context`` or ``Seq``, or None) with its
+    ledger as a generation starts, for ``spent`` at its end."""
+    return {role: (ctx, replace(ctx.rollbacks)) for role, ctx in caches.items()
+            if ctx is not None and ctx.rollback != KV}
+
+
+def spent(marked: dict[str, tuple[Any, Ledger]]) -> dict[str, object] | None:
+    """What rollbacks cost each cache of ``marked`` since it was marked (None: none recurrent)."""
+    return {role: {"way": ctx.rollback, **ctx.rollbacks.since(before).as_dict()}
+            for role, (ctx, before) in marked.items()} or None

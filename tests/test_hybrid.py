@@ -250,7 +250,7 @@ def test_a_state_that_cannot_go_back_is_refused_in_one_line(qwen35_pair, monkeyp
     target, draft = qwen35_pair
     monkeypatch.setattr(Context, "_rollback_kind", lambda self, recurrent: NONE if recurrent else KV)
     # a state that cannot go back has no way to pick: whatever an earlier test cached is not asked
-    monkeypatch.setattr("fly_cpp.engine.pick_rollback", lambda model, settings, threads: "auto")
+    monkeypatch.setattr("fly_cpp.loading.pick_rollback", lambda model, settings, threads: "auto")
     with pytest.raises(FlyError, match="can neither roll back nor checkpoint") as e:
         Engine(ModelSettings(str(target), n_ctx=256), ModelSettings(str(draft), n_ctx=256))
     assert "\n" not in str(e.value)

@@ -140,7 +140,8 @@ def test_the_seam_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
 
 # files over the size a reader takes in at once, each waiting to be split; the list only shrinks
 LONG = 400
-STILL_LONG = {"fly_cpp/config.py", "fly_cpp/engine.py", "fly_cpp/rpc.py"}
+STILL_LONG = {"fly_cpp/config.py", "fly_cpp/rpc.py"}
+ENGINE = 300  # the engine composes (load, admit, hand over): loading, admission and drafting live elsewhere
 
 
 def test_only_the_backend_imports_llama_cpp() -> None:
@@ -161,5 +162,6 @@ def test_no_file_grows_past_what_a_reader_takes_in() -> None:
     long = {str(path.relative_to(ROOT)) for path in modules().values()
             if len(path.read_text(encoding="utf-8").splitlines()) > LONG}
     assert long <= STILL_LONG, f"over {LONG} lines: {sorted(long - STILL_LONG)}"
+    assert len((ROOT / "fly_cpp" / "engine.py").read_text(encoding="utf-8").splitlines()) < ENGINE
     backend = [p for p in (ROOT / "fly_cpp" / "backend").glob("*.py")]
     assert len(backend) >= 7 and not [p for p in backend if str(p.relative_to(ROOT)) in STILL_LONG]
