@@ -28,13 +28,12 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.lib import gpu_names
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import ModelSettings
-from fly_cpp.costs import Costs, Curve
+from fly_cpp.costs import MEDIAN_OF, Costs, Curve
 from fly_cpp.rollback_costs import Rollbacks
 
 TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
-DRAFT_ROWS = (1, 2, 4, 8, 16, costcache.LARGEST_TIMED)
-REPEATS = 3  # timed decodes per size at least (after one untimed warm-up), the median kept
-MIN_SECONDS = 0.02  # ... and more, up to MAX_REPEATS, until a size has been timed this long
+DRAFT_ROWS = tuple(2 ** i for i in range(costcache.LARGEST_TIMED.bit_length()))  # 1, 2, 4, ... LARGEST_TIMED
+MIN_SECONDS = 0.02  # each size timed (after one untimed warm-up) MEDIAN_OF times, and more, up to MAX_REPEATS, until this long
 MAX_REPEATS = 15
 MEASURE_TRIES = 3
 RETRY_SECONDS = 10.0  # no new try starts after this long measuring one model (a busy machine: 74 ms a decode
@@ -90,7 +89,7 @@ class HeadDecodes:
         return None
 
 
-def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = MEDIAN_OF) -> Curve:
     """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
     after each (the cache is left as it was, but for room made at its end for the largest
     batch when the context is nearly full). The sizes take turns, pass after pass (the first
@@ -130,7 +129,7 @@ def timed_sizes(rows: Sequence[int], n_ubatch: int) -> tuple[int, ...]:
     return tuple(r for r in rows if r <= n_ubatch) + tuple(r for r in rows if r > n_ubatch)[:2]
 
 
-def measure_deep(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = REPEATS) -> Curve:
+def measure_deep(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = MEDIAN_OF) -> Curve:
     """``measure`` at the cache's end and again ``SPAN`` tokens deeper (filler tokens, removed
     after): one curve, linear in the depth, that prices a decode wherever the cache ends. The
     cache is left as it was, but for room made at its end when the context is nearly full."""

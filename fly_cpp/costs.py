@@ -25,14 +25,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fly_cpp.decayed import ema
+from fly_cpp.costcache import LARGEST_TIMED
+from fly_cpp.decayed import ROUND, ema
 from fly_cpp.rollback_costs import Rollbacks
 
-TABLE_ROWS = 64  # curve values kept ready for batches up to this many rows
-SMOOTHING = 0.1  # weight of one round in the running scale
 MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least this share of it
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
-CHECK = 3  # warm live decodes of each kind (one row, a batch) a cached calibration is checked against
+_TABLE_ROWS = 2 * LARGEST_TIMED  # curve values kept ready for batches up to this many rows
+MEDIAN_OF = 3  # a price is the median of at least this many warm decodes: a calibration's per size, a live check of a cached one
 CHECK_TOLERANCE = 1.5  # beyond this factor either way it is off: rescaled at once, and cached rescaled
 SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
 
@@ -50,17 +50,17 @@ class Curve:
 
     @functools.cached_property
     def _table(self) -> tuple[float, ...]:
-        """Seconds for 0..TABLE_ROWS rows at ``depth``: the pacer asks for these every round."""
-        return tuple(_interpolate(self.rows, self.seconds, n) for n in range(TABLE_ROWS + 1))
+        """Seconds for 0.._TABLE_ROWS rows at ``depth``: the pacer asks for these every round."""
+        return tuple(_interpolate(self.rows, self.seconds, n) for n in range(_TABLE_ROWS + 1))
 
     @functools.cached_property
     def _slopes(self) -> tuple[float, ...]:
         return tuple(_interpolate(self.rows, self.per_token, n) if self.per_token else 0.0
-                     for n in range(TABLE_ROWS + 1))
+                     for n in range(_TABLE_ROWS + 1))
 
     def __call__(self, n: int, depth: int | None = None) -> float:
         """Seconds of a decode of ``n`` rows after ``depth`` tokens (None: at the measured depth)."""
-        if 0 <= n <= TABLE_ROWS:
+        if 0 <= n <= _TABLE_ROWS:
             base, slope = self._table[n], self._slopes[n]
         else:
             base = _interpolate(self.rows, self.seconds, n)
@@ -171,7 +171,7 @@ class Costs:
         self._batched = rows > 1
         if switched and count == 1:
             extra = min(max(seconds - self.target(rows), 0.0), SWITCH_MAX * self.target(1))
-            self.switch = ema(self.switch, extra, SMOOTHING)
+            self.switch = ema(self.switch, extra, ROUND)
         count -= not first_warm
         if count <= 0:
             return False
@@ -183,7 +183,7 @@ class Costs:
                 pass
             elif batch:
                 self.batch_scale = _blend(self.target_scale if self.batch_scale is None else self.batch_scale, ratio)
-            elif self._guessed is not None and len(self._guessed) < CHECK:
+            elif self._guessed is not None and len(self._guessed) < MEDIAN_OF:
                 # a guess gives way to what is seen: the one-row scale that followed the batches is
                 # the median of its own first decodes (a machine whose one-row decodes had sped up
                 # to 0.70x their curve while its batches had not: at a tenth a decode, drafting
@@ -209,11 +209,11 @@ class Costs:
         the curve is marked to be cached as the live decodes price it (``live``). Returns
         whether the scale was set."""
         seen = self._checks[batch]
-        if not self.cached or len(seen) >= CHECK:
+        if not self.cached or len(seen) >= MEDIAN_OF:
             return False
         seen.append(ratio)
         mid = statistics.median(seen)
-        if len(seen) < CHECK or 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
+        if len(seen) < MEDIAN_OF or 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
             return False
         self.disagrees = True
         if batch:
@@ -242,7 +242,7 @@ class Costs:
 
     def observe_host(self, seconds: float, count: int = 1) -> None:
         """``count`` rounds that each spent ``seconds`` outside the decodes (a run's mean)."""
-        weight = 1 - (1 - SMOOTHING) ** count
+        weight = 1 - (1 - ROUND) ** count
         self.host = max(seconds, 0.0) if self.host == 0 else ema(self.host, max(seconds, 0.0), weight)
 
     def drafted(self, drafting: bool) -> None:
@@ -280,7 +280,7 @@ def _blend(scale: float, ratio: float) -> float:
     moved it 40% and kept drafting off; a real change is followed over a few rounds. No bound
     holds the scale itself: one held within 0.2-5 of the curve crept up a tenth a decode after a
     contradicted curve's check set it to 0.022, to 9x the live cost."""
-    return ema(scale, min(max(ratio, 0.5 * scale), 2.0 * scale), SMOOTHING)
+    return ema(scale, min(max(ratio, 0.5 * scale), 2.0 * scale), ROUND)
 
 
 def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# the weight of one round in k auto's running means (its pace, the cost model's scales), and so
+# 1 - ROUND that of an old round in its recent record of drafting: about the last ten rounds count
+ROUND = 0.1
+
 
 def ema(old: float, new: float, weight: float) -> float:
     """A running mean after one observation of weight ``weight``."""

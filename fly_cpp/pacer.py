@@ -25,17 +25,14 @@ from collections.abc import Callable, Sequence
 
 from fly_cpp import worth
 from fly_cpp.costs import Costs
-from fly_cpp.decayed import Tally, ema
+from fly_cpp.decayed import ROUND, Tally, ema
 from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
 
-PACE = 0.1  # weight of one round in the running pace (tokens per second)
 PATIENCE = 4  # rounds between explorations at first, and again after a fruitful one
 EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
 OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
 REST = 32  # rounds without planning when no speculation at all can pay (costs are checked again after)
-PROBES_SEEN = 8.0  # first drafted tokens seen (decayed) before a probe is weighed by them
-DRAFTED_MEMORY = 0.9  # weight of an old drafting round in the drafting rounds' realized pace
-DRAFTED_SEEN = 8.0  # drafting rounds (decayed) before their realized pace can stop planned drafts
+SEEN = 8.0  # observations (decayed) before a record speaks: first drafted tokens for a probe, drafting rounds to stop drafts
 PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
 PRICE_EVERY = 64  # planned rounds without a warm one-row target decode before the target decodes a few alone
 PRICE_EVERY_MAX = 1024  # ... twice as many after each such check, up to this many
@@ -50,7 +47,7 @@ class Pacer:
         self.load, self.k_max = load, k_max
         self.evidence = evidence if evidence is not None else Evidence()
         self.pace = 0.0  # tokens per second the recent rounds kept (0: none yet)
-        self.drafted = Tally(3, DRAFTED_MEMORY)  # recent drafting rounds: the target alone's seconds for their tokens, theirs, rounds
+        self.drafted = Tally(3, 1 - ROUND)  # recent drafting rounds: the target alone's seconds for their tokens, theirs, rounds
         self.idle = 0  # rounds since speculation was last tried
         self.patience = PATIENCE  # rounds to wait before the next exploration
         self.explore_next = False  # an exploration's second round comes next (the first one is not warm)
@@ -202,7 +199,7 @@ class Pacer:
         """Is one draft step worth its cost for what its token's confidence tells
         (``worth.probe``), once enough first drafted tokens have been seen to say?"""
         firsts = self.evidence.firsts
-        if firsts.total() < PROBES_SEEN:
+        if firsts.total() < SEEN:
             return False
         return worth.probe(self.costs, self.floor(), firsts.counts, [self.model.of_bin(b) for b in range(len(firsts.counts))],
                            limit, first, step)
@@ -217,7 +214,7 @@ class Pacer:
         recent = self._beat_alone(self.drafted.sums)
         return recent is False or (recent is None and self.lost_long())
 
-    def _beat_alone(self, record: Sequence[float], seen: float = DRAFTED_SEEN) -> bool | None:
+    def _beat_alone(self, record: Sequence[float], seen: float = SEEN) -> bool | None:
         """Did the drafting rounds of ``record`` (decayed sums of the seconds the target alone
         would have taken for their tokens, of their own seconds, and of rounds) take less time
         than the target alone would have for what they emitted? None: fewer than ``seen`` rounds
@@ -288,7 +285,7 @@ class Pacer:
             self.guesses.observe(confidences, kept, self.matched)
         if seconds > 0:
             rate = emitted / seconds  # each of a run's rounds as one round of its mean length
-            self.pace = rate if self.pace == 0 else ema(self.pace, rate, 1 - (1 - PACE) ** rounds)
+            self.pace = rate if self.pace == 0 else ema(self.pace, rate, 1 - (1 - ROUND) ** rounds)
 
     def as_dict(self) -> dict[str, object]:
         return {"plans": dict(self.plans), "acceptance": round(self.model.mean(), 3),
