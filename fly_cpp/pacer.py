@@ -29,14 +29,10 @@ from fly_cpp.decayed import ROUND, Tally, ema
 from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
 
 PATIENCE = 4  # rounds between explorations at first, and again after a fruitful one
-EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
+EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay, and of rest when none can
 OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
-REST = 32  # rounds without planning when no speculation at all can pay (costs are checked again after)
 SEEN = 8.0  # observations (decayed) before a record speaks: first drafted tokens for a probe, drafting rounds to stop drafts
 PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
-PRICE_EVERY = 64  # planned rounds without a warm one-row target decode before the target decodes a few alone
-PRICE_EVERY_MAX = 1024  # ... twice as many after each such check, up to this many
-PRICE_RUN = 2  # tokens such a check decodes with the target alone (the first, after a batch, is not warm)
 
 
 class Pacer:
@@ -56,7 +52,6 @@ class Pacer:
         self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0}
         self.sharing = 1  # sequences whose rounds share this round's decodes (set each round under load)
         self.unpriced = 0  # planned rounds since a warm one-row target decode was seen
-        self.price_every = PRICE_EVERY  # ... before the target decodes a few alone to price itself
         self._costs: Costs | None = None
 
     # under load (several slots, ``fly_cpp.batchloop``)
@@ -111,14 +106,14 @@ class Pacer:
         if self.explore_next and has_draft:  # judged on its second round: see ``observe``
             self.explore_next = False
             return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
-        if self.unpriced >= self.price_every and self.sharing == 1:
+        if self.unpriced >= EXPLORE_MAX and self.sharing == 1:
             # every plan weighs drafting against the target alone, and while every round drafts the
             # target's one-row decode is never seen: its price is a guess (``Costs.target``). On a
             # machine whose one-row decodes had sped up to 0.70x their cached curve while batches
             # had not, k auto drafted every round at 0.84x the target alone (128 tokens, the F16
-            # pair). A few tokens decoded alone price it; after each check, twice as long to the next
-            self.unpriced, self.price_every = 0, min(2 * self.price_every, PRICE_EVERY_MAX)
-            self.rest = PRICE_RUN - 1
+            # pair). The target alone is explored then as drafting is while it rests, as often as
+            # that at the most, and for two rounds as well (the first one after a batch is not warm)
+            self.unpriced, self.rest = 0, 1
             return self._chose("target", 0)
         target_rate = self.alone()
         g_rate, g, g_accept = 0.0, 0, 0.0
@@ -164,7 +159,7 @@ class Pacer:
                     self.idle += self.rest
                 return self._chose("target", 0)
         if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
-            self.rest = REST
+            self.rest = EXPLORE_MAX
         return self._chose("target", 0)
 
     def _explore(self, limit: int, first: float, step: float) -> tuple[str, int]:

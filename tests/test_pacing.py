@@ -24,7 +24,7 @@ from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Draft, NgramDrafter, Report
 from fly_cpp.evidence import Acceptance, Guesses
 from fly_cpp.paced import PacedDrafter
-from fly_cpp.pacer import EXPLORE_MAX, PATIENCE, PRICE_EVERY, PRICE_RUN, Pacer
+from fly_cpp.pacer import EXPLORE_MAX, PATIENCE, Pacer
 from fly_cpp.request import Shift
 
 MS = 1e-3
@@ -186,31 +186,29 @@ def test_never_explores_where_no_exploration_could_beat_the_target():
 
 
 def test_drafts_where_it_pays_and_beats_the_target():
-    p = pacer(CPU_F16)
-    rate, plans = simulate(p, accept=0.9, rounds=300)
-    assert plans["draft"] + plans["explore"] > 250
-    assert rate > 1.3 / (86 * MS)  # well above the target alone (~1.4x is the best for this curve and draft)
+    rates = []
+    for seed in range(4):  # the real draft's confidences vary from round to round: a mean of a few texts
+        p = pacer(CPU_F16)
+        rate, plans = simulate(p, accept=0.9, rounds=300, seed=seed)
+        assert plans["draft"] + plans["explore"] > 250
+        rates.append(rate)
+    # well above the target alone (~1.4x is the best for this curve and a draft always 95% sure; 12 seeds: 1.27x)
+    assert sum(rates) / len(rates) > 1.25 / (86 * MS)
 
 
 def test_while_every_round_drafts_the_target_alone_is_priced_now_and_then():
     """Plans weigh drafting against the target's one-row decode, which rounds that all draft
-    never show (its scale follows the batches': a guess). After PRICE_EVERY planned rounds
-    without one, PRICE_RUN tokens are decoded alone, and twice as long passes before the next
-    check; not under load, where timings are not this sequence's."""
+    never show (its scale follows the batches': a guess). The target alone is explored then
+    as drafting is while it rests: after EXPLORE_MAX planned rounds without a warm one-row
+    decode, for two rounds (the first after a batch is not warm); not under load, where
+    timings are not this sequence's."""
     for sharing in (1, 4):
         p = pacer(CPU_F16)
+        p.share(sharing)
         simulate(p, accept=0.9, rounds=100)  # drafting pays: every round drafts
-        p.unpriced, p.price_every, p.sharing = PRICE_EVERY - 1, PRICE_EVERY, sharing
         before = p.plans["target"]
-        simulate(p, accept=0.9, rounds=1)
-        assert p.plans["target"] == before and p.unpriced == PRICE_EVERY
-        simulate(p, accept=0.9, rounds=PRICE_RUN)
-        if sharing > 1:
-            assert p.plans["target"] == before
-            continue
-        assert p.plans["target"] == before + PRICE_RUN and p.price_every == 2 * PRICE_EVERY and p.unpriced == 0
-        simulate(p, accept=0.9, rounds=2 * PRICE_EVERY + PRICE_RUN)
-        assert p.plans["target"] == before + 2 * PRICE_RUN
+        simulate(p, accept=0.9, rounds=EXPLORE_MAX + 2)
+        assert p.plans["target"] == before + (2 if sharing == 1 else 0), sharing
 
 
 def test_rounds_under_load_teach_acceptance_but_not_timings():
@@ -219,7 +217,7 @@ def test_rounds_under_load_teach_acceptance_but_not_timings():
     p = pacer(CPU_F16)
     simulate(p, accept=0.9, rounds=50)
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
-    p.sharing = 4
+    p.share(4)
     scales, pace, drafted, learned = p.costs.as_dict(), p.pace, list(p.drafted.sums), p.model.state()
     p.observe("draft", [0.95, 0.95], 1, 2, 5.0)
     drafter.kind = "target"
