@@ -46,7 +46,7 @@ from fly_cpp.runs import Runs
 from fly_cpp.scoring import token_probs
 from fly_cpp.shape import Steady, padded
 from fly_cpp.shift import shift
-from fly_cpp.step import Progress, Stats, Step
+from fly_cpp.step import Progress, Round, Step
 from fly_cpp.verify import Verifier
 
 
@@ -57,185 +57,201 @@ def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
     pad the verification batches to its width (``fly_cpp.shape``). ``grammar``: its state
     before the first generated token; every emitted token obeys it (``fly_cpp.constrain``).
     Before the first token it yields a ``Progress`` per batch of the prompt (``fly_cpp.prefill``)."""
-    spec, stats = request.spec, out.stats
-    constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
-    verify, window = Verifier(request, out.detok.piece, constraint), Window(spec)
-    committed = list(request.prompt)
-    begin = perf_counter()
-    stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
-    runs = Runs.make(request, target, drafter is not None, constraint is not None) if steady is None else None
-    first = runs or (Runs.first(request, target, constraint is not None) if steady is None else None)
-    if first is None or out.finish is not None or len(committed) > target.n_ctx:
-        first = None  # else: the prompt decoded through its last token, the first token picked
-    yield from prefill(committed, target, first, out, begin)
-    waited = 0.0  # time spent by the consumer on the first token, not ours to count
-    if first is not None:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
-        t3 = perf_counter()
-        yield from out.take()
-        waited = perf_counter() - t3
-    if drafter is not None and out.finish is None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
-        drafter.begin(committed)
-    prompt_left = first is None  # the prompt's last token, which the first round decodes
-    start = perf_counter()
-    stats.prompt_seconds = start - begin - waited
-    paused = 0.0  # time spent by the consumer between our yields, not ours to count
-    try:
-        while out.finish is None:
-            # tokens a round may still commit: the text ends (or shifts) once it fills the
-            # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
-            room = target.n_ctx - len(committed)
-            if room <= 0 and window.pending is None:
-                if request.shift is None or not shift(request.shift, committed, target, drafter, verify, stats):
-                    out.end("length", "limit", context_full=True)
-                    break
-                room = target.n_ctx - len(committed)
-            assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
-            if runs is not None and drafter is None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
-                runs.run(committed, out)
-                t3 = perf_counter()
-                yield from out.take()
-                paused += perf_counter() - t3
-                continue
-            # a round verifies at most k drafts, in one batch, within the cache and the token budget
-            limit = min(spec.max_draft, room - 1, target.n_batch - 1,
-                        max(request.max_tokens - stats.n_tokens - len(out.held) - 1, window.left))
-            t0 = perf_counter()
-            draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
-            # rounds the drafter leaves to the target alone, of those it would be asked about
-            alone = min(draft.alone, room - 1, request.max_tokens - stats.n_tokens - len(out.held) - 1)
-            if runs is not None and drafter is not None and alone > 1 and not draft.tokens and not prompt_left:
-                # decoded as one run, as target-only decodes (the last token's round stays a round)
-                t1, before = perf_counter(), len(committed)
-                decoding = runs.run(committed, out, alone)
-                t3 = perf_counter()
-                stats.draft_seconds += t1 - t0
-                drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, t3 - t0, 1, len(committed) - before))
-                yield from out.take()
-                paused += perf_counter() - t3
-                continue
-            drafted = verify.usable(committed, draft.tokens)
-            if len(drafted) < min(spec.n_min, limit) and window.pending is None:
-                drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
-            if window.pending is not None and not drafted:  # nothing left to complete the window with
-                _refute(window, committed, target, out)
-                continue
-            t1 = perf_counter()
-            drafting = t1 - t0
-            batch = [committed[-1], *drafted]
-            width = len(batch) if steady is None else steady.width(len(batch), room + 1)
-            # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
-            logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
-            t2 = perf_counter()
-            verdict, chosen = verify(logits, drafted, committed, own=draft.by_model, cross_round=window.enabled,
-                                     window_left=window.left, max_left=window.max_left())
-            stats.target_seconds += t2 - t1
-            stats.n_rounds += 1
-            stats.n_drafts += bool(drafted)
-            stats.n_drafted += len(drafted)
-            stats.draft_lengths[len(drafted)] = stats.draft_lengths.get(len(drafted), 0) + 1
-            if verdict.refuted_at is not None:
-                _refute(window, committed, target, out)
-                stats.accepted_lengths.append(1)
-            else:
-                if verify.own_only and not draft.by_model and verdict.accepted and drafter is not None:
-                    # guesses the target kept may stand where the draft model would have said
-                    # something else, loosely kept: FLy's rule there needs the draft model's token
-                    cut = verify.first_open(logits, committed, drafted[: verdict.accepted])
-                    if cut is not None:
-                        verdict = verdict.stop_at(cut, drafted[cut])
-                base, n = len(committed), verdict.accepted
-                emitted = [*drafted[:n], verdict.next_token]
-                asked = None  # the draft model's own token where the target wrote next_token, kept loosely
-                confirmed = window.observe(verdict, len(drafted), base, chosen, stats.n_rounds)
-                if confirmed:
-                    out.confirm()
-                    stats.n_confirmed += 1
-                    stats.n_loose += 1
-                if (window.pending is None and verify.own_only and drafter is not None
-                        and not (n < len(drafted) and draft.by_model)):
-                    t4 = perf_counter()
-                    asked = _ask(verify, drafter, logits[n], committed + drafted[:n], verdict.next_token, stats)
-                    drafting += perf_counter() - t4
-                    if asked is not None:
-                        emitted[-1] = asked
-                        if spec.window > 1:  # kept pending the draft model's continuation
-                            window.hold(base + n, verdict.next_token, spec.window - 1, stats.n_rounds)
-                            stats.n_provisional += 1
-                        else:
-                            stats.n_loose += 1
-                # n_probs: the rows that verified the emitted tokens are the target's view of them
-                probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
-                pending = window.pending
-                if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
-                    at = pending.pos - base  # the target's own token there, should the window fail
-                    pending.probs = token_probs(logits[at:], [pending.correction], request.n_probs)[0]
-                if pending is not None and base <= pending.pos:  # opened this round: it may come back to its mismatch
-                    target.checkpoint(pending.pos)
-                if pending is not None and pending.pos < base + len(emitted) - 1:
-                    emitted.pop()  # while a window is open the target's own token after the drafts proves nothing
-                target.truncate(base + len(emitted) - 1)  # invariant: the cache holds all but the last committed token
-                _count(stats, verdict)
-                for i, token in enumerate(emitted):
-                    held = window.holds(base + i)
-                    if held and out.is_eog(token):  # a window cannot be completed past the end of the text
-                        _refute(window, committed, target, out)
-                        break
-                    committed.append(token)
-                    own = asked is not None and i == n
-                    loose = i in verdict.loose or window.is_pending(base + i) or own
-                    out.add(token, drafted=i < n or own, loose=loose, round=stats.n_rounds, hold=held,
-                            probs=probs[i] if probs is not None else None)
-                    if out.finish is not None:
-                        break
-            stats.draft_seconds += drafting
+    return _Loop(request, target, drafter, out, steady, grammar).run()
+
+
+class _Loop:
+    """One generation's rounds: what they share (the committed text, the verifier, the open
+    window, the native runs) and the round itself (``round``)."""
+
+    def __init__(self, request: Request, target: Context, drafter: Drafter | None, out: Output,
+                 steady: Steady | None, grammar: Rules | None) -> None:
+        self.request, self.spec, self.target, self.drafter, self.out, self.steady = (
+            request, request.spec, target, drafter, out, steady)
+        self.stats = out.stats
+        constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
+        self.constrained = constraint is not None
+        self.verify, self.window = Verifier(request, out.detok.piece, constraint), Window(request.spec)
+        self.committed = list(request.prompt)
+        self.runs = Runs.make(request, target, drafter is not None, self.constrained) if steady is None else None
+
+    def run(self) -> Iterator[Step | Progress]:
+        request, target, drafter, out, stats, committed = (
+            self.request, self.target, self.drafter, self.out, self.stats, self.committed)
+        begin = perf_counter()
+        stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
+        runs = self.runs
+        first = runs or (Runs.first(request, target, self.constrained) if self.steady is None else None)
+        if first is None or out.finish is not None or len(committed) > target.n_ctx:
+            first = None  # else: the prompt decoded through its last token, the first token picked
+        yield from prefill(committed, target, first, out, begin)
+        waited = 0.0  # time spent by the consumer on the first token, not ours to count
+        if first is not None:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
             t3 = perf_counter()
-            if drafter is not None:
-                kept = verdict.accepted if verdict.refuted_at is None else 0
-                drafter.accept(Report(draft, len(drafted), kept, committed, drafting, t2 - t1, t3 - t0, width))
-            if prompt_left:  # this round's decode finished the prompt's last batch
-                prompt_left = False
-                stats.first_seconds = t2 - start
-                yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), t2 - begin)
             yield from out.take()
-            paused += perf_counter() - t3
-        yield from out.take()
-    finally:
-        stats.seconds = perf_counter() - start - paused
+            waited = perf_counter() - t3
+        if drafter is not None and out.finish is None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
+            drafter.begin(committed)
+        prompt_left = first is None  # the prompt's last token, which the first round decodes
+        start = perf_counter()
+        stats.prompt_seconds = start - begin - waited
+        paused = 0.0  # time spent by the consumer between our yields, not ours to count
+        try:
+            while out.finish is None:
+                # tokens a round may still commit: the text ends (or shifts) once it fills the
+                # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
+                room = target.n_ctx - len(committed)
+                if room <= 0 and self.window.pending is None:
+                    if request.shift is None or not shift(request.shift, committed, target, drafter, self.verify, stats):
+                        out.end("length", "limit", context_full=True)
+                        break
+                    room = target.n_ctx - len(committed)
+                assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
+                if runs is not None and drafter is None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
+                    runs.run(committed, out)
+                elif (decoded := self.round(room, prompt_left)) is not None and prompt_left:
+                    prompt_left = False  # this round's decode finished the prompt's last batch
+                    stats.first_seconds = decoded - start
+                    yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), decoded - begin)
+                t3 = perf_counter()
+                yield from out.take()
+                paused += perf_counter() - t3
+            yield from out.take()
+        finally:
+            stats.seconds = perf_counter() - start - paused
 
+    def round(self, room: int, prompt_left: bool) -> float | None:
+        """One round: draft, verify the draft in one target decode, keep what the verdict keeps,
+        tell the drafter. Returns when the target's decode ended (None: the round verified
+        nothing: the target decoded alone in a native run, or an open window was refuted)."""
+        request, spec, target, drafter, out, window = (
+            self.request, self.spec, self.target, self.drafter, self.out, self.window)
+        committed = self.committed
+        # a round verifies at most k drafts, in one batch, within the cache and the token budget
+        budget = request.max_tokens - self.stats.n_tokens - len(out.held) - 1
+        limit = min(spec.max_draft, room - 1, target.n_batch - 1, max(budget, window.left))
+        t0 = perf_counter()
+        draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
+        # rounds the drafter leaves to the target alone, of those it would be asked about
+        alone = min(draft.alone, room - 1, budget)
+        if self.runs is not None and drafter is not None and alone > 1 and not draft.tokens and not prompt_left:
+            # decoded as one run, as target-only decodes (the last token's round stays a round)
+            t1, before = perf_counter(), len(committed)
+            decoding = self.runs.run(committed, out, alone)
+            self.stats.draft_seconds += t1 - t0
+            drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, perf_counter() - t0, 1,
+                                  len(committed) - before))
+            return None
+        drafted = self.verify.usable(committed, draft.tokens)
+        if len(drafted) < min(spec.n_min, limit) and window.pending is None:
+            drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
+        if window.pending is not None and not drafted:  # nothing left to complete the window with
+            self.stats.refuted(self._refute(self.stats.n_rounds))
+            return None
+        t1 = perf_counter()
+        batch = [committed[-1], *drafted]
+        width = len(batch) if self.steady is None else self.steady.width(len(batch), room + 1)
+        # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
+        logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
+        t2 = perf_counter()
+        verdict, chosen = self.verify(logits, drafted, committed, own=draft.by_model, cross_round=window.enabled,
+                                      window_left=window.left, max_left=window.max_left())
+        record = Round(self.stats.n_rounds + 1, len(drafted), draft_seconds=t1 - t0, target_seconds=t2 - t1)
+        if verdict.refuted_at is not None:
+            record.refuted_rounds = self._refute(record.number)
+        else:
+            self._keep(record, logits, draft, drafted, verdict, chosen)
+        self.stats.add(record)
+        if drafter is not None:
+            kept = verdict.accepted if verdict.refuted_at is None else 0
+            drafter.accept(Report(draft, len(drafted), kept, committed, record.draft_seconds, t2 - t1,
+                                  perf_counter() - t0, width))
+        return t2
 
-def _count(stats: Stats, verdict: Verdict) -> None:
-    """A verified round's verdict in the generation's counters."""
-    stats.n_exact += verdict.n_exact
-    stats.n_loose += len(verdict.loose)
-    stats.n_gate_rejected += verdict.gate_rejected
-    stats.n_guard_rejected += verdict.guard_rejected
-    stats.n_provisional += verdict.provisional is not None
-    stats.accepted_lengths.append(verdict.accepted + 1)
+    def _keep(self, record: Round, logits: np.ndarray, draft: Draft, drafted: list[int], verdict: Verdict,
+              chosen: list[int] | None) -> None:
+        """What a verified round keeps: the drafted tokens the verdict keeps and the target's
+        own token after them (or the draft model's own there, kept loosely: FLy's ask), the
+        window opened, held or confirmed; the cache rolled back to all but the last of them."""
+        request, spec, target, drafter, out, window, verify = (
+            self.request, self.spec, self.target, self.drafter, self.out, self.window, self.verify)
+        committed = self.committed
+        if verify.own_only and not draft.by_model and verdict.accepted and drafter is not None:
+            # guesses the target kept may stand where the draft model would have said
+            # something else, loosely kept: FLy's rule there needs the draft model's token
+            cut = verify.first_open(logits, committed, drafted[: verdict.accepted])
+            if cut is not None:
+                verdict = verdict.stop_at(cut, drafted[cut])
+        base, n = len(committed), verdict.accepted
+        emitted = [*drafted[:n], verdict.next_token]
+        asked = None  # the draft model's own token where the target wrote next_token, kept loosely
+        record.confirmed = int(window.observe(verdict, len(drafted), base, chosen, record.number))
+        if record.confirmed:
+            out.confirm()
+        if (window.pending is None and verify.own_only and drafter is not None
+                and not (n < len(drafted) and draft.by_model)):
+            t4 = perf_counter()
+            asked = self._ask(record, logits[n], committed + drafted[:n], verdict.next_token)
+            record.draft_seconds += perf_counter() - t4
+            if asked is not None:
+                emitted[-1] = asked
+                if spec.window > 1:  # kept pending the draft model's continuation
+                    window.hold(base + n, verdict.next_token, spec.window - 1, record.number)
+                    record.provisional += 1
+                else:
+                    record.loose += 1
+        # n_probs: the rows that verified the emitted tokens are the target's view of them
+        probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
+        pending = window.pending
+        if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
+            at = pending.pos - base  # the target's own token there, should the window fail
+            pending.probs = token_probs(logits[at:], [pending.correction], request.n_probs)[0]
+        if pending is not None and base <= pending.pos:  # opened this round: it may come back to its mismatch
+            target.checkpoint(pending.pos)
+        if pending is not None and pending.pos < base + len(emitted) - 1:
+            emitted.pop()  # while a window is open the target's own token after the drafts proves nothing
+        target.truncate(base + len(emitted) - 1)  # invariant: the cache holds all but the last committed token
+        record.exact += verdict.n_exact
+        record.loose += len(verdict.loose)
+        record.gate_rejected += verdict.gate_rejected
+        record.guard_rejected += verdict.guard_rejected
+        record.provisional += verdict.provisional is not None
+        record.committed = verdict.accepted + 1
+        for i, token in enumerate(emitted):
+            held = window.holds(base + i)
+            if held and out.is_eog(token):  # a window cannot be completed past the end of the text
+                record.refuted_rounds = self._refute(record.number)
+                break
+            committed.append(token)
+            own = asked is not None and i == n
+            loose = i in verdict.loose or window.is_pending(base + i) or own
+            out.add(token, drafted=i < n or own, loose=loose, round=record.number, hold=held,
+                    probs=probs[i] if probs is not None else None)
+            if out.finish is not None:
+                break
 
+    def _ask(self, record: Round, row: np.ndarray, history: list[int], chosen: int) -> int | None:
+        """FLy's rule where no draft of the draft model's reached (the target decoded alone, an
+        n-gram guess stood there, or every drafted token was kept): if the target was unsure there
+        and some other token could be kept, the draft model's own token there is a candidate like any
+        drafted one. Returns it when it passes the gate and the safeguards (its window is judged by
+        the next rounds), else None."""
+        if self.drafter is None or not self.verify.may_loosen(row, chosen):
+            return None
+        token = self.drafter.candidate(history)
+        record.asked += 1
+        if token is None or not self.verify.admits(row, token, history, chosen):
+            return None
+        return token
 
-def _ask(verify: Verifier, drafter: Drafter, row: np.ndarray, history: list[int], chosen: int,
-         stats: Stats) -> int | None:
-    """FLy's rule where no draft of the draft model's reached (the target decoded alone, an
-    n-gram guess stood there, or every drafted token was kept): if the target was unsure there
-    and some other token could be kept, the draft model's own token there is a candidate like any
-    drafted one. Returns it when it passes the gate and the safeguards (its window is judged by
-    the next rounds), else None."""
-    if not verify.may_loosen(row, chosen):
-        return None
-    token = drafter.candidate(history)
-    stats.n_asked += 1
-    if token is None or not verify.admits(row, token, history, chosen):
-        return None
-    return token
-
-
-def _refute(window: Window, committed: list[int], target: Context, out: Output) -> None:
-    """Roll back to the open window's mismatch and commit the target's own token there."""
-    pending = window.refute()
-    del committed[pending.pos:]
-    committed.append(pending.correction)
-    target.truncate(pending.pos)
-    out.refute()
-    out.stats.n_refuted += 1
-    out.stats.n_refuted_rounds += out.stats.n_rounds - pending.round
-    out.add(pending.correction, drafted=False, loose=False, round=pending.round, probs=pending.probs)
+    def _refute(self, number: int) -> int:
+        """Roll back to the open window's mismatch and commit the target's own token there, in
+        round ``number``; returns the rounds the refuted segment took."""
+        pending = self.window.refute()
+        committed = self.committed
+        del committed[pending.pos:]
+        committed.append(pending.correction)
+        self.target.truncate(pending.pos)
+        self.out.refute()
+        self.out.add(pending.correction, drafted=False, loose=False, round=pending.round, probs=pending.probs)
+        return number - pending.round

@@ -90,7 +90,7 @@ class Runs:
         t0 = perf_counter()
         tokens = self.target.greedy_run(committed[-1], n, self.stop)
         seconds = perf_counter() - t0
-        stats.target_seconds += seconds
+        stats.alone(0, seconds)
         if tokens:
             self.length = max(1, min(MAX_RUN, int(RUN_SECONDS * len(tokens) / max(seconds, 1e-9))))
         before = len(committed)
@@ -100,9 +100,7 @@ class Runs:
     def _emit(self, tokens: list[int], committed: list[int], out: Output) -> None:
         stats = out.stats
         for token in tokens:
-            stats.n_rounds += 1
-            stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
-            stats.accepted_lengths.append(1)
+            stats.alone(1, 0.0)
             committed.append(token)
             out.add(token, drafted=False, loose=False, round=stats.n_rounds)
             if out.finish is not None:

@@ -33,5 +33,5 @@ def shift(how: Shift, committed: list[int], target: Context | Seq, drafter: Draf
     del committed[keep:keep + drop]
     if drafter is not None:
         shift_drafter(drafter, keep, drop)
-    stats.n_shifts += 1
+    stats.shifted()
     return True

@@ -62,6 +62,30 @@ class Step:
 
 
 @dataclass
+class Round:
+    """One verified round, as the loop records it once it is over (``Stats.add``): drafted
+    tokens verified, the verdict's counts (kept exactly, loosely, mismatches the gate or a
+    safeguard refused, one kept pending its window), a window confirmed or refuted (and the
+    rounds its segment took), FLy's ask of the draft model where no draft reached and whether
+    its token was kept (loosely, or pending its window), the tokens the round committed (the
+    target's own included; 1 for a refuted round), and the seconds drafting and verifying took."""
+
+    number: int
+    drafted: int = 0
+    exact: int = 0
+    loose: int = 0
+    gate_rejected: int = 0
+    guard_rejected: int = 0
+    provisional: int = 0
+    confirmed: int = 0
+    refuted_rounds: int | None = None  # a window refuted: the rounds its segment took
+    asked: int = 0
+    committed: int = 1
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+
+
+@dataclass
 class Stats:
     """Counters of one generation. ``seconds`` is the decoding time after the prompt.
 
@@ -107,6 +131,41 @@ class Stats:
     rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
     drafter: str = ""  # "mtp" where the target's own MTP head drafted (chosen or by default)
     slot: int = 0  # the engine's slot it ran in (serve -np N)
+
+    def add(self, r: Round) -> None:
+        """A verified round's record."""
+        self.n_rounds += 1
+        self.n_drafts += bool(r.drafted)
+        self.n_drafted += r.drafted
+        self.draft_lengths[r.drafted] = self.draft_lengths.get(r.drafted, 0) + 1
+        self.n_exact += r.exact
+        self.n_loose += r.loose + r.confirmed
+        self.n_gate_rejected += r.gate_rejected
+        self.n_guard_rejected += r.guard_rejected
+        self.n_provisional += r.provisional
+        self.n_confirmed += r.confirmed
+        self.n_asked += r.asked
+        if r.refuted_rounds is not None:
+            self.refuted(r.refuted_rounds)
+        self.accepted_lengths.append(r.committed)
+        self.draft_seconds += r.draft_seconds
+        self.target_seconds += r.target_seconds
+
+    def refuted(self, rounds: int) -> None:
+        """A window refuted, after its segment took ``rounds`` rounds."""
+        self.n_refuted += 1
+        self.n_refuted_rounds += rounds
+
+    def shifted(self) -> None:
+        self.n_shifts += 1
+
+    def alone(self, tokens: int, seconds: float) -> None:
+        """``tokens`` rounds of the target alone decoded in native runs, in ``seconds``."""
+        if tokens:
+            self.n_rounds += tokens
+            self.draft_lengths[0] = self.draft_lengths.get(0, 0) + tokens
+            self.accepted_lengths.extend([1] * tokens)
+        self.target_seconds += seconds
 
     @property
     def mean_accepted(self) -> float:
