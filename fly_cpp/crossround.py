@@ -85,6 +85,12 @@ class Window:
         assert self.pending is None
         self.pending = Pending(pos, correction, left, round, probs)
 
+    def correction_probs(self, probs: TokenProbs) -> None:
+        """The target's probabilities for its own token at the open window's mismatch (``n_probs``),
+        given should the window fail."""
+        assert self.pending is not None
+        self.pending.probs = probs
+
     def refute(self) -> Pending:
         """Close the open window as refuted; the caller rolls back to what this returns."""
         assert self.pending is not None

@@ -174,27 +174,30 @@ class ModelDrafter:
     def lag(self, committed: Sequence[int]) -> int:
         return self.draft_model.lag(committed)
 
-    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
-        """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each."""
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
+              checks: int | None = None) -> Draft:
+        """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each;
+        ``checks``: the most guess tokens a step checks this time (None: the drafter's own)."""
         if limit <= 0:
             return Draft()
         spec, model = self.spec, self.draft_model
+        checks = self.checks if checks is None else checks
         catchup = model.start(committed)
         want_confidence = confident or spec.p_min > 0
-        ran = model.run(committed, limit, need, spec, want_confidence, self.checks)
-        out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence)
+        ran = model.run(committed, limit, need, spec, want_confidence, checks)
+        out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence, checks)
         out = out[:limit]
         return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
 
     def _steps(self, committed: Sequence[int], catchup: list[int], limit: int, need: int,
-               want_confidence: bool) -> tuple[list[int], list[float]]:
+               want_confidence: bool, checks: int) -> tuple[list[int], list[float]]:
         """``draft``'s steps in Python, one draft-model decode each (the reference of ``DraftModel.run``)."""
         spec, model = self.spec, self.draft_model
         out: list[int] = []
         confidences: list[float] = []
         history = list(committed)
         while len(out) < limit:
-            room = min(self.checks, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
+            room = min(checks, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
             guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
             s = model.step(catchup, history, guess, want_confidence)
             catchup = []
@@ -209,9 +212,10 @@ class ModelDrafter:
                 break
         return out, confidences
 
-    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
+    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
+            checks: int | None = None) -> Draft:
         """The model's own draft (``draft``: the guesses it checks are its own choices too)."""
-        return self.draft(committed, limit, need, confident)
+        return self.draft(committed, limit, need, confident, checks)
 
     def candidate(self, committed: Sequence[int]) -> int:
         return self.draft_model.candidate(committed)

@@ -152,9 +152,9 @@ class Engine:
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at``, its drafter made there (a new one begins the pacer it
             may share with a running generation)."""
-            how = control.drafting(spec, request.bias, at, given)
+            how, stats = control.drafting(spec, request.bias, at, given), out.stats
             if how.name:
-                out.stats.drafter = how.name
+                stats.drafter = how.name
             return loop.run(request, self._pair(at)[0], how.drafter, out, how.steady, admitted.rules), how.pacer
 
         def body(at: int) -> Iterator[Step | Progress]:

@@ -205,7 +205,7 @@ class _Loop:
         pending = window.pending
         if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
             at = pending.pos - base  # the target's own token there, should the window fail
-            pending.probs = token_probs(logits[at:], [pending.correction], request.n_probs)[0]
+            window.correction_probs(token_probs(logits[at:], [pending.correction], request.n_probs)[0])
         if pending is not None and base <= pending.pos:  # opened this round: it may come back to its mismatch
             target.checkpoint(pending.pos)
         if pending is not None and pending.pos < base + len(emitted) - 1:

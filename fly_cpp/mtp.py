@@ -100,7 +100,7 @@ class MtpHead:
         tokens = list(committed[keep:])
         for lo in range(0, len(tokens), ctx.n_batch):
             logits, state = ctx.decode(tokens[lo:lo + ctx.n_batch], states[lo:lo + ctx.n_batch])
-        ctx.exact = n
+        ctx.paired(n)
         return logits, state, len(tokens)
 
 
@@ -140,9 +140,11 @@ class MtpDrafter:
     def lag(self, committed: Sequence[int]) -> int:
         return self.draft_model.lag(committed)
 
-    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
+    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
+            checks: int | None = None) -> Draft:
         """Up to ``limit`` of the head's own tokens after ``committed`` (empty where the target has
-        not decoded ``committed[:-1]``, which the loop's invariant rules out)."""
+        not decoded ``committed[:-1]``, which the loop's invariant rules out; a head checks no
+        n-gram guesses: ``checks`` is for the draft model's seam)."""
         spec, head = self.spec, self.draft_model
         n = len(committed)
         want_confidence = confident or spec.p_min > 0

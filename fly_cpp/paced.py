@@ -67,11 +67,12 @@ class PacedDrafter:
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         guess: list[int] = []
+        matched = [0]  # the length of the n-gram match the guess continues
 
         def lookup() -> tuple[int, int]:
-            matched, found = self.index.match(committed, min(self.ngram_tokens, limit))
+            matched[0], found = self.index.match(committed, min(self.ngram_tokens, limit))
             guess.extend(found)
-            return len(found), matched
+            return len(found), matched[0]
 
         model = self.model
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
@@ -80,7 +81,7 @@ class PacedDrafter:
         if need > 0 and model is not None and self.kind not in ("draft", "explore"):
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind != "ngram" and guess:
-            self._guessed = (len(committed), guess, self.pacer.matched)
+            self._guessed = (len(committed), guess, matched[0])
         if self.kind == "ngram":
             out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
             self.confidences = [None] * len(out)
@@ -89,9 +90,8 @@ class PacedDrafter:
             if self.kind == "draft":
                 found = self._paced(model, committed, n, need)
             else:  # the draft's own tokens, checking the guess tokens that pay as ``_paced`` does
-                if isinstance(model, ModelDrafter):
-                    model.checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
-                found = model.own(committed, n, need, confident=True)
+                checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
+                found = model.own(committed, n, need, confident=True, checks=checks)
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
             self.confidences = list(found.confidences)
             return found

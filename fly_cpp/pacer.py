@@ -29,7 +29,12 @@ from fly_cpp.decayed import ROUND, Tally, ema
 from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
 
 PATIENCE = 4  # rounds between explorations at first, and again after a fruitful one
-EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay, and of rest when none can
+EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
+# rounds without planning when no speculation at all can pay (costs are checked again after): a rest
+# also looks up no n-gram guesses, whose evidence comes from the guesses looked up (rests of 256
+# rounds kept guesses that paid alone on the Q4_K_M shape from being learned in 300 rounds:
+# test_drafters' test_guesses_pay_alone_where_the_draft_model_cannot)
+REST = 32
 OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
 SEEN = 8.0  # observations (decayed) before a record speaks: first drafted tokens for a probe, drafting rounds to stop drafts
 PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
@@ -159,7 +164,7 @@ class Pacer:
                     self.idle += self.rest
                 return self._chose("target", 0)
         if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
-            self.rest = EXPLORE_MAX
+            self.rest = REST
         return self._chose("target", 0)
 
     def _explore(self, limit: int, first: float, step: float) -> tuple[str, int]:

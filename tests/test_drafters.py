@@ -140,9 +140,10 @@ def test_an_exploration_checks_the_guess_tokens_that_pay(model, monkeypatch):
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time")
     with Context(model, n_ctx=256, n_threads=1) as ctx:
         inner = drafter_on(ctx, SpecSettings(k=8))
-        assert inner.checks == 6
+        checks, own = [], inner.own
+        monkeypatch.setattr(inner, "own", lambda *a, **k: checks.append(k.get("checks")) or own(*a, **k))
         PacedDrafter(inner, pacer, 4, 6, use_ngram=True).draft(committed, 8)
-        assert inner.checks == 0
+        assert checks == [0] and inner.checks == 6  # this round's, told with the round: the drafter's own unchanged
 
 
 def test_guesses_pay_alone_where_the_draft_model_cannot(model):

@@ -138,6 +138,57 @@ def test_the_seam_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
     assert [hit.split(" ", 1)[1] for hit in untyped_calls(src)] == ["pacer.plan()", "getattr(..., 'observe')()"]
 
 
+# where a request runs (the engine, the round, the drafters, k auto): there an object's fields are
+# written by the object itself; ``stats`` and ``record`` are the records its owner fills (a
+# generation's ``Stats``, a round's ``Round``)
+SEAMED = ("fly_cpp.engine", "fly_cpp.admit", "fly_cpp.loading", "fly_cpp.loop", "fly_cpp.verify", "fly_cpp.output",
+          "fly_cpp.crossround", "fly_cpp.runs", "fly_cpp.shift", "fly_cpp.prefill", "fly_cpp.batchloop",
+          "fly_cpp.drafters", "fly_cpp.draft_model", "fly_cpp.mtp", "fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer",
+          "fly_cpp.worth", "fly_cpp.costs", "fly_cpp.evidence", "fly_cpp.calibrate", "fly_cpp.recall")
+RECORDS = {"stats", "record"}
+
+
+def seam_crossings(path: Path) -> list[str]:
+    """Fields written on an object the writer does not own (``other.field = ...``, where
+    ``other`` is neither ``self`` nor one of its parts nor a record), and a wrapped object
+    reached through its wrapper (``x.inner`` of another object): each a way into another
+    module's state that its methods do not see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for t in ast.walk(target):
+                if not (isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)):
+                    continue
+                base = t.value
+                while isinstance(base, (ast.Attribute, ast.Subscript)):
+                    base = base.value
+                if isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in RECORDS):
+                    continue
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(t)} =")
+        if (isinstance(node, ast.Attribute) and node.attr == "inner" and not
+                (isinstance(node.value, ast.Name) and node.value.id == "self")):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_field_is_written_across_a_seam() -> None:
+    mods = modules()
+    found = [hit for name in SEAMED for hit in seam_crossings(mods[name])]
+    assert found == []
+
+
+def test_the_seam_crossing_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("def f(pacer, drafter, stats):\n    pacer.sharing = 4\n    stats.slot = 1\n"
+                   "    return drafter.inner.inner\n"
+                   "class A:\n    def g(self, other):\n        self.x = other\n        self.part.y = 1\n"
+                   "        other.z += 1\n")
+    assert sorted(hit.split(" ", 1)[1] for hit in seam_crossings(src)) == [
+        "drafter.inner", "drafter.inner.inner", "other.z =", "pacer.sharing ="]
+
+
 # files over the size a reader takes in at once, each waiting to be split; the list only shrinks
 LONG = 400
 STILL_LONG = {"fly_cpp/config.py", "fly_cpp/rpc.py"}

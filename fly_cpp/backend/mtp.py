@@ -83,6 +83,10 @@ class MtpContext:
         hidden = np.ctypeslib.as_array(cxx("llama_get_embeddings_nextn_ith")(self.ptr, n - 1), shape=(self.n_embd,))
         return logits.copy(), hidden.copy()
 
+    def paired(self, n: int) -> None:
+        """The first ``n`` tokens are paired with the target's own states now."""
+        self.exact = n
+
     def truncate(self, n: int) -> None:
         """Drop the cache's positions from ``n`` on (a plain KV cache: always exact)."""
         n = max(n, 0)
