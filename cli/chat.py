@@ -330,7 +330,7 @@ def _shown(stats: Stats, shown: list[Step]) -> Stats:
 
 def _parse(key: str, value: str) -> Any:
     hint = _TYPES[key]
-    if key == "k":
+    if hint == int | str:  # a number or "auto": k, k_gpu
         return value if value == AUTO else int(value)
     if hint is bool:
         if value.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):

@@ -85,7 +85,7 @@ class Threshold(click.ParamType):
 
 
 class DraftLength(click.ParamType):
-    """k: 'auto' or a number >= 1."""
+    """'auto' or a number (k, k_gpu, -np; the settings check its range)."""
 
     name = "auto|N"
 
@@ -133,7 +133,7 @@ class LogitBias(click.ParamType):
 def _param_type(f: dataclasses.Field[Any], hint: Any) -> Any:
     if f.name == "logit_bias":
         return LogitBias()
-    if f.name in ("k", "parallel"):
+    if hint == int | str:  # a number or "auto": k, k_gpu, -np
         return DraftLength()
     if f.name in _CHOICES:
         return click.Choice(_CHOICES[f.name], case_sensitive=False)

@@ -294,10 +294,11 @@ class SpecSettings:
         "[default: on under the guarded rule, off under the published one]",
         flag="cross-round-window"))
     k_max: int = field(default=16, metadata=_help("with k auto: the longest draft a round may make"))
-    k_gpu: int = field(default=6, metadata=_help(
-        "with k auto on a target whose every layer is on a GPU: draft this many tokens every round instead of "
-        "planning each round (a GPU decode costs more when the batch's shape changes, and planned rounds change "
-        "it: measured on an H100, docs/benchmarks.md); 0 = plan each round there too"))
+    k_gpu: int | str = field(default=AUTO, metadata=_help(
+        "with k auto on a target whose every layer is on a GPU, where a decode costs more when the batch's shape "
+        "changes (measured on an H100, docs/benchmarks.md): 'auto' = every round of a generation drafts the one "
+        "length k auto's measured costs and the draft's acceptance pick at its start; a number = draft that many "
+        "every round; 0 = plan each round there too"))
     k_slots: int = field(default=3, metadata=_help(
         "with k auto and several slots generating at once: the draft length of their rounds, drafted for every "
         "slot together (one draft-model batch a step, every slot's rows in one target batch), as llama-server's "
@@ -321,7 +322,8 @@ class SpecSettings:
         _require(self.k == AUTO or (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1),
                  f"k must be >= 1 (or 'auto'), got {self.k!r}")
         _integer("k_max", self.k_max, 1)
-        _integer("k_gpu", self.k_gpu, 0)
+        _require(self.k_gpu == AUTO or (isinstance(self.k_gpu, int) and not isinstance(self.k_gpu, bool)
+                                        and self.k_gpu >= 0), f"k_gpu must be >= 0 (or 'auto'), got {self.k_gpu!r}")
         _integer("k_slots", self.k_slots, 0)
         _integer("window", self.window, 0)
         _number("entropy_threshold", self.entropy_threshold, 0, inf=True)

@@ -20,7 +20,7 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
 from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
-from fly_cpp.config import ModelSettings, SpecSettings
+from fly_cpp.config import AUTO, ModelSettings, SpecSettings
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter
@@ -75,10 +75,11 @@ class Control:
     # -- a request's plan ------------------------------------------------------------------
 
     def plan(self, spec: SpecSettings) -> SpecSettings:
-        """``spec`` as k auto runs it here: a steady k where the target is wholly on a GPU
-        (``SpecSettings.k_gpu``), and fly's loosening where it pays on this pair."""
-        if spec.auto and spec.k_gpu and spec.mode != "target" and self.on_gpu():
-            spec = dataclasses.replace(spec, k=min(spec.k_gpu, spec.k_max))  # steady rounds (SpecSettings.k_gpu)
+        """``spec`` as k auto runs it here: a fixed k where the target is wholly on a GPU and
+        ``SpecSettings.k_gpu`` sets one (with "auto" the pacer drafts steady rounds there:
+        ``steady``), and fly's loosening where it pays on this pair."""
+        if spec.auto and spec.k_gpu != AUTO and spec.k_gpu and spec.mode != "target" and self.on_gpu():
+            spec = dataclasses.replace(spec, k=min(int(spec.k_gpu), spec.k_max))
         if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self.loosening_pays():
             spec = dataclasses.replace(spec, loosen="off")
         return spec
@@ -99,11 +100,12 @@ class Control:
 
     def on_gpu(self) -> bool:
         """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where
-        k auto drafts ``k_gpu`` every round. There a decode costs more when the batch's shape
-        changes from the last, and rounds planned one by one change it: on an H100 (costly pair)
-        k auto's planned rounds ran 0.69-0.92x llama.cpp's best fixed k, fly at a fixed k 6
-        0.93-1.18x (docs/benchmarks.md). Partial offloads, rpc servers, recurrent states (whose rollbacks k auto
-        prices) and several slots (whose rounds share decodes) keep the planned rounds."""
+        k auto drafts steady rounds (``Pacer.steady``, or ``k_gpu``'s fixed k). There a decode
+        costs more when the batch's shape changes from the last, and rounds planned one by one
+        change it: on an H100 (costly pair) k auto's planned rounds ran 0.69-0.92x llama.cpp's
+        best fixed k, fly at a fixed k 6 0.93-1.18x (docs/benchmarks.md). Partial offloads, rpc
+        servers, recurrent states (whose rollbacks k auto prices) and several slots (whose
+        rounds share decodes) keep the planned rounds."""
         m = self.pair.target.model
         return (len(self.pair.views) == 1 and not self.pair.target_settings.rpc and not m.recurrent
                 and m.offloaded >= m.n_layer)
@@ -161,15 +163,21 @@ class Control:
             record = recall.key(self.cost_key(), key[1:])
             # the costs are measured where the pacer first needs them, on the step loop in the
             # slot of the generation that needs them
-            self._pacers[key] = pacer = Pacer(lambda: self.cost_model(slot=slot), spec.k_max, recall.load(record))
+            self._pacers[key] = pacer = Pacer(lambda: self.cost_model(slot=slot), spec.k_max, recall.load(record),
+                                              self._steady(spec))
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
-    @staticmethod
-    def _key(base: Drafter | None, spec: SpecSettings, slot: int) -> tuple[object, ...]:
-        """A pacer's key: one per slot and mode (the head learns apart from n-gram lookup on the same file)."""
+    def _key(self, base: Drafter | None, spec: SpecSettings, slot: int) -> tuple[object, ...]:
+        """A pacer's key: one per slot and mode (the head learns apart from n-gram lookup on the
+        same file, steady rounds apart from planned ones)."""
         return (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max,
-                spec.cross_round_window, *(("mtp",) if isinstance(base, MtpDrafter) else ()))
+                spec.cross_round_window, *(("mtp",) if isinstance(base, MtpDrafter) else ()),
+                *(("steady",) if self._steady(spec) else ()))
+
+    def _steady(self, spec: SpecSettings) -> bool:
+        """Whether k auto drafts steady rounds for ``spec`` here (``Pacer.steady``)."""
+        return spec.k_gpu == AUTO and self.on_gpu()
 
     def pacers(self) -> list[Pacer]:
         """The pacers made so far (one per slot and mode)."""

@@ -85,6 +85,36 @@ class Acceptance:
             rate.load(s)
 
 
+class ByKey:
+    """Success rates by a key (a match's length, a draft token's depth in its round), each
+    leaning on a mean it is given where its key has been seen little (``PRIOR`` pseudo-observations
+    of that mean)."""
+
+    def __init__(self) -> None:
+        self.rates: dict[int, Rate] = {}
+
+    def __call__(self, key: int, mean: float) -> float:
+        rate = self.rates.get(key)
+        hits, trials = (rate.hits, rate.trials) if rate is not None else (0.0, 0.0)
+        return (hits + PRIOR * mean) / (trials + PRIOR)
+
+    def observe(self, key: int, hit: float) -> None:
+        self.rates.setdefault(key, Rate(0.0, 0.0, MEMORY)).observe(hit)
+
+    @property
+    def trials(self) -> dict[int, float]:
+        return {n: r.trials for n, r in self.rates.items()}
+
+    def state(self) -> dict[str, list[float]]:
+        return {str(n): r.state() for n, r in self.rates.items()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.rates = {}
+        for n, s in state.items():
+            self.rates[int(n)] = rate = Rate(0.0, 0.0, MEMORY)
+            rate.load(s)
+
+
 class Guesses:
     """How often n-gram guesses are right: overall, and by the length of the n-gram a guess
     continues (a guess after a 4-token match is right far more often than one after a 1-token
@@ -93,7 +123,7 @@ class Guesses:
 
     def __init__(self, prior: float) -> None:
         self.all = Acceptance(prior)
-        self.by_length: dict[int, Rate] = {}
+        self.by_length = ByKey()
 
     def mean(self) -> float:
         return self.all.mean()
@@ -101,17 +131,15 @@ class Guesses:
     def __call__(self, matched: int) -> float:
         """P(a guessed token is kept | the earlier ones in its round were), for a guess after
         ``matched`` tokens matched (0: not known)."""
-        rate = self.by_length.get(matched)
-        hits, trials = (rate.hits, rate.trials) if rate is not None else (0.0, 0.0)
-        return (hits + PRIOR * self.all.mean()) / (trials + PRIOR)
+        return self.by_length(matched, self.all.mean())
 
     @property
     def trials(self) -> dict[int, float]:
-        return {n: r.trials for n, r in self.by_length.items()}
+        return self.by_length.trials
 
     def surest(self) -> float:
         """The acceptance of the surest match length seen (what a guess may be worth at best)."""
-        return max([self(n) for n in self.by_length], default=self.mean())
+        return max([self(n) for n in self.by_length.rates], default=self.mean())
 
     def observe(self, confidences: Sequence[float | None], kept: int, matched: int = 0) -> None:
         """As ``Acceptance.observe``, for a guess after ``matched`` tokens matched."""
@@ -120,20 +148,17 @@ class Guesses:
             return
         for i in range(min(kept + 1, len(confidences))):
             # a length's prior is the overall mean, when asked (``__call__``)
-            self.by_length.setdefault(matched, Rate(0.0, 0.0, MEMORY)).observe(float(i < kept))
+            self.by_length.observe(matched, float(i < kept))
 
     def as_dict(self) -> dict[int, float]:
-        return {n: round(self(n), 3) for n in sorted(self.by_length)}
+        return {n: round(self(n), 3) for n in sorted(self.by_length.rates)}
 
     def state(self) -> dict[str, Any]:
-        return {"all": self.all.state(), "by_length": {str(n): r.state() for n, r in self.by_length.items()}}
+        return {"all": self.all.state(), "by_length": self.by_length.state()}
 
     def load(self, state: dict[str, Any]) -> None:
         self.all.load(state["all"])
-        self.by_length = {}
-        for n, s in state["by_length"].items():
-            self.by_length[int(n)] = rate = Rate(0.0, 0.0, MEMORY)
-            rate.load(s)
+        self.by_length.load(state["by_length"])
 
 
 class Evidence:
@@ -145,6 +170,10 @@ class Evidence:
         self.guesses = Guesses(0.3)  # n-gram guesses kept, by the length of their match
         self.agree = Acceptance(AGREE_PRIOR)  # the draft model's agreement with the guesses it checks
         self.firsts = Histogram(BINS, PROBE_MEMORY)  # first drafted tokens of rounds, by confidence bin
+        # drafted tokens kept by their depth in the round (1: the first), each depth leaning on the
+        # mean: where the draft agrees in long runs, deep tokens are kept more often than the mean
+        # says (steady rounds' length, ``Pacer.steady``)
+        self.depths = ByKey()
         # drafting rounds over a long run: the seconds the target alone would have taken for
         # their tokens, their own seconds, rounds (``Pacer._beat_alone``)
         self.drafted_long = Tally(3, PAIR_MEMORY)
@@ -159,6 +188,11 @@ class Evidence:
         told = agree + 1 if agree == checked < len(found) else checked
         self.agree.observe([None] * told, agree + int(told > checked and found[agree] == own_next))
 
+    def drafted(self, verified: int, kept: int) -> None:
+        """A round's drafted tokens by depth: of ``verified``, the first ``kept`` were kept."""
+        for depth in range(1, min(kept + 1, verified) + 1):
+            self.depths.observe(depth, float(depth <= kept))
+
     def guess_written(self, guess: Sequence[int], wrote: Sequence[int], matched: int = 0) -> None:
         """An n-gram guess no round verified (after ``matched`` tokens matched), judged by the
         tokens the round after it wrote."""
@@ -168,7 +202,8 @@ class Evidence:
     def as_dict(self) -> dict[str, Any]:
         """Everything learned, as plain numbers (``load`` takes it back)."""
         return {"model": self.model.state(), "guesses": self.guesses.state(), "agree": self.agree.state(),
-                "firsts": list(self.firsts.counts), "drafted_vs_alone": list(self.drafted_long.sums)}
+                "firsts": list(self.firsts.counts), "drafted_vs_alone": list(self.drafted_long.sums),
+                "depths": self.depths.state()}
 
     def load(self, state: dict[str, Any]) -> None:
         """Take back what ``as_dict`` gave (a malformed record raises ValueError, KeyError or TypeError)."""
@@ -176,6 +211,7 @@ class Evidence:
         self.guesses.load(state["guesses"])
         self.agree.load(state["agree"])
         self.firsts.counts = [float(x) for x in state["firsts"]][:BINS]
+        self.depths.load(state.get("depths", {}))  # absent in records kept before 2026-11-29
         # absent in records kept before 2026-11-27 ("drafted_long": tokens, not the target's
         # seconds for them): that record starts over, the rest is kept
         self.drafted_long.sums = [float(x) for x in state.get("drafted_vs_alone", (0.0, 0.0, 0.0))][:3]

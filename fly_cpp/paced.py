@@ -15,7 +15,7 @@ from fly_cpp import ngram
 from fly_cpp.draft_model import ModelDrafter, cut_at_end
 from fly_cpp.drafters import Draft, NgramDrafter, Report, shift_drafter
 from fly_cpp.mtp import MtpDrafter
-from fly_cpp.pacer import Pacer
+from fly_cpp.pacer import DRAFTS, Pacer
 
 
 class PacedDrafter:
@@ -78,18 +78,20 @@ class PacedDrafter:
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
                                        lookup if self.use_ngram else lambda: (0, 0), model is not None)
-        if need > 0 and model is not None and self.kind not in ("draft", "explore"):
+        if need > 0 and model is not None and self.kind not in DRAFTS:
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
+        if self.kind == "steady":
+            n = max(n, min(need, limit))
         if self.kind != "ngram" and guess:
             self._guessed = (len(committed), guess, matched[0])
         if self.kind == "ngram":
             out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
             self.confidences = [None] * len(out)
             return Draft(out, list(self.confidences))
-        if self.kind in ("draft", "explore") and model is not None:
+        if self.kind in DRAFTS and model is not None:
             if self.kind == "draft":
                 found = self._paced(model, committed, n, need)
-            else:  # the draft's own tokens, checking the guess tokens that pay as ``_paced`` does
+            else:  # the draft's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
                 checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
                 found = model.own(committed, n, need, confident=True, checks=checks)
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
@@ -187,7 +189,7 @@ class PacedDrafter:
             costs.at(len(written) - 1 + rounds // 2)
         if self.pacer.sharing == 1:  # a shared decode's timings are the others' too: nothing to learn from them
             warm = costs.observe_target(report.decoded_rows, report.target_seconds / rounds, rounds)
-            costs.drafted(self.kind in ("draft", "explore") and self.model is not None)
+            costs.drafted(self.kind in DRAFTS and self.model is not None)
             costs.observe_host((report.round_seconds - report.draft_seconds - report.target_seconds) / rounds, rounds)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
         self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm, rounds)

@@ -8,7 +8,14 @@
   often sure and right where it is sure, even if its mean acceptance is too low to pay);
 - ``explore``: when speculation does not pay now, a try now and then (less often after each
   fruitless one) so that a text turning predictable again is noticed; when even a draft that
-  is always right could not pay, none.
+  is always right could not pay, none;
+- ``steady`` (a target wholly on a GPU, ``steady``): every round of a generation drafts the one
+  length the same objective picks for it at its start, from the costs and the draft's mean
+  acceptance as they stand then. There a decode costs more when the batch's shape changes
+  (llama.cpp builds a new graph), and rounds planned one by one change it: on an H100 (costly
+  pair) planned rounds ran 0.69-0.92x llama.cpp's best fixed k, a fixed k 6 1.15-1.18x
+  (docs/benchmarks.md, 2026-11-25). Where drafting cannot pay at that acceptance, the
+  generation's rounds are planned as anywhere else.
 
 What the drafting rounds realized overrules the models: while they have been slower, all told,
 than the target alone, only explorations draft. Only warm rounds (a target decode of the same
@@ -40,12 +47,16 @@ SEEN = 8.0  # observations (decayed) before a record speaks: first drafted token
 PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
 
 
+DRAFTS = ("draft", "explore", "steady")  # the plans that draft with the draft model
+
+
 class Pacer:
     """The controller of one engine and mode (it carries over between generations). ``load``
     gives the cost model; it is called on first use, inside a generation."""
 
-    def __init__(self, load: Callable[[], Costs], k_max: int, evidence: Evidence | None = None) -> None:
-        self.load, self.k_max = load, k_max
+    def __init__(self, load: Callable[[], Costs], k_max: int, evidence: Evidence | None = None,
+                 steady: bool = False) -> None:
+        self.load, self.k_max, self.steady = load, k_max, steady
         self.evidence = evidence if evidence is not None else Evidence()
         self.pace = 0.0  # tokens per second the recent rounds kept (0: none yet)
         self.drafted = Tally(3, 1 - ROUND)  # recent drafting rounds: the target alone's seconds for their tokens, theirs, rounds
@@ -54,7 +65,8 @@ class Pacer:
         self.explore_next = False  # an exploration's second round comes next (the first one is not warm)
         self.rest = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
         self.matched = 0  # the length of the n-gram match the planned guess continues
-        self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0}
+        self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0, "steady": 0}
+        self.width: int | None = None  # with ``steady``: the generation's draft length (None: not chosen yet)
         self.sharing = 1  # sequences whose rounds share this round's decodes (set each round under load)
         self.unpriced = 0  # planned rounds since a warm one-row target decode was seen
         self._costs: Costs | None = None
@@ -108,6 +120,13 @@ class Pacer:
         if limit <= 0 or self.rest > 0:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
+        if self.steady and has_draft and self.sharing == 1:
+            if self.width is None:  # the generation's length: its rounds each catch up on the token after the last
+                mean, depths = self.model.mean(), self.evidence.depths
+                self.width = worth.best(self.costs, mean, self.k_max, self.costs.draft(2), self.costs.draft(1),
+                                        depths=[depths(j, mean) for j in range(1, self.k_max + 1)])[1]
+            if self.width > 0:
+                return self._chose("steady", min(self.width, limit))
         if self.explore_next and has_draft:  # judged on its second round: see ``observe``
             self.explore_next = False
             return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
@@ -189,6 +208,7 @@ class Pacer:
         on prompts where fixed k 3 ran 1.3-1.5x)."""
         if self._costs is not None:
             self._costs.cold()  # the prompt's decode comes before the first round, whatever the record says
+        self.width = None
         if self.lost_long():
             return
         self.idle = max(self.idle - self.rest, 0)  # a rest counts its rounds as idle in advance
@@ -266,13 +286,15 @@ class Pacer:
             self.unpriced = 0
         elif kind != "target":
             self.unpriced += 1
+        if kind in DRAFTS:
+            self.evidence.drafted(len(confidences), kept)
         if self.sharing > 1:  # a shared decode's timings are not this sequence's: acceptance only
-            if kind in ("draft", "explore"):
+            if kind in DRAFTS:
                 self.model.observe(confidences, kept)
             elif kind == "ngram":
                 self.guesses.observe(confidences, kept, self.matched)
             return
-        if kind in ("draft", "explore"):
+        if kind in DRAFTS:
             self.model.observe(confidences, kept)
             if warm:  # the round's time beside what the target alone would have taken for its tokens, here
                 alone = emitted / self.alone()

@@ -273,12 +273,12 @@ def policies(names: list[str]) -> list[tuple[str, dict]]:
     out = []
     for name in names:
         base, _, p = name.partition("p0")
-        if base in ("auto", "oracle"):
+        if base in ("auto", "steady", "oracle"):
             out.append((name, {"policy": base}))
             continue
         mode, _, k = base.partition("@k")
         if mode not in ("spd", "spd-plain") or not k.isdigit():
-            sys.exit(f"unknown policy {name!r}: auto, oracle, spd@kN, spd-plain@kN (optionally ...p0.75)")
+            sys.exit(f"unknown policy {name!r}: auto, steady, oracle, spd@kN, spd-plain@kN (optionally ...p0.75)")
         out.append((name, {"policy": "fixed", "k": int(k), "p_min": float("0" + p) if p else 0.0,
                            "ngram": mode == "spd"}))
     return out
@@ -334,7 +334,7 @@ def replay(rec: Recording, chosen: list[tuple[str, dict]], args: argparse.Namesp
     no_draft = rec.draft is None
     for name, how in [("target", {"policy": "target"}), *chosen]:
         speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
-        pacer = Pacer(lambda: costs, K_MAX) if how["policy"] == "auto" else None
+        pacer = Pacer(lambda: costs, K_MAX, steady=how["policy"] == "steady") if how["policy"] in ("auto", "steady") else None
         for t in found:
             drafter, oracle = drafter_for(how, t, clock, pacer)  # a paced drafter begins a new text for its pacer
             n, s, p = Replay(t, clock).run(drafter, how.get("k", K_MAX), lengths, oracle)

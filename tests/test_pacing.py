@@ -257,6 +257,32 @@ GPU_SHAPED = Costs(Curve((1, 2, 4, 8, 16, 32), (3.4 * MS, 3.42 * MS, 3.46 * MS, 
                    Curve((1, 2, 4, 8, 16, 32), (0.2 * MS, 0.21 * MS, 0.22 * MS, 0.24 * MS, 0.28 * MS, 0.36 * MS)))
 
 
+def steady_pacer(costs: Costs) -> Pacer:
+    own = copy.copy(costs)
+    return Pacer(lambda: own, k_max=16, steady=True)
+
+
+def test_steady_rounds_draft_one_length_a_generation_from_the_costs_and_the_acceptance():
+    """On a target wholly on a GPU (``steady``) every round of a generation drafts the length the
+    objective picks at its start, so that the batch's shape stays put: long where verification
+    is nearly free and the draft is mostly right, shorter where it is often wrong."""
+    lengths = {}
+    for accept in (0.95, 0.6):
+        p = steady_pacer(GPU_SHAPED)
+        simulate(p, accept=accept, rounds=100)  # the first generation teaches the acceptance
+        generation(p).drafter.pacer.begin()  # a new generation: its length from what was learned
+        _, plans = simulate(p, accept=accept, rounds=60)
+        assert plans["steady"] >= 150 and plans["draft"] == plans["explore"] == 0
+        lengths[accept] = p.width
+    assert 12 <= lengths[0.95] <= 16 and 1 <= lengths[0.6] < lengths[0.95]
+
+
+def test_steady_rounds_plan_as_anywhere_else_where_drafting_cannot_pay():
+    p = steady_pacer(CPU_Q4_SLOW)
+    _, plans = simulate(p, accept=0.9, rounds=200)
+    assert p.width == 0 and plans["steady"] == 0 and plans["draft"] == 0
+
+
 def test_a_guess_the_draft_checks_is_priced_with_the_drafting_after_it():
     """Where the draft is cheap, drafting checks an n-gram guess in its first step and goes on
     past it: that round is worth more than the guess verified alone, so the plan drafts (on

@@ -5,7 +5,7 @@ controller that moves a number shows here which recordings it moves and by how m
 is meant, the change is shown to be no loss on every recording and the tables are written anew:
 
     python scripts/replay_pacer.py tests/data/replays/NAME.json.gz --policies POLICIES > tests/data/replays/NAME.md
-    python scripts/replay_pacer.py tests/data/replays/NAME.json.gz --policies POLICIES \\
+    python scripts/replay_pacer.py tests/data/replays/NAME.json.gz --policies GPU_POLICIES \\
         --curves tests/data/replays/gpu-shaped.json > tests/data/replays/NAME.gpu.md
 """
 
@@ -20,12 +20,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "replays"
 POLICIES = "auto,spd@k3,spd@k5,spd@k8"
+# on a GPU: k auto's steady rounds (``Pacer.steady``) beside the fixed k it replaced (k_gpu 6) and longer ones
+GPU_POLICIES = "auto,steady,spd@k3,spd@k5,spd@k6,spd@k8,spd@k12,spd@k16"
 RECORDINGS = sorted(DATA.glob("*.json.gz"))
 CASES = [(rec, curves) for rec in RECORDINGS for curves in (None, DATA / "gpu-shaped.json")]
 
 
 def replayed(recording: Path, curves: Path | None) -> str:
-    cmd = [sys.executable, str(ROOT / "scripts" / "replay_pacer.py"), str(recording), "--policies", POLICIES]
+    cmd = [sys.executable, str(ROOT / "scripts" / "replay_pacer.py"), str(recording), "--policies",
+           POLICIES if curves is None else GPU_POLICIES]
     if curves is not None:
         cmd += ["--curves", str(curves)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -36,7 +36,7 @@ def _inf(value: Any) -> Any:
 
 
 def _field_type(name: str, hint: Any) -> Any:
-    if name == "k":  # a number, or the controller's "auto"
+    if hint == int | str:  # a number, or the controller's "auto" (k, k_gpu)
         return int | Literal[AUTO]  # type: ignore[valid-type]
     if name == "logit_bias":  # llama-server's and OpenAI's shapes, resolved by logit_bias() below
         return dict[str, Any] | list[Any]
