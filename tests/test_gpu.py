@@ -40,6 +40,17 @@ def test_k_auto_drafts_a_steady_k_on_a_gpu(gpu_pair) -> None:
     assert not gen.stats.pacing
 
 
+def test_k_auto_drafts_steady_rounds_on_a_gpu_by_default(gpu_pair) -> None:
+    """Every round of a generation drafts one length (``Pacer.steady``), or, where drafting
+    cannot pay on this tiny pair, the rounds are planned."""
+    gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd"), max_tokens=48).run()
+    plans = gen.stats.pacing["plans"]
+    if plans["steady"]:
+        lengths = gen.stats.draft_lengths
+        assert plans["draft"] == plans["explore"] == 0, plans
+        assert max(lengths.values()) >= sum(lengths.values()) // 2, lengths  # one length, shorter only near the end
+
+
 def test_k_auto_prices_offloaded_decodes_when_it_plans_rounds(gpu_pair) -> None:
     gen = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="fly", k="auto", k_gpu=0), max_tokens=48).run()
     costs = gen.stats.pacing["costs"]
