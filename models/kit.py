@@ -7,6 +7,11 @@
   (noise 0.045, seed 1) so that it agrees with its draft on about 80% of greedy tokens. Draft:
   the same model grown to 4 layers x 512 (FFN 1536; ~15M parameters, F16) with no noise, i.e.
   the trained model's own function. See widen.py and models/README.md.
+- ``big`` (SYNTHETIC): the GPU pair: tinystories-656k grown to an 8B-class shape, 32 layers x 4096
+  (FFN 14336, ~7.3B parameters, F16: ~14.5 GB, a decode that reads its weights, as a workstation's
+  8B target does) and perturbed as ``costly``, beside the trained function grown to 2 layers x 1024
+  (~24M parameters in its layers: a step of two layers, where a GPU's draft step costs its
+  launches). Made one tensor at a time (``widen.grow_large``), on every core.
 - ``fast`` (SYNTHETIC): the fast-decode pair, grown the same way to 8 layers x 384 (FFN 1024,
   ~15M parameters, F16: a 1-3 ms decode on a 2-core CPU, where host work per round weighs as it
   does next to a GPU's decode) with a 2 x 256 draft (~2M parameters) of the trained function.
@@ -51,7 +56,11 @@ COSTLY_TARGET = widen.Growth(n_embd=1024, n_ff=2816, n_layer=24, noise=0.045, se
 COSTLY_DRAFT = widen.Growth(n_embd=512, n_ff=1536, n_layer=4, noise=0.0, seed=2)
 FAST_TARGET = widen.Growth(n_embd=384, n_ff=1024, n_layer=8, noise=0.045, seed=1)
 FAST_DRAFT = widen.Growth(n_embd=256, n_ff=768, n_layer=2, noise=0.0, seed=2)
-GROWN = {"costly": (COSTLY_TARGET, COSTLY_DRAFT), "fast": (FAST_TARGET, FAST_DRAFT)}  # synthetic pairs grown from tinystories-656k
+BIG_TARGET = widen.Growth(n_embd=4096, n_ff=14336, n_layer=32, noise=0.045, seed=1)
+BIG_DRAFT = widen.Growth(n_embd=1024, n_ff=2816, n_layer=2, noise=0.0, seed=2)
+# synthetic pairs grown from tinystories-656k; LARGE ones are made tensor by tensor (``widen.grow_large``)
+GROWN = {"costly": (COSTLY_TARGET, COSTLY_DRAFT), "fast": (FAST_TARGET, FAST_DRAFT), "big": (BIG_TARGET, BIG_DRAFT)}
+LARGE = frozenset({"big"})
 
 QWEN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"  # names as on the hub (and in pypi_parts.toml)
 QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -147,10 +156,11 @@ def _plan(name: str, root: Path, tg: widen.Growth, dg: widen.Growth, source: str
                      n_ctx=4096)
     target, draft = root / f"{name}-target-synthetic.gguf", root / f"{name}-draft-synthetic.gguf"
     recipe = {"pair": name, "version": 1, "source": "tinystories-656k", "target": asdict(tg), "draft": asdict(dg),
-              "dtype": "f16"}
+              "dtype": "f16", **({"made": "tensor by tensor"} if name in LARGE else {})}
+    grow = widen.grow_large if name in LARGE else widen.grow_checkpoint
     return _Plan(recipe, target, draft, {
-        target.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, tg, name=f"{name}-target (synthetic)"),
-        draft.name: lambda p: widen.grow_checkpoint(tinystories_source(), p, dg, name=f"{name}-draft (synthetic)"),
+        target.name: lambda p: grow(tinystories_source(), p, tg, name=f"{name}-target (synthetic)"),
+        draft.name: lambda p: grow(tinystories_source(), p, dg, name=f"{name}-draft (synthetic)"),
     }, {})
 
 
@@ -210,6 +220,10 @@ def make_pair(name: str, out: PathLike | None = None, *, force: bool = False, so
     plan = _plan(name, root, target_growth or tg, draft_growth or dg, source)
     if force or not _is_built(root, plan):
         root.mkdir(parents=True, exist_ok=True)
+        need, free = written_bytes(name, plan), shutil.disk_usage(root).free
+        if need > free:
+            raise FlyError(f"pair {name} writes {need / 1e9:.1f} GB into {root}, which has {free / 1e9:.1f} GB free "
+                           "(set FLY_CPP_CACHE, or give an output folder)")
         (root / "recipe.json").unlink(missing_ok=True)
         for file, build in plan.builders.items():
             if not force and file in plan.pinned and _present(root / file, plan.pinned[file]):
@@ -247,6 +261,20 @@ def download_bytes(name: str) -> int:
     return 0
 
 
+def written_bytes(name: str, plan: _Plan | None = None) -> int:
+    """About the bytes a build of the grown pair ``name`` writes (F16 matrices; 0 for other pairs)."""
+    if name not in GROWN:
+        return 0
+    if plan is None:
+        plan = _plan(name, cache_root() / name, *GROWN[name])
+    vocab = 2048  # tinystories-656k's
+
+    def f16_bytes(g: dict[str, int]) -> int:  # q, o: D x D; k, v: D/2 x D (its GQA); the FFN's three; embeddings and head
+        d, ff = g["n_embd"], g["n_ff"]
+        return 2 * (g["n_layer"] * (3 * d * d + 3 * d * ff) + 2 * vocab * d)
+    return f16_bytes(plan.recipe["target"]) + f16_bytes(plan.recipe["draft"])  # type: ignore[arg-type]
+
+
 def remove(name: str) -> None:
     shutil.rmtree(cache_root() / name, ignore_errors=True)
 
@@ -256,6 +284,8 @@ PAIRS = {
     "tinystories": "tinystories-656k converted from Hugging Face (656K params, trained) + its Q4_0 copy",
     "costly": "SYNTHETIC cost-realistic pair: tinystories-656k grown to 24x1024 (~284M params, F16) and "
               "perturbed, + the same model grown to 4x512 (~15M params, F16) unperturbed; ~80% greedy agreement",
+    "big": "SYNTHETIC GPU pair: tinystories-656k grown to 32x4096 (~7.3B params, F16, ~14.5 GB: an 8B-class "
+           "target's decode) and perturbed, + the same model grown to 2x1024 unperturbed (a two-layer draft step)",
     "fast": "SYNTHETIC fast-decode pair: tinystories-656k grown to 8x384 (~15M params, F16, a 1-3 ms decode on a "
             "2-core CPU: the stand-in for a GPU's decode) and perturbed, + the same model grown to 2x256 (~2M params) "
             "unperturbed",

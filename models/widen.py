@@ -27,6 +27,8 @@ columns and ``r = d / D``:
 from __future__ import annotations
 
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,3 +131,102 @@ def grow_checkpoint(src: PathLike, out: PathLike, g: Growth, *, dtype: str = "f1
     label = name or f"{Path(src).resolve().name}-grown-{g.n_embd}x{g.n_layer}"
     return convert.write_llama(out, grown, convert.tokenizer_fields(src, config), new, name=label, dtype=dtype,
                                extra={"fly_cpp.synthetic": f"grown from {Path(src).resolve().name}: {g}"})
+
+
+def grow_large(src: PathLike, out: PathLike, g: Growth, *, dtype: str = "f16", name: str | None = None) -> Path:
+    """``grow_checkpoint`` for a model too large to hold in memory (an 8B-class target: 16 GB
+    in F16, 32 GB as grow()'s float32, twice that in its float64 steps): the same growth, made
+    and written one tensor at a time in float32. Each tensor draws its own random numbers
+    (seeded by ``g.seed`` and its place in the file), and one draw each: a new read weight and
+    its noise are one Gaussian of their summed variance, a copied one gets the noise alone. So
+    its numbers are not grow()'s (the pairs made with grow() keep theirs), the function and the
+    statistics are."""
+    config, tensors = convert.load_checkpoint(src)
+    hparams = convert.hparams_of(config)
+    t = convert.gguf_tensors(config, tensors)
+    d, f, n_layer = hparams["n_embd"], hparams["n_ff"], hparams["n_layer"]
+    head_dim, n_head, n_head_kv = hparams["head_dim"], hparams["n_head"], hparams["n_head_kv"]
+    group = n_head // n_head_kv
+    if g.n_embd < d or g.n_ff < f or g.n_layer < n_layer:
+        raise FlyError(f"cannot shrink: model is {d} wide, {f} ff, {n_layer} layers; asked {g.n_embd}, {g.n_ff}, {g.n_layer}")
+    if g.n_embd % (head_dim * group) or head_dim * n_head != d:
+        raise FlyError(f"n_embd {g.n_embd} must be a multiple of head_dim x group = {head_dim * group}")
+    D, F, L = g.n_embd, g.n_ff, g.n_layer
+    H, r = D // head_dim, d / D
+    H_kv = H // group
+    basis = np.linalg.qr(np.random.default_rng([g.seed, 0]).standard_normal((D, d)))[0].astype(np.float32)
+
+    def folded(i: int, kind: str) -> np.ndarray:
+        w = t[f"blk.{i}.{kind}.weight"]
+        norm = "attn_norm" if kind.startswith("attn") else "ffn_norm"
+        return w * t[f"blk.{i}.{norm}.weight"][None, :] if kind in _READ else w
+
+    scale = {k: float(np.sqrt(np.mean([np.mean(folded(i, k) ** 2) for i in range(n_layer)]))) for k in _READ + _WRITE}
+    shape = {"attn_q": (H * head_dim, D), "attn_k": (H_kv * head_dim, D), "attn_v": (H_kv * head_dim, D),
+             "ffn_gate": (F, D), "ffn_up": (F, D), "attn_output": (D, H * head_dim), "ffn_down": (D, F)}
+    place = [round(i * L / n_layer) for i in range(n_layer)]
+    embd = t["token_embd.weight"]
+    head = t.get("output.weight", embd) * t["output_norm.weight"][None, :]
+    makers: dict[str, Any] = {"token_embd.weight": lambda rng: embd @ basis.T,
+                              "output_norm.weight": lambda rng: np.full(D, np.sqrt(r), dtype=np.float32),
+                              "output.weight": lambda rng: head @ basis.T}
+
+    def block(j: int, kind: str) -> Any:
+        i = place.index(j) if j in place else None
+        noise = g.noise * scale[kind]
+
+        def make_it(rng: np.random.Generator) -> np.ndarray:
+            rows, cols = shape[kind]
+            if kind in _READ:  # new rows: a read weight of the original's scale, and the noise
+                std = np.full((rows, 1), np.sqrt(scale[kind] ** 2 * d / D + noise ** 2), dtype=np.float32)
+                src = None if i is None else folded(i, kind) @ basis.T
+                if src is not None:
+                    std[: src.shape[0]] = noise
+                w = rng.standard_normal((rows, cols), dtype=np.float32) * std
+                if src is not None:
+                    w[: src.shape[0]] += src
+            else:  # zero write weights, and the noise
+                w = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(noise)
+                if i is not None:
+                    src = t[f"blk.{i}.{kind}.weight"]
+                    w[:, : src.shape[1]] += basis @ src
+            return w
+        return make_it
+
+    for j in range(L):
+        for kind in _READ + _WRITE:
+            makers[f"blk.{j}.{kind}.weight"] = block(j, kind)
+        for norm in ("attn_norm", "ffn_norm"):
+            makers[f"blk.{j}.{norm}.weight"] = lambda rng: np.full(D, np.sqrt(r), dtype=np.float32)
+    grown = {**hparams, "n_embd": D, "n_ff": F, "n_layer": L, "n_head": H, "n_head_kv": H_kv, "rms_eps": hparams["rms_eps"] * r}
+    label = name or f"{Path(src).resolve().name}-grown-{g.n_embd}x{g.n_layer}"
+    writer = convert.llama_writer(out, grown, convert.tokenizer_fields(src, config), name=label, dtype=dtype,
+                                  extra={"fly_cpp.synthetic": f"grown from {Path(src).resolve().name}: {g}"})
+
+    dims = {"token_embd.weight": (embd.shape[0], D), "output.weight": (head.shape[0], D)}
+    dims.update({name: shape[name.split(".")[-2]] if name.split(".")[-2] in shape else (D,)
+                 for name in makers if name not in dims})
+    # as write_llama stores them: matrices as ``dtype``, vectors as f32
+    store = {name: np.dtype(np.float16 if dtype == "f16" and len(dim) == 2 else np.float32) for name, dim in dims.items()}
+    for tname in makers:
+        writer.add_tensor_info(tname, dims[tname], store[tname], int(np.prod(dims[tname])) * store[tname].itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+
+    def made(n: int, tname: str) -> np.ndarray:
+        return np.ascontiguousarray(makers[tname](np.random.default_rng([g.seed, n])), dtype=store[tname])
+
+    # numpy draws and converts without the GIL: the tensors are made on every core, a few ahead
+    # of the one being written, in the file's order
+    workers = os.cpu_count() or 1
+    with ThreadPoolExecutor(workers) as pool:
+        ahead: deque[Future[np.ndarray]] = deque()
+        for n, tname in enumerate(makers, start=1):
+            ahead.append(pool.submit(made, n, tname))
+            if len(ahead) > workers:
+                writer.write_tensor_data(ahead.popleft().result())
+        while ahead:
+            writer.write_tensor_data(ahead.popleft().result())
+    writer.close()
+    return Path(out)

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The GPU check in one device call: llama.cpp's libraries and llama-server,
+# The GPU check in two device calls: llama.cpp's libraries and llama-server,
 # llama-speculative-simple and llama-completion built for CUDA from the sources llama-cpp-python
-# vendors, fly-cpp on them, tests/test_gpu.py, then the synthetic `costly` pair with every layer
-# offloaded: fly-cpp serve against llama-server under load (-np 1/4 with 4 clients, -np 8 with 8;
-# scripts/slots_bench.py) and the single-stream bench beside llama.cpp's binaries, with ratios.
+# vendors, fly-cpp on them, tests/test_gpu.py, then with every layer offloaded, stage by stage
+# (STAGES, in order):
+#   costly  the synthetic `costly` pair's single-stream bench beside llama.cpp's binaries
+#   make    the synthetic `big` pair made (an 8B-class F16 target, ~14.5 GB: about a minute)
+#   big     the `big` pair's single-stream bench beside llama.cpp's binaries (and fly-cpp's
+#           exact option, -ub 1: the target's own greedy text with speculation)
+#   load    fly-cpp serve against llama-server under load on `costly` (-np 1/4 with 4 clients,
+#           -np 8 with 8; scripts/slots_bench.py)
 #
 #   scripts/gpu_check.sh prepare   # here: fills .dev/ (about 12 MB; add /.dev/ to .git/info/exclude)
-#   scripts/gpu_check.sh run       # there (carry .dev): sized for 9 minutes on one H200/H100, 16 cores
-#   scripts/gpu_check.sh measure BIN   # the measuring part alone, with llama.cpp's binaries in BIN
+#   scripts/gpu_check.sh run       # there (carry .dev): build, tests, STAGES (default "costly make"): ~8 min
+#   scripts/gpu_check.sh again     # there, at once after (the machine keeps /tmp while warm): STAGES
+#                                  # (default "big") on the build `run` left: ~5 min
+#   scripts/gpu_check.sh measure BIN   # STAGES (default "costly") with llama.cpp's binaries in BIN
 #                                      # (here on the CPU, NGL=0, to try the script without a GPU)
 #
 # `prepare` packs the vendored llama.cpp sources without their models, docs and unused backends
@@ -20,32 +27,57 @@ set -euo pipefail
 WHEELS="fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn greenlet gguf diskcache
 opentelemetry-api importlib-metadata"
 
-measure() {  # BIN: llama.cpp's binaries; NGL: layers offloaded (-1: all); REQS, NTOK, LIMIT: the load's size
+stages() {  # BIN: llama.cpp's binaries; NGL: layers offloaded (-1: all); STAGES: what to run (above)
     local bin=$1 ngl=${NGL:--1} out=${OUTDIR:-/tmp/gpu-check} threads=${THREADS:-8}
     local reqs=${REQS:-32} ntok=${NTOK:-256} limit=${LIMIT:-8}
     local peer_ngl=$([ "$ngl" = 0 ] && echo 0 || echo 99)
-    mkdir -p "$out"
-    python3 -m fly_cpp.cli.main models make-pair costly
     local fly="-ngl $ngl -ngld $ngl"
-    t "load, 4 clients"
-    timeout 200 python3 scripts/slots_bench.py --clients 4 --requests "$reqs" --max-tokens "$ntok" --repeat 1 \
-        -t "$threads" --llama-server "$bin/llama-server" \
-        --config "fly-np1=fly -np 1 $fly" --config "fly-np4=fly -np 4 $fly" \
-        --config "ls-np4=llama-server -np 4 -c 4096 -md -ngl $peer_ngl -ngld $peer_ngl" \
-        --ratio fly-np4/fly-np1 --ratio fly-np4/ls-np4 -- --pair costly -c 4096 2>"$out/load4.log" | tee "$out/load4.md"
-    t "load, 8 clients"
-    timeout 120 python3 scripts/slots_bench.py --clients 8 --requests "$reqs" --max-tokens "$ntok" --repeat 1 \
-        -t "$threads" --llama-server "$bin/llama-server" \
-        --config "fly-np8=fly -np 8 $fly" --config "ls-np8=llama-server -np 8 -c 8192 -md -ngl $peer_ngl -ngld $peer_ngl" \
-        --ratio fly-np8/ls-np8 -- --pair costly -c 8192 2>"$out/load8.log" | tee "$out/load8.md"
-    t "single stream"
-    timeout 200 python3 -m fly_cpp.cli.main bench --pair costly -ngl "$ngl" -ngld "$ngl" -t "$threads" \
-        --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 --modes target,fly,spd --k auto \
-        --llama-cpp-bin "$bin" --peer-k 3,8 --no-fidelity -o /tmp/bench >"$out/bench.log" 2>&1 \
-        || { tail -20 "$out/bench.log"; return 1; }
-    cp /tmp/bench/summary.md "$out/"
-    sed -n '/^| mode/,/^$/p' /tmp/bench/summary.md
+    mkdir -p "$out"
+    for stage in $2; do
+        t "$stage"
+        case $stage in
+        costly)
+            python3 -m fly_cpp.cli.main models make-pair costly
+            bench costly "$bin" "$out" "$ngl" "$threads" "$limit" --peer-k 3,5,8 --peer-p-min 0 ;;
+        make)
+            python3 -m fly_cpp.cli.main models make-pair big ;;
+        big)  # the defaults, spd (k auto), fly at a fixed k 16, and greedy spd exact (-ub 1: one row at a time)
+            bench big "$bin" "$out" "$ngl" "$threads" "$limit" --modes target,fly,spd,fly@k16 \
+                --peer-k 3,5,8,16 --peer-p-min 0 ;;
+        load)
+            python3 -m fly_cpp.cli.main models make-pair costly
+            timeout 200 python3 scripts/slots_bench.py --clients 4 --requests "$reqs" --max-tokens "$ntok" --repeat 1 \
+                -t "$threads" --llama-server "$bin/llama-server" \
+                --config "fly-np1=fly -np 1 $fly" --config "fly-np4=fly -np 4 $fly" \
+                --config "ls-np4=llama-server -np 4 -c 4096 -md -ngl $peer_ngl -ngld $peer_ngl" \
+                --ratio fly-np4/fly-np1 --ratio fly-np4/ls-np4 -- --pair costly -c 4096 2>"$out/load4.log" | tee "$out/load4.md"
+            timeout 120 python3 scripts/slots_bench.py --clients 8 --requests "$reqs" --max-tokens "$ntok" --repeat 1 \
+                -t "$threads" --llama-server "$bin/llama-server" \
+                --config "fly-np8=fly -np 8 $fly" --config "ls-np8=llama-server -np 8 -c 8192 -md -ngl $peer_ngl -ngld $peer_ngl" \
+                --ratio fly-np8/ls-np8 -- --pair costly -c 8192 2>"$out/load8.log" | tee "$out/load8.md" ;;
+        *) echo "unknown stage $stage (costly, make, big, load)" >&2; return 2 ;;
+        esac
+    done
     t measured
+}
+
+bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved single-stream bench, 128 tokens, greedy
+    local pair=$1 bin=$2 out=$3 ngl=$4 threads=$5 limit=$6
+    shift 6
+    local modes=(--modes target,fly,spd)
+    [[ " $* " == *" --modes "* ]] && modes=()
+    timeout 300 python3 -m fly_cpp.cli.main bench --pair "$pair" -ngl "$ngl" -ngld "$ngl" -t "$threads" \
+        --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 "${modes[@]}" --k auto \
+        --llama-cpp-bin "$bin" --no-fidelity -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
+        || { tail -20 "$out/bench-$pair.log"; return 1; }
+    cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
+    sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
+    if [ "$pair" = big ]; then  # the exact option: greedy spd at -ub 1 writes the target's own text (and its cost)
+        timeout 200 python3 -m fly_cpp.cli.main bench --pair big -ngl "$ngl" -ngld "$ngl" -t "$threads" -ub 1 \
+            --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 --modes target,spd \
+            --k auto -o /tmp/bench-big-exact >"$out/bench-big-exact.log" 2>&1 || tail -20 "$out/bench-big-exact.log"
+        cp /tmp/bench-big-exact/summary.md "$out/summary-big-exact.md" 2>/dev/null || true
+    fi
 }
 
 S=$(date +%s); t() { echo "[$(( $(date +%s) - S ))s] $*"; }
@@ -96,14 +128,22 @@ run)
     python3 -c "from fly_cpp.backend.lib import gpu_names; from fly_cpp import native; print(gpu_names(), native.status())"
     python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
     t tests
-    measure /tmp/b/bin
+    stages /tmp/b/bin "${STAGES:-costly make}"
+    ;;
+again)
+    export PYTHONUNBUFFERED=1 OUTDIR=${OUT:-/tmp/gpu-check}
+    [ -x /tmp/b/bin/llama-server ] || { echo "no build in /tmp/b: run '$0 run' first, on the same warm machine" >&2; exit 1; }
+    export PYTHONPATH=/tmp/site FLY_CPP_SHARED=$PWD/.dev/shared LD_LIBRARY_PATH=/tmp/b/bin:${LD_LIBRARY_PATH:-}
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUTDIR/pip.log" 2>&1 \
+        || { tail -20 "$OUTDIR/pip.log"; exit 1; }
+    stages /tmp/b/bin "${STAGES:-big}"
     ;;
 measure)
     [ -x "${2:-}/llama-server" ] || { echo "usage: $0 measure BIN (llama.cpp's binaries)" >&2; exit 2; }
-    measure "$2"
+    stages "$2" "${STAGES:-costly}"
     ;;
 *)
-    echo "usage: $0 prepare|run|measure BIN" >&2
+    echo "usage: $0 prepare|run|again|measure BIN" >&2
     exit 2
     ;;
 esac

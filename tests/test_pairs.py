@@ -119,3 +119,42 @@ def test_tinystories_pair_and_pair_option(tmp_path: Path, monkeypatch: pytest.Mo
     assert "costly (synthetic)" in listing and str(pair.target) in listing
     assert main(["generate", "--pair", "tinystories", "-m", str(pair.target), "-p", "x"]) == 2
     assert "--pair" in capsys.readouterr().err
+
+
+@needs_tinystories
+def test_growth_tensor_by_tensor_keeps_the_logits_and_is_deterministic(tmp_path: Path) -> None:
+    """``grow_large`` (the big pair's): the same growth made one tensor at a time on every core,
+    so an 8B-class target needs no more memory than its largest tensor."""
+    g = widen.Growth(n_embd=192, n_ff=512, n_layer=5, seed=3)
+    grown = widen.grow_large(SRC, tmp_path / "grown.gguf", g, dtype="f32")
+    config, tensors = convert.load_checkpoint(SRC)
+    with Model(grown) as m, Context(m, n_ctx=64, n_threads=2, precise=True) as ctx:
+        assert m.meta("llama.block_count") == "5" and "grown" in (m.meta("fly_cpp.synthetic") or "")
+        tokens = m.tokenize("Once upon a time, there was a big dog. The dog")
+        got = ctx.decode(tokens, "all").astype(np.float64)
+    assert np.max(np.abs(got - reference.hf_llama_forward(config, tensors, tokens))) < 1e-4
+    noisy = widen.Growth(n_embd=256, n_ff=768, n_layer=4, noise=0.05, seed=1)
+    a = widen.grow_large(SRC, tmp_path / "a.gguf", noisy)
+    assert _sha(a) == _sha(widen.grow_large(SRC, tmp_path / "b.gguf", noisy))
+    draft = widen.grow_large(SRC, tmp_path / "d.gguf", SMALL_DRAFT)
+    rate = measure.greedy_agreement(a, draft, measure.PROMPTS[:3], n_tokens=32, n_threads=1).rate
+    assert 0.3 < rate < 0.95  # the noise sets the agreement, as grow()'s does
+
+
+@needs_tinystories
+def test_big_pair_is_made_at_a_small_size_and_refuses_a_disk_it_would_fill(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = kit.make_pair("big", tmp_path / "big", target_growth=SMALL_TARGET, draft_growth=SMALL_DRAFT)
+    assert pair.synthetic and pair.label == "big (synthetic)"
+    assert json.loads((pair.target.parent / "recipe.json").read_text())["made"] == "tensor by tensor"
+    monkeypatch.setattr(kit.shutil, "disk_usage", lambda path: type("U", (), {"free": 10 << 30})())
+    with pytest.raises(FlyError, match=r"pair big writes 14\.6 GB into .*, which has 10\.7 GB free"):
+        kit.make_pair("big", tmp_path / "full")
+
+
+def test_default_big_recipe_is_gpu_shaped() -> None:
+    """The real recipe (not built here): an 8B-class F16 target, a two-layer draft."""
+    target, draft = kit.BIG_TARGET, kit.BIG_DRAFT
+    assert 12e9 < kit.written_bytes("big") < 18e9
+    assert draft.n_layer == 2 and draft.noise == 0 and target.noise == kit.COSTLY_TARGET.noise
+    assert target.n_layer * target.n_embd * target.n_ff > 100 * draft.n_layer * draft.n_embd * draft.n_ff
