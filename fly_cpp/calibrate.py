@@ -31,11 +31,11 @@ from fly_cpp.config import ModelSettings
 from fly_cpp.costs import MEDIAN_OF, Costs, Curve
 from fly_cpp.rollback_costs import Rollbacks
 
-TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
+TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)  # the target's sizes timed: every draft length to 16, finer where rounds are
 DRAFT_ROWS = tuple(2 ** i for i in range(costcache.LARGEST_TIMED.bit_length()))  # 1, 2, 4, ... LARGEST_TIMED
 MIN_SECONDS = 0.02  # each size timed (after one untimed warm-up) MEDIAN_OF times, and more, up to MAX_REPEATS, until this long
-MAX_REPEATS = 15
-MEASURE_TRIES = 3
+MAX_REPEATS = 15  # ... bounding a size's decodes where each is far under MIN_SECONDS (a GPU's)
+MEASURE_TRIES = 3  # tries of a curve while it is implausible (a busy machine bent it), within RETRY_SECONDS
 RETRY_SECONDS = 10.0  # no new try starts after this long measuring one model (a busy machine: 74 ms a decode
 # at 2 threads beside a load of 9 made three tries of a 260K-parameter pair take a minute)
 SPAN = 512  # tokens of context between a calibration's two curves (fewer in a small context)

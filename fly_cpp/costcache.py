@@ -15,7 +15,7 @@ from fly_cpp import jsoncache
 from fly_cpp.backend.lib import backend_version
 from fly_cpp.config import ModelSettings
 
-MAX_ENTRIES = 64
+MAX_ENTRIES = 64  # pairs' curves kept in the cache file, the oldest dropped first (a size, not a tuning)
 LARGEST_TIMED = 32  # the most rows a calibration times (fly_cpp.calibrate.DRAFT_ROWS)
 
 

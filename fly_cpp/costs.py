@@ -29,12 +29,15 @@ from fly_cpp.costcache import LARGEST_TIMED
 from fly_cpp.decayed import ROUND, ema
 from fly_cpp.rollback_costs import Rollbacks
 
-MIN_SHALLOW = 0.25  # a decode on a shallower cache than measured costs at least this share of it
+# a decode on a shallower cache than measured costs at least this share of it (b77ce9f: the costly
+# target's 17 rows took 92 ms at 8 tokens of context, 207 ms at 250; replays: 0.125 no change, 0.5 +1.5% fast)
+MIN_SHALLOW = 0.25
 MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 _TABLE_ROWS = 2 * LARGEST_TIMED  # curve values kept ready for batches up to this many rows
 MEDIAN_OF = 3  # a price is the median of at least this many warm decodes: a calibration's per size, a live check of a cached one
-CHECK_TOLERANCE = 1.5  # beyond this factor either way it is off: rescaled at once, and cached rescaled
-SWITCH_MAX = 1.0  # a switch of kinds costs at most this many one-row decodes (a GPU kernel's first use costs tens: not a switch's price)
+# a cached curve off by more than this factor either way is rescaled at once, and cached rescaled
+# (073c613: a calibration taken beside other work priced one-row decodes 26% fast, and drafting stopped)
+CHECK_TOLERANCE = 1.5
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ class Costs:
         switched = self._batched is not None and not first_warm
         self._batched = rows > 1
         if switched and count == 1:
-            extra = min(max(seconds - self.target(rows), 0.0), SWITCH_MAX * self.target(1))
+            # at most a one-row decode: a GPU kernel's first use costs tens of them, not a switch's price
+            extra = min(max(seconds - self.target(rows), 0.0), self.target(1))
             self.switch = ema(self.switch, extra, ROUND)
         count -= not first_warm
         if count <= 0:

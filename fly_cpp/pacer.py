@@ -35,16 +35,27 @@ from fly_cpp.costs import Costs
 from fly_cpp.decayed import ROUND, Tally, ema
 from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
 
-PATIENCE = 4  # rounds between explorations at first, and again after a fruitful one
-EXPLORE_MAX = 256  # at most this many rounds between explorations when speculation does not pay
+# rounds between explorations at first, and again after a fruitful one (tests/test_pacing.py's
+# exploration tests; replays, scripts/replay_sensitivity.py: 2 and 8 within 1.5%)
+PATIENCE = 4
+# at most this many rounds between explorations when speculation does not pay, and between price
+# checks of the target alone (test_pacing: fewer than 40 tries in 2,000 fruitless rounds; replays:
+# 128 and 512 within 0.6%)
+EXPLORE_MAX = 256
 # rounds without planning when no speculation at all can pay (costs are checked again after): a rest
 # also looks up no n-gram guesses, whose evidence comes from the guesses looked up (rests of 256
 # rounds kept guesses that paid alone on the Q4_K_M shape from being learned in 300 rounds:
 # test_drafters' test_guesses_pay_alone_where_the_draft_model_cannot)
 REST = 32
-OPTIMISM = 0.9  # an exploration drafts as far as it would pay if this many tokens were kept
-SEEN = 8.0  # observations (decayed) before a record speaks: first drafted tokens for a probe, drafting rounds to stop drafts
-PAIR_SEEN = 32.0  # drafting rounds (decayed) before the long run can say that drafting does not pay here
+# an exploration drafts as far as it would pay if this share of tokens were kept (replays: 0.8 and
+# 0.95 lose 1.1% and 2.4% on the fast pair)
+OPTIMISM = 0.9
+# observations (decayed) before a record speaks: first drafted tokens for a probe, drafting rounds
+# to stop drafts (test_pacing: a cold start's few losing rounds; replays: 4 and 16 no change)
+SEEN = 8.0
+# drafting rounds (decayed) before the long run can say that drafting does not pay here (d421677: a
+# fresh process began on an unpredictable text and its ~24 losing rounds stopped drafting for good)
+PAIR_SEEN = 32.0
 
 
 DRAFTS = ("draft", "explore", "steady")  # the plans that draft with the draft model

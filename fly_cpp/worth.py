@@ -19,8 +19,11 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from fly_cpp.costs import Costs
 
-ASK_SHARE = 0.1  # FLy loosens under k auto where an ask reads less than this share of what a target decode reads
-LOOSE_MIN_BYTES = 256 << 20  # ... and where the target's weights are at least this large
+# FLy loosens under k auto where an ask reads less than this share of what a target decode reads,
+# and where the target's weights are at least LOOSE_MIN_BYTES (the runs that measured both:
+# ``loosening_pays``)
+ASK_SHARE = 0.1
+LOOSE_MIN_BYTES = 256 << 20  # below it a decode costs its overheads and arithmetic: the fast pair, ``loosening_pays``
 # slots draft together under k auto only where the priced rate beats drafting nothing by this much: on the
 # F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84-0.94x drafting nothing at -np 2 and -np 4
 # (a cache per slot or one) where the cost curves priced them at 0.93-1.2x (the draft's batched steps cost

@@ -189,6 +189,46 @@ def test_the_seam_crossing_check_sees_the_shapes_it_forbids(tmp_path: Path) -> N
         "drafter.inner", "drafter.inner.inner", "other.z =", "pacer.sharing ="]
 
 
+# k auto's tuning constants: the modules that decide (how far to draft, whether to loosen, what a
+# decode costs) and those that measure (timing the curves, caching them, the rollback's price).
+# The budgets only shrink; each constant says what measured it (issue 53: 41 in all before).
+DECIDING = ("fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer", "fly_cpp.worth", "fly_cpp.evidence",
+            "fly_cpp.decayed", "fly_cpp.costs")
+MEASURING = ("fly_cpp.calibrate", "fly_cpp.costcache", "fly_cpp.rollback_costs")
+BUDGET = {DECIDING: 21, MEASURING: 10}
+
+
+def tuning_constants(path: Path) -> list[tuple[str, bool]]:
+    """A module's constants set from numbers alone (``NAME = 0.9``, ``NAME = (1, 2)``, ``256 << 20``;
+    not one derived from another), each with whether a comment sits on its line or just above."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+
+    def literal(v: ast.expr) -> bool:
+        if isinstance(v, ast.Constant):
+            return isinstance(v.value, (int, float)) and not isinstance(v.value, bool)
+        if isinstance(v, ast.UnaryOp):
+            return literal(v.operand)
+        if isinstance(v, ast.BinOp):
+            return literal(v.left) and literal(v.right)
+        return isinstance(v, ast.Tuple) and all(literal(e) for e in v.elts)
+
+    out = []
+    for node in ast.parse("\n".join(lines)).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id.isupper() and node.value is not None and literal(node.value):
+            here, above = lines[node.lineno - 1], lines[node.lineno - 2] if node.lineno > 1 else ""
+            out.append((target.id, "#" in here or above.lstrip().startswith("#")))
+    return out
+
+
+def test_k_auto_keeps_few_tuning_constants_each_saying_what_measured_it() -> None:
+    mods = modules()
+    for group, budget in BUDGET.items():
+        found = [c for name in group for c in tuning_constants(mods[name])]
+        assert len(found) <= budget, (group, [n for n, _ in found])
+        assert [n for n, commented in found if not commented] == []
+
+
 # files over the size a reader takes in at once, each waiting to be split; the list only shrinks
 LONG = 400
 STILL_LONG = {"fly_cpp/config.py", "fly_cpp/rpc.py"}
