@@ -33,8 +33,10 @@ def geo(values: list[float]) -> float:
 def run(python: str, out: Path, evidence: Path, args: argparse.Namespace, offset: int, extra: list[str]) -> dict:
     cmd = [python, "-m", "fly_cpp.cli.main", "bench", "--pair", args.pair, "--dataset", args.dataset,
            "--offset", str(offset), "--limit", str(args.chunk), "--modes", args.modes, "--temperature", "0",
-           "--no-fidelity", "-o", str(out), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "FLY_CPP_EVIDENCE": str(evidence)})
+           "--no-fidelity", "--no-plots", "-o", str(out), *extra]
+    # run from outside any checkout: ``-m`` would import the package of the current folder first
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent,
+                          env={**os.environ, "FLY_CPP_EVIDENCE": str(evidence)})
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)}\n{done.stderr[-2000:]}")
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
@@ -53,6 +55,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--modes", default="target,fly", help="the first is the reference; the second is compared")
     args = ap.parse_args(argv)
+    if Path(args.dataset).exists():
+        args.dataset = str(Path(args.dataset).resolve())
     sides = [tuple(s.split("=", 1)) for s in (args.a, args.b)]
     reference, mode = args.modes.split(",")[:2]
     work = Path(tempfile.mkdtemp(prefix="checkouts-"))
