@@ -10,8 +10,8 @@
   fruitless one) so that a text turning predictable again is noticed; when even a draft that
   is always right could not pay, none;
 - ``steady`` (a target wholly on a GPU, ``steady``): every round of a generation drafts the one
-  length the same objective picks for it at its start, from the costs and the draft's mean
-  acceptance as they stand then. There a decode costs more when the batch's shape changes
+  length the same objective picks for it at its start, from the costs and how often drafted
+  tokens were kept by their depth in the round (``Evidence.depths``), as they stand then. There a decode costs more when the batch's shape changes
   (llama.cpp builds a new graph), and rounds planned one by one change it: on an H100 (costly
   pair) planned rounds ran 0.69-0.92x llama.cpp's best fixed k, a fixed k 6 1.15-1.18x
   (docs/benchmarks.md, 2026-11-25). Where drafting cannot pay at that acceptance, the
