@@ -64,18 +64,20 @@ stages() {  # BIN: llama.cpp's binaries; NGL: layers offloaded (-1: all); STAGES
 bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved single-stream bench, 128 tokens, greedy
     local pair=$1 bin=$2 out=$3 ngl=$4 threads=$5 limit=$6
     shift 6
-    local modes=(--modes target,fly,spd)
+    local modes=(--modes target,fly,spd) fidelity=(--no-fidelity)
     [[ " $* " == *" --modes "* ]] && modes=()
+    [ "$pair" = big ] && fidelity=()  # the target's NLL of each mode's text (issue 52's bar on big)
     timeout 300 python3 -m fly_cpp.cli.main bench --pair "$pair" -ngl "$ngl" -ngld "$ngl" -t "$threads" \
         --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 "${modes[@]}" --k auto \
-        --llama-cpp-bin "$bin" --no-fidelity -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
+        --llama-cpp-bin "$bin" "${fidelity[@]}" --no-plots -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
         || { tail -20 "$out/bench-$pair.log"; return 1; }
     cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
     sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
     if [ "$pair" = big ]; then  # the exact option: greedy spd at -ub 1 writes the target's own text (and its cost)
         timeout 200 python3 -m fly_cpp.cli.main bench --pair big -ngl "$ngl" -ngld "$ngl" -t "$threads" -ub 1 \
             --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 --modes target,spd \
-            --k auto -o /tmp/bench-big-exact >"$out/bench-big-exact.log" 2>&1 || tail -20 "$out/bench-big-exact.log"
+            --k auto --no-fidelity --no-plots -o /tmp/bench-big-exact >"$out/bench-big-exact.log" 2>&1 \
+            || tail -20 "$out/bench-big-exact.log"
         cp /tmp/bench-big-exact/summary.md "$out/summary-big-exact.md" 2>/dev/null || true
     fi
 }
