@@ -43,8 +43,10 @@ def test_k_auto_drafts_a_steady_k_on_a_gpu(gpu_pair) -> None:
 def test_k_auto_drafts_steady_rounds_on_a_gpu_by_default(gpu_pair) -> None:
     """Every round of a generation drafts one length (``Pacer.steady``), or, where drafting
     cannot pay on this tiny pair, the rounds are planned."""
+    first = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd"), max_tokens=48).run()
     gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd"), max_tokens=48).run()
-    plans = gen.stats.pacing["plans"]
+    before, after = first.stats.pacing["plans"], gen.stats.pacing["plans"]  # the pacer's, over its generations
+    plans = {kind: after[kind] - before[kind] for kind in after}  # this generation's
     if plans["steady"]:
         lengths = gen.stats.draft_lengths
         assert plans["draft"] == plans["explore"] == 0, plans
