@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,73 +55,85 @@ class Growth:
     seed: int = 0
 
 
+class _Layout:
+    """What both growths read of the source and make of the shape ``g`` (checked here): the
+    sizes, each tensor kind's scale in the original (norm weights folded into the matrices that
+    read the norm), where the original blocks go, and the grown hparams."""
+
+    def __init__(self, hparams: dict[str, Any], tensors: dict[str, np.ndarray], g: Growth) -> None:
+        d, f, n_layer = hparams["n_embd"], hparams["n_ff"], hparams["n_layer"]
+        head_dim, n_head, n_head_kv = hparams["head_dim"], hparams["n_head"], hparams["n_head_kv"]
+        group = n_head // n_head_kv
+        if g.n_embd < d or g.n_ff < f or g.n_layer < n_layer:
+            raise FlyError(f"cannot shrink: model is {d} wide, {f} ff, {n_layer} layers; asked {g.n_embd}, {g.n_ff}, {g.n_layer}")
+        if g.n_embd % (head_dim * group):
+            raise FlyError(f"n_embd {g.n_embd} must be a multiple of head_dim x group = {head_dim * group}")
+        if head_dim * n_head != d:
+            raise FlyError("growth needs n_head x head_dim == n_embd")
+        self.tensors, self.d, self.D, self.F, self.L = tensors, d, g.n_embd, g.n_ff, g.n_layer
+        H = self.D // head_dim
+        self.H, self.H_kv, self.r = H, H // group, d / self.D
+        # (rows, cols) of each block matrix kind
+        self.shape = {"attn_q": (H * head_dim, self.D), "attn_k": (self.H_kv * head_dim, self.D),
+                      "attn_v": (self.H_kv * head_dim, self.D), "ffn_gate": (self.F, self.D), "ffn_up": (self.F, self.D),
+                      "attn_output": (self.D, H * head_dim), "ffn_down": (self.D, self.F)}
+        self.scale = {k: float(np.sqrt(np.mean([np.mean(self.folded(i, k) ** 2) for i in range(n_layer)])))
+                      for k in _READ + _WRITE}
+        self.place = [round(i * self.L / n_layer) for i in range(n_layer)]  # original block i goes to place[i]
+        self.embd = tensors["token_embd.weight"]
+        self.head = tensors.get("output.weight", self.embd) * tensors["output_norm.weight"][None, :]
+        self.hparams = {**hparams, "n_embd": self.D, "n_ff": self.F, "n_layer": self.L, "n_head": H,
+                        "n_head_kv": self.H_kv, "rms_eps": hparams["rms_eps"] * self.r}
+
+    def folded(self, i: int, kind: str) -> np.ndarray:
+        """Block ``i``'s ``kind`` matrix, the norm it reads folded in (a write matrix as it is)."""
+        w = self.tensors[f"blk.{i}.{kind}.weight"]
+        norm = "attn_norm" if kind.startswith("attn") else "ffn_norm"
+        return w * self.tensors[f"blk.{i}.{norm}.weight"][None, :] if kind in _READ else w
+
+    def source(self, j: int) -> int | None:
+        """The original block at grown position ``j`` (None: an identity block)."""
+        return self.place.index(j) if j in self.place else None
+
+
 def grow(hparams: dict[str, Any], tensors: dict[str, np.ndarray], g: Growth) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Grow llama.cpp tensors (float32, ``convert.gguf_tensors`` layout) to the shape ``g``.
     Returns the new hparams and tensors (float32)."""
-    d, f, n_layer = hparams["n_embd"], hparams["n_ff"], hparams["n_layer"]
-    head_dim, n_head, n_head_kv = hparams["head_dim"], hparams["n_head"], hparams["n_head_kv"]
-    group = n_head // n_head_kv
-    if g.n_embd < d or g.n_ff < f or g.n_layer < n_layer:
-        raise FlyError(f"cannot shrink: model is {d} wide, {f} ff, {n_layer} layers; asked {g.n_embd}, {g.n_ff}, {g.n_layer}")
-    if g.n_embd % (head_dim * group):
-        raise FlyError(f"n_embd {g.n_embd} must be a multiple of head_dim x group = {head_dim * group}")
-    if head_dim * n_head != d:
-        raise FlyError("grow() needs n_head x head_dim == n_embd")
-    D, F, L = g.n_embd, g.n_ff, g.n_layer
-    H = D // head_dim
-    H_kv = H // group
+    lay = _Layout(hparams, tensors, g)
+    d, D, r, scale = lay.d, lay.D, lay.r, lay.scale
     rng = np.random.default_rng(g.seed)
-    r = d / D
     q_basis = np.linalg.qr(rng.standard_normal((D, d)))[0]  # (D, d), orthonormal columns
 
-    # scale of each tensor kind in the original (norm weights folded in), for new weights and noise
-    def folded(i: int, kind: str) -> np.ndarray:
-        w = tensors[f"blk.{i}.{kind}.weight"]
-        norm = "attn_norm" if kind.startswith("attn") else "ffn_norm"
-        return w * tensors[f"blk.{i}.{norm}.weight"][None, :] if kind in _READ else w
-
-    scale = {k: float(np.sqrt(np.mean([np.mean(folded(i, k) ** 2) for i in range(n_layer)])))
-             for k in _READ + _WRITE}
-    rows = {"attn_q": H * head_dim, "attn_k": H_kv * head_dim, "attn_v": H_kv * head_dim,
-            "ffn_gate": F, "ffn_up": F}
-
     def read(kind: str, src: np.ndarray | None) -> np.ndarray:
-        out = rng.standard_normal((rows[kind], D)) * scale[kind] * np.sqrt(d / D)  # same output scale
+        out = rng.standard_normal((lay.shape[kind][0], D)) * scale[kind] * np.sqrt(d / D)  # same output scale
         if src is not None:
             out[: src.shape[0]] = src @ q_basis.T
         return out
 
     def write(kind: str, src: np.ndarray | None) -> np.ndarray:
-        cols = H * head_dim if kind == "attn_output" else F
-        out = np.zeros((D, cols))
+        out = np.zeros(lay.shape[kind])
         if src is not None:
             out[:, : src.shape[1]] = q_basis @ src
         return out
 
-    # original block i goes to position place[i]; the others are identity blocks
-    place = [round(i * L / n_layer) for i in range(n_layer)]
     new: dict[str, np.ndarray] = {}
-    embd = tensors["token_embd.weight"]
-    head = tensors.get("output.weight", embd) * tensors["output_norm.weight"][None, :]
-    new["token_embd.weight"] = embd @ q_basis.T
+    new["token_embd.weight"] = lay.embd @ q_basis.T
     new["output_norm.weight"] = np.full(D, np.sqrt(r))
-    new["output.weight"] = head @ q_basis.T
-    for j in range(L):
-        i = place.index(j) if j in place else None
+    new["output.weight"] = lay.head @ q_basis.T
+    for j in range(lay.L):
+        i = lay.source(j)
         for kind in _READ:
-            new[f"blk.{j}.{kind}.weight"] = read(kind, None if i is None else folded(i, kind))
+            new[f"blk.{j}.{kind}.weight"] = read(kind, None if i is None else lay.folded(i, kind))
         for kind in _WRITE:
-            new[f"blk.{j}.{kind}.weight"] = write(kind, None if i is None else tensors[f"blk.{i}.{kind}.weight"])
+            new[f"blk.{j}.{kind}.weight"] = write(kind, None if i is None else lay.folded(i, kind))
         new[f"blk.{j}.attn_norm.weight"] = np.full(D, np.sqrt(r))
         new[f"blk.{j}.ffn_norm.weight"] = np.full(D, np.sqrt(r))
     if g.noise:
-        for j in range(L):
+        for j in range(lay.L):
             for kind in _READ + _WRITE:
                 w = new[f"blk.{j}.{kind}.weight"]
                 w += rng.standard_normal(w.shape) * (g.noise * scale[kind])
-    grown = {**hparams, "n_embd": D, "n_ff": F, "n_layer": L, "n_head": H, "n_head_kv": H_kv,
-             "rms_eps": hparams["rms_eps"] * r}
-    return grown, {k: v.astype(np.float32) for k, v in new.items()}
+    return lay.hparams, {k: v.astype(np.float32) for k, v in new.items()}
 
 
 def grow_checkpoint(src: PathLike, out: PathLike, g: Growth, *, dtype: str = "f16", name: str | None = None) -> Path:
@@ -142,80 +155,57 @@ def grow_large(src: PathLike, out: PathLike, g: Growth, *, dtype: str = "f16", n
     its numbers are not grow()'s (the pairs made with grow() keep theirs), the function and the
     statistics are."""
     config, tensors = convert.load_checkpoint(src)
-    hparams = convert.hparams_of(config)
-    t = convert.gguf_tensors(config, tensors)
-    d, f, n_layer = hparams["n_embd"], hparams["n_ff"], hparams["n_layer"]
-    head_dim, n_head, n_head_kv = hparams["head_dim"], hparams["n_head"], hparams["n_head_kv"]
-    group = n_head // n_head_kv
-    if g.n_embd < d or g.n_ff < f or g.n_layer < n_layer:
-        raise FlyError(f"cannot shrink: model is {d} wide, {f} ff, {n_layer} layers; asked {g.n_embd}, {g.n_ff}, {g.n_layer}")
-    if g.n_embd % (head_dim * group) or head_dim * n_head != d:
-        raise FlyError(f"n_embd {g.n_embd} must be a multiple of head_dim x group = {head_dim * group}")
-    D, F, L = g.n_embd, g.n_ff, g.n_layer
-    H, r = D // head_dim, d / D
-    H_kv = H // group
+    lay = _Layout(convert.hparams_of(config), convert.gguf_tensors(config, tensors), g)
+    d, D, r = lay.d, lay.D, lay.r
     basis = np.linalg.qr(np.random.default_rng([g.seed, 0]).standard_normal((D, d)))[0].astype(np.float32)
 
-    def folded(i: int, kind: str) -> np.ndarray:
-        w = t[f"blk.{i}.{kind}.weight"]
-        norm = "attn_norm" if kind.startswith("attn") else "ffn_norm"
-        return w * t[f"blk.{i}.{norm}.weight"][None, :] if kind in _READ else w
-
-    scale = {k: float(np.sqrt(np.mean([np.mean(folded(i, k) ** 2) for i in range(n_layer)]))) for k in _READ + _WRITE}
-    shape = {"attn_q": (H * head_dim, D), "attn_k": (H_kv * head_dim, D), "attn_v": (H_kv * head_dim, D),
-             "ffn_gate": (F, D), "ffn_up": (F, D), "attn_output": (D, H * head_dim), "ffn_down": (D, F)}
-    place = [round(i * L / n_layer) for i in range(n_layer)]
-    embd = t["token_embd.weight"]
-    head = t.get("output.weight", embd) * t["output_norm.weight"][None, :]
-    makers: dict[str, Any] = {"token_embd.weight": lambda rng: embd @ basis.T,
-                              "output_norm.weight": lambda rng: np.full(D, np.sqrt(r), dtype=np.float32),
-                              "output.weight": lambda rng: head @ basis.T}
-
-    def block(j: int, kind: str) -> Any:
-        i = place.index(j) if j in place else None
-        noise = g.noise * scale[kind]
+    def block(j: int, kind: str) -> Callable[[np.random.Generator], np.ndarray]:
+        i, noise = lay.source(j), g.noise * lay.scale[kind]
 
         def make_it(rng: np.random.Generator) -> np.ndarray:
-            rows, cols = shape[kind]
+            rows, cols = lay.shape[kind]
+            src = None if i is None else lay.folded(i, kind)
             if kind in _READ:  # new rows: a read weight of the original's scale, and the noise
-                std = np.full((rows, 1), np.sqrt(scale[kind] ** 2 * d / D + noise ** 2), dtype=np.float32)
-                src = None if i is None else folded(i, kind) @ basis.T
+                std = np.full((rows, 1), np.sqrt(lay.scale[kind] ** 2 * d / D + noise ** 2), dtype=np.float32)
                 if src is not None:
                     std[: src.shape[0]] = noise
                 w = rng.standard_normal((rows, cols), dtype=np.float32) * std
                 if src is not None:
-                    w[: src.shape[0]] += src
+                    w[: src.shape[0]] += src @ basis.T
             else:  # zero write weights, and the noise
                 w = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(noise)
-                if i is not None:
-                    src = t[f"blk.{i}.{kind}.weight"]
+                if src is not None:
                     w[:, : src.shape[1]] += basis @ src
             return w
         return make_it
 
-    for j in range(L):
-        for kind in _READ + _WRITE:
-            makers[f"blk.{j}.{kind}.weight"] = block(j, kind)
-        for norm in ("attn_norm", "ffn_norm"):
-            makers[f"blk.{j}.{norm}.weight"] = lambda rng: np.full(D, np.sqrt(r), dtype=np.float32)
-    grown = {**hparams, "n_embd": D, "n_ff": F, "n_layer": L, "n_head": H, "n_head_kv": H_kv, "rms_eps": hparams["rms_eps"] * r}
-    label = name or f"{Path(src).resolve().name}-grown-{g.n_embd}x{g.n_layer}"
-    writer = convert.llama_writer(out, grown, convert.tokenizer_fields(src, config), name=label, dtype=dtype,
-                                  extra={"fly_cpp.synthetic": f"grown from {Path(src).resolve().name}: {g}"})
+    def norm(rng: np.random.Generator) -> np.ndarray:
+        return np.full(D, np.sqrt(r), dtype=np.float32)
 
-    dims = {"token_embd.weight": (embd.shape[0], D), "output.weight": (head.shape[0], D)}
-    dims.update({name: shape[name.split(".")[-2]] if name.split(".")[-2] in shape else (D,)
-                 for name in makers if name not in dims})
+    # name -> (shape, maker), in the file's order
+    makers: dict[str, tuple[tuple[int, ...], Callable[[np.random.Generator], np.ndarray]]] = {
+        "token_embd.weight": ((lay.embd.shape[0], D), lambda rng: lay.embd @ basis.T),
+        "output_norm.weight": ((D,), norm),
+        "output.weight": ((lay.head.shape[0], D), lambda rng: lay.head @ basis.T)}
+    for j in range(lay.L):
+        for kind in _READ + _WRITE:
+            makers[f"blk.{j}.{kind}.weight"] = (lay.shape[kind], block(j, kind))
+        for kind in ("attn_norm", "ffn_norm"):
+            makers[f"blk.{j}.{kind}.weight"] = ((D,), norm)
+    label = name or f"{Path(src).resolve().name}-grown-{g.n_embd}x{g.n_layer}"
+    writer = convert.llama_writer(out, lay.hparams, convert.tokenizer_fields(src, config), name=label, dtype=dtype,
+                                  extra={"fly_cpp.synthetic": f"grown from {Path(src).resolve().name}: {g}"})
     # as write_llama stores them: matrices as ``dtype``, vectors as f32
-    store = {name: np.dtype(np.float16 if dtype == "f16" and len(dim) == 2 else np.float32) for name, dim in dims.items()}
-    for tname in makers:
-        writer.add_tensor_info(tname, dims[tname], store[tname], int(np.prod(dims[tname])) * store[tname].itemsize)
+    store = {name: np.dtype(np.float16 if dtype == "f16" and len(dim) == 2 else np.float32)
+             for name, (dim, _) in makers.items()}
+    for tname, (dim, _) in makers.items():
+        writer.add_tensor_info(tname, dim, store[tname], int(np.prod(dim)) * store[tname].itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
 
     def made(n: int, tname: str) -> np.ndarray:
-        return np.ascontiguousarray(makers[tname](np.random.default_rng([g.seed, n])), dtype=store[tname])
+        return np.ascontiguousarray(makers[tname][1](np.random.default_rng([g.seed, n])), dtype=store[tname])
 
     # numpy draws and converts without the GIL: the tensors are made on every core, a few ahead
     # of the one being written, in the file's order
