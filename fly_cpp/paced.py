@@ -67,12 +67,13 @@ class PacedDrafter:
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         guess: list[int] = []
-        matched = [0]  # the length of the n-gram match the guess continues
+        matched = 0  # the length of the n-gram match the guess continues
 
         def lookup() -> tuple[int, int]:
-            matched[0], found = self.index.match(committed, min(self.ngram_tokens, limit))
+            nonlocal matched
+            matched, found = self.index.match(committed, min(self.ngram_tokens, limit))
             guess.extend(found)
-            return len(found), matched[0]
+            return len(found), matched
 
         model = self.model
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
@@ -83,7 +84,7 @@ class PacedDrafter:
         if self.kind == "steady":
             n = max(n, min(need, limit))
         if self.kind != "ngram" and guess:
-            self._guessed = (len(committed), guess, matched[0])
+            self._guessed = (len(committed), guess, matched)
         if self.kind == "ngram":
             out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
             self.confidences = [None] * len(out)

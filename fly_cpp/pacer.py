@@ -120,8 +120,8 @@ class Pacer:
         return max(self.pace, self.alone())
 
     def best(self, accept: float, h_max: int, first: float, step: float,
-             lead: Sequence[float] = ()) -> tuple[float, int]:
-        return worth.best(self.costs, accept, h_max, first, step, lead)
+             lead: Sequence[float] = (), depths: Sequence[float] = ()) -> tuple[float, int]:
+        return worth.best(self.costs, accept, h_max, first, step, lead, depths)
 
     def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], tuple[int, int]],
              has_draft: bool) -> tuple[str, int]:
@@ -134,8 +134,8 @@ class Pacer:
         if self.steady and has_draft and self.sharing == 1:
             if self.width is None:  # the generation's length: its rounds each catch up on the token after the last
                 mean, depths = self.model.mean(), self.evidence.depths
-                self.width = worth.best(self.costs, mean, self.k_max, self.costs.draft(2), self.costs.draft(1),
-                                        depths=[depths(j, mean) for j in range(1, self.k_max + 1)])[1]
+                self.width = self.best(mean, self.k_max, self.costs.draft(2), self.costs.draft(1),
+                                       depths=[depths(j, mean) for j in range(1, self.k_max + 1)])[1]
             if self.width > 0:
                 return self._chose("steady", min(self.width, limit))
         if self.explore_next and has_draft:  # judged on its second round: see ``observe``
@@ -299,23 +299,18 @@ class Pacer:
             self.unpriced += 1
         if kind in DRAFTS:
             self.evidence.drafted(len(confidences), kept)
-        if self.sharing > 1:  # a shared decode's timings are not this sequence's: acceptance only
-            if kind in DRAFTS:
-                self.model.observe(confidences, kept)
-            elif kind == "ngram":
-                self.guesses.observe(confidences, kept, self.matched)
-            return
-        if kind in DRAFTS:
             self.model.observe(confidences, kept)
-            if warm:  # the round's time beside what the target alone would have taken for its tokens, here
-                alone = emitted / self.alone()
-                self.drafted.add(alone, seconds, 1.0)
-                self.evidence.drafted_long.add(alone, seconds, 1.0)
-                if kind == "explore":  # a try that beat the target alone makes the next one come soon, another one later
-                    fruitful = 2 * kept >= len(confidences) and alone > seconds
-                    self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
         elif kind == "ngram":
             self.guesses.observe(confidences, kept, self.matched)
+        if self.sharing > 1:  # a shared decode's timings are not this sequence's: acceptance only
+            return
+        if kind in DRAFTS and warm:  # the round's time beside what the target alone would have taken for its tokens, here
+            alone = emitted / self.alone()
+            self.drafted.add(alone, seconds, 1.0)
+            self.evidence.drafted_long.add(alone, seconds, 1.0)
+            if kind == "explore":  # a try that beat the target alone makes the next one come soon, another one later
+                fruitful = 2 * kept >= len(confidences) and alone > seconds
+                self.patience = PATIENCE if fruitful else min(self.patience * 2, EXPLORE_MAX)
         if seconds > 0:
             rate = emitted / seconds  # each of a run's rounds as one round of its mean length
             self.pace = rate if self.pace == 0 else ema(self.pace, rate, 1 - (1 - ROUND) ** rounds)
