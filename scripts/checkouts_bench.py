@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from fly_cpp.bench.summary import geomean
+
 
 def geo(values: list[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
+    return geomean(values) or float("nan")
 
 
 def run(python: str, out: Path, evidence: Path, args: argparse.Namespace, offset: int, extra: list[str]) -> dict:

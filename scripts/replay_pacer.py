@@ -43,8 +43,6 @@ import argparse
 import dataclasses
 import gzip
 import json
-import math
-import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -56,6 +54,7 @@ from fly_cpp import rows, worth
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
+from fly_cpp.bench.summary import geomean
 from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.draft_model import ModelDrafter, Stepped
@@ -285,7 +284,7 @@ def policies(names: list[str]) -> list[tuple[str, dict]]:
 
 
 def geo(values: list[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
+    return geomean(values) or float("nan")
 
 
 def record(args: argparse.Namespace) -> Recording:
