@@ -25,10 +25,10 @@ import numpy as np
 
 from fly_cpp import costcache
 from fly_cpp.backend.context import Context
-from fly_cpp.backend.lib import gpu_names
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import ModelSettings
 from fly_cpp.costs import MEDIAN_OF, Costs, Curve
+from fly_cpp.fit import placed
 from fly_cpp.rollback_costs import Rollbacks
 
 TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)  # the target's sizes timed: every draft length to 16, finer where rounds are
@@ -258,7 +258,7 @@ def flat(curve: Curve) -> bool:
 def on_cpu(settings: ModelSettings) -> bool:
     """The model's layers stay on this machine's CPU: no offload asked for, or "every layer"
     (the default) where there is no GPU or rpc server to take them."""
-    return settings.placed(local_gpus=bool(gpu_names())).offloaded_layers == 0
+    return placed(settings).offloaded_layers == 0
 
 
 def _store(key: str, target: Curve, draft: Curve | None, mtp: Curve | None, when: str) -> None:
