@@ -90,7 +90,7 @@ class Runs:
         t0 = perf_counter()
         tokens = self.target.greedy_run(committed[-1], n, self.stop)
         seconds = perf_counter() - t0
-        stats.alone(0, seconds)
+        stats.alone(seconds=seconds)
         if tokens:
             self.length = max(1, min(MAX_RUN, int(RUN_SECONDS * len(tokens) / max(seconds, 1e-9))))
         before = len(committed)
@@ -100,7 +100,7 @@ class Runs:
     def _emit(self, tokens: list[int], committed: list[int], out: Output) -> None:
         stats = out.stats
         for token in tokens:
-            stats.alone(1, 0.0)
+            stats.alone(1)
             committed.append(token)
             out.add(token, drafted=False, loose=False, round=stats.n_rounds)
             if out.finish is not None:

@@ -159,7 +159,7 @@ class Stats:
     def shifted(self) -> None:
         self.n_shifts += 1
 
-    def alone(self, tokens: int, seconds: float) -> None:
+    def alone(self, tokens: int = 0, seconds: float = 0.0) -> None:
         """``tokens`` rounds of the target alone decoded in native runs, in ``seconds``."""
         if tokens:
             self.n_rounds += tokens
