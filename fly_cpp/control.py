@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
 
-from fly_cpp import recall, worth
+from fly_cpp import loosening, recall, worth
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
@@ -70,6 +70,7 @@ class Control:
         self._costs: Costs | None = None
         self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
         self._pacers: dict[tuple[object, ...], Pacer] = {}
+        self._verdicts: dict[str, loosening.Verdict] = {}  # whether fly loosens, by accept rule (``verdict``)
         self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
         self._saved_at = -STORE_EVERY  # when the evidence was last kept
@@ -77,28 +78,46 @@ class Control:
     # -- a request's plan ------------------------------------------------------------------
 
     def plan(self, spec: SpecSettings) -> SpecSettings:
-        """``spec`` as k auto runs it here: a fixed k where the target is wholly on a GPU and
-        ``SpecSettings.k_gpu`` sets one (with "auto" the pacer drafts steady rounds there:
-        ``steady``), and fly's loosening where it pays on this pair."""
+        """``spec`` as k auto runs it here, as far as it is known before the request's slot: a
+        fixed k where the target is wholly on a GPU and ``SpecSettings.k_gpu`` sets one (with
+        "auto" the pacer drafts steady rounds there: ``steady``). Whether fly loosens is settled
+        in the slot (``loosening``)."""
         if spec.auto and spec.k_gpu != AUTO and spec.k_gpu and spec.mode != "target" and self.on_gpu():
             spec = dataclasses.replace(spec, k=min(int(spec.k_gpu), spec.k_max))
-        if spec.mode == "fly" and spec.loosen == "auto" and spec.auto and not self.loosening_pays():
-            spec = dataclasses.replace(spec, loosen="off")
         return spec
 
-    def loosening_pays(self) -> bool:
-        """Whether k auto's fly loosens on this pair (``worth.loosening_pays``): the draft model's
-        bytes beside the target's, or the share of the target a step of its MTP head touches
-        (``worth.head_params``); n-gram lookup alone never asks for a model's token, so nothing
-        to weigh there. Decided from the pair alone, so that a request gives the same text in
-        any slot, with one slot or several, whatever the load."""
-        m, p = self.pair.target.model, self.pair
-        if p.draft is not None:
-            return worth.loosening_pays(p.draft.model.size_bytes / max(m.size_bytes, 1), m.size_bytes)
-        if p.mtp is not None:
-            head = worth.head_params(m.n_params, m.n_vocab, m.n_embd, m.n_layer, m.n_nextn)
-            return worth.loosening_pays(head / max(m.n_params, 1), m.size_bytes)
-        return True
+    def loosening(self, spec: SpecSettings, slot: int) -> SpecSettings:
+        """``spec`` with k auto's fly loosening only where that measurably pays on this pair
+        (``verdict``), decided on the step loop in ``slot`` before the generation's first round.
+        n-gram lookup alone never asks for a model's token: nothing to weigh. Decided for the
+        pair, so that a request gives the same text in any slot, with one slot or several,
+        whatever the load."""
+        if spec.mode != "fly" or spec.loosen != "auto" or not spec.auto or not spec.policy().loosens:
+            return spec
+        if self.pair.draft is None and self.pair.mtp is None or self.verdict(spec, slot).loosen:
+            return spec
+        return dataclasses.replace(spec, loosen="off")
+
+    def verdict(self, spec: SpecSettings, slot: int = 0) -> loosening.Verdict:
+        """What loosening gains on this pair under ``spec``'s accept rule (``fly_cpp.loosening``):
+        kept from an earlier process, else measured now on ``slot``'s caches (on the step loop):
+        a probe of the draft model's, or the cost of a step of the target's MTP head."""
+        record = loosening.key(self.cost_key(), spec)
+        if record not in self._verdicts:
+            known = loosening.recall(record)
+            if known is None:
+                costs = self.cost_model(slot=slot)
+                target, draft = self.pair.views[slot]
+                if draft is None:
+                    known = loosening.Verdict.of_head(costs)
+                else:
+                    model = self.pair.target.model
+                    tally = loosening.probe(target, draft, spec, min(model.n_vocab, draft.model.n_vocab),
+                                            model.tokenize, model.piece, model.is_eog)
+                    known = loosening.Verdict.priced(costs, tally, spec)
+                loosening.keep(record, known)
+            self._verdicts[record] = known
+        return self._verdicts[record]
 
     def on_gpu(self) -> bool:
         """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where

@@ -10,6 +10,7 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -151,11 +152,14 @@ class Engine:
 
         def start(at: int) -> tuple[Iterator[Step | Progress], Pacer | None]:
             """The loop in slot ``at``, its drafter made there (a new one begins the pacer it
-            may share with a running generation)."""
-            how, stats = control.drafting(spec, request.bias, at, given), out.stats
+            may share with a running generation), under the settings settled there."""
+            settled = control.loosening(spec, at)
+            run = request if settled == spec else dataclasses.replace(request, spec=settled)
+            how, stats = control.drafting(settled, request.bias, at, given), out.stats
             if how.name:
                 stats.drafter = how.name
-            return loop.run(request, self._pair(at)[0], how.drafter, out, how.steady, admitted.rules), how.pacer
+            stats.loosens = settled.policy().loosens
+            return loop.run(run, self._pair(at)[0], how.drafter, out, how.steady, admitted.rules), how.pacer
 
         def body(at: int) -> Iterator[Step | Progress]:
             return self._in_slot(at, start, request, out.stats, not cache_prompt)

@@ -130,6 +130,7 @@ class Stats:
     pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
     rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
     drafter: str = ""  # "mtp" where the target's own MTP head drafted (chosen or by default)
+    loosens: bool = False  # fly's rule could keep mismatches (as set, or as k auto settled it: ``Control.loosening``)
     slot: int = 0  # the engine's slot it ran in (serve -np N)
 
     def add(self, r: Round) -> None:
@@ -196,6 +197,8 @@ class Stats:
                      f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
             if self.n_guard_rejected:
                 line += f", safeguard rejections {self.n_guard_rejected}"
+            if self.mode == "fly" and not self.loosens:
+                line += ", loosening off (matching exactly)"
             if self.drafter == "mtp":
                 line += ", drafted by the model's MTP head"
         if self.n_provisional:

@@ -19,54 +19,17 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from fly_cpp.costs import Costs
 
-# FLy loosens under k auto where an ask reads less than this share of what a target decode reads,
-# and where the target's weights are at least LOOSE_MIN_BYTES (the runs that measured both:
-# ``loosening_pays``)
+# FLy's loosening under k auto with a draft model is priced (``loosening``) and kept only where its
+# rate beats exact matching's by this much: a gain a calibration's timing noise cannot make up
+LOOSE_MARGIN = 1.03
+# where the target's MTP head drafts, FLy loosens only where a head step costs less than this share of a
+# target decode (no probe drafts with a head: ``fly_cpp.loosening.Verdict.of_head``)
 ASK_SHARE = 0.1
-LOOSE_MIN_BYTES = 256 << 20  # below it a decode costs its overheads and arithmetic: the fast pair, ``loosening_pays``
 # slots draft together under k auto only where the priced rate beats drafting nothing by this much: on the
 # F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84-0.94x drafting nothing at -np 2 and -np 4
 # (a cache per slot or one) where the cost curves priced them at 0.93-1.2x (the draft's batched steps cost
 # 1.2-1.4x their calibrated price beside the target, and a round kept in step waits: docs/slots.md)
 TOGETHER_MARGIN = 1.5
-
-
-def loosening_pays(ask_share: float, target_bytes: int) -> bool:
-    """Whether FLy's loose acceptance can pay under k auto. To keep the text independent of
-    where rounds end, FLy asks the draft model for its token wherever the target was unsure and
-    no draft reached (``fly_cpp.loop``), each ask a draft step beside a plain decode, and every
-    window it opens is drafted and verified to its end. That pays where a draft step is cheap
-    beside a decode and extra verified rows are nearly free, as on a target whose decode is
-    reading its weights. ``ask_share``: the draft model's weights over the target's, in bytes
-    (what a decode reads), or the share of the target one step of its MTP head touches.
-
-    It does not pay where a draft step costs a large share of a decode: a quantized copy of the
-    target, a draft as large as it, and a small draft beside a target quantized as hard (the
-    0.5B Q4_K_M Qwen2.5-Coder draft is 0.44 of its 1.5B Q4_K_M target's bytes, its vocabulary's
-    output matrix a large part of both, and a step cost 0.63 of a target decode on a 2-core
-    CPU: fly with loosening ran 0.71x the target alone there, spd 1.01x). Nor beside that
-    pair's F16 target, where the draft is 0.16 of the bytes and a step 0.19 of a decode: the
-    windows kept 1.5% of the tokens loosely and cost more, since each one is drafted and verified
-    to its end whatever k auto would plan (2026-11-27, 2 threads: spd ran 1.12x fly per prompt
-    cold, 20 prompts of 64 tokens, 1.23x on the Spec-Bench half; 1.06x warm, 18 prompts of 128
-    tokens). Nor on a target under
-    ``LOOSE_MIN_BYTES`` of weights, whose decode costs its overheads and its arithmetic
-    (cache-resident on a CPU, launch-bound on a GPU): every step costs about as much as any
-    other and every verified row its full share (the kit's 30 MB `fast` pair: fly 0.69x the
-    target with loosening, spd's speed without). fly then keeps exact matches only (its text is
-    spd's). Decided from the models alone, never from timings, so the same request gives the
-    same text on any machine."""
-    return ask_share < ASK_SHARE and target_bytes >= LOOSE_MIN_BYTES
-
-
-def head_params(n_params: int, n_vocab: int, n_embd: int, n_layer: int, n_nextn: int) -> int:
-    """About how many of a model's parameters one step of its MTP head touches: its own
-    layers (an average layer each) and the output matrix it shares with the trunk. On a large
-    model a few percent of the whole; on a tiny one with a large vocabulary nearly all of it
-    (the output matrix is most of such a model), where an ask costs as much as a decode."""
-    output = n_vocab * n_embd
-    per_layer = max(n_params - 2 * output, 0) / max(n_layer, 1)
-    return int(output + n_nextn * per_layer)
 
 
 def kept(accepts: Iterable[float], expected: float = 1.0, chance: float = 1.0) -> Iterator[float]:
@@ -120,6 +83,27 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
         if rate > top:
             top, top_h = rate, h
     return top, top_h
+
+
+def loosening(costs: Costs, exact: float, loose: float, unsure: float, window: int,
+              h_max: int) -> tuple[float, float]:
+    """(exact, loose): tokens per second of the best rounds that match exactly, each drafted
+    token kept with probability ``exact``, and of the best rounds under FLy's loosening, kept
+    with ``loose``, priced as k auto prices a plan (``best``). Loosened rounds draft at least
+    ``window`` tokens: every window FLy opens is drafted and verified to its end, so a shorter
+    round pays for the rest of its window in the next one (on a CPU, where k auto drafts 3-5
+    tokens beside the F16 Qwen target, fly loosened ran 0.89x spd cold); where long rounds pay
+    anyway the window costs nothing more. Each loosened round also asks the draft model for its
+    token where the target is unsure after it (a share ``unsure`` of positions): a draft step."""
+    first, step = costs.draft(2), costs.draft(1)
+    exact_rate = best(costs, exact, h_max, first, step)[0]
+    loose_rate = 0.0
+    host, target, entering = costs.host, costs.target, costs.entering()
+    for h, expected in enumerate(kept(itertools.repeat(loose, h_max)), start=1):
+        if h >= min(window, h_max):
+            seconds = host + entering + first + (h - 1 + unsure) * step + target(h + 1) + costs.rollback(h, loose)
+            loose_rate = max(loose_rate, expected / seconds)
+    return exact_rate, loose_rate
 
 
 def value(costs: Costs, pace: float, chances: Sequence[float]) -> tuple[float, int]:

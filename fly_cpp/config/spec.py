@@ -39,9 +39,9 @@ class SpecSettings:
         "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
     loosen: str = field(default="auto", metadata=_help(
-        "fly: 'auto' = loose acceptance, except under k auto with a draft model a tenth of the target's bytes or more "
-        "or a target under 256 MiB (asking the draft for its tokens would cost more than they "
-        "save: fly then matches exactly), with one slot or several alike; 'on' = always; "
+        "fly: 'auto' = loose acceptance, except under k auto where it does not measurably pay on this pair "
+        "(priced once per pair and machine from a short probe and the measured costs, then kept: fly then "
+        "matches exactly), with one slot or several alike; 'on' = always; "
         "'off' = never (fly's text is then spd's)"))
     loose_min_ratio: float = field(default=0.5, metadata=_help(
         "fly, guarded: loosen a mismatch only where the target finds the drafted token at least this fraction "
