@@ -113,7 +113,7 @@ class Control:
                 else:
                     model = self.pair.target.model
                     tally = loosening.probe(target, draft, spec, min(model.n_vocab, draft.model.n_vocab),
-                                            model.tokenize, model.piece, model.is_eog)
+                                            loosening.length(costs, spec), model.tokenize, model.piece, model.is_eog)
                     known = loosening.Verdict.priced(costs, tally, spec)
                 loosening.keep(record, known)
             self._verdicts[record] = known

@@ -2,8 +2,8 @@
 
 With a draft model: tokens per second with and without loosening, priced as k auto prices a
 plan (``worth.loosening``), from the pair's measured costs and from what a probe counts: the
-target writes ``SAMPLE`` tokens of its greedy text after each of ``PROBES``, the draft model
-reads it, and at every position the request's accept rule (``fly_cpp.verify``) judges the
+target writes its greedy text after each of ``PROBES`` (as long as ``length`` says), the draft
+model reads along, and at every position the request's accept rule (``fly_cpp.verify``) judges the
 draft model's token: kept exactly, kept loosely (a mismatch the gate and the safeguards pass,
 followed by a window of exact matches), or not; the share of positions where the target was
 unsure prices the asks (a round asks the draft model's token where the target was unsure and
@@ -31,6 +31,7 @@ import numpy as np
 from fly_cpp import jsoncache, worth
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
+from fly_cpp.calibrate import RETRY_SECONDS
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.costcache import cache_path
 from fly_cpp.costs import Costs
@@ -40,7 +41,6 @@ from fly_cpp.verify import Verifier
 
 PROBES = ("The history of the printing press begins",
           'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n')
-SAMPLE = 48  # tokens of the target's greedy text after each probe, every one judged
 
 
 @dataclass(frozen=True)
@@ -107,42 +107,49 @@ class Tally:
         return self.exact / n, (self.exact + self.loose) / n, self.unsure / n
 
 
-def probe(target: Context | Seq, draft: Context | Seq, spec: SpecSettings, n_vocab: int,
+def length(costs: Costs, spec: SpecSettings) -> int:
+    """Tokens of text after each of ``PROBES``: as many as both models decode in about
+    ``RETRY_SECONDS`` (the bound of one model's calibration) over them all, at their measured
+    one-row decodes, and at least three of the longest rounds' worth. The F16 Qwen pair on a
+    2-core CPU (93 + 18 ms) writes 48 after each, an 8B target on a GPU hundreds: more of the
+    rare loose keeps where they are cheap to count."""
+    step = max(costs.target(1) + costs.draft(1), 1e-6)
+    return max(int(RETRY_SECONDS / (len(PROBES) * step)), 3 * spec.k_max)
+
+
+def probe(target: Context | Seq, draft: Context | Seq, spec: SpecSettings, n_vocab: int, length: int,
           tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes],
           is_eog: Callable[[int], bool]) -> Tally:
-    """The counts of ``Tally`` on ``PROBES``, on these caches: the target writes ``SAMPLE``
-    tokens of its greedy text after each (keeping its logits), the draft model reads the text in
-    one decode (its own token at every position), and the request's accept rule judges each
-    mismatch (``Verifier.admits``). Each probe starts from empty caches (nothing they held
-    changes the measure); what they held is decoded again after (a cached prompt stays cached)."""
+    """The counts of ``Tally`` on ``PROBES``, on these caches: the target writes ``length``
+    tokens of its greedy text after each, the draft model reading along (its own token at every
+    position), and the request's accept rule judges each mismatch (``Verifier.admits``). Each
+    probe starts from empty caches (nothing they held changes the measure); what they held is
+    decoded again after (a cached prompt stays cached)."""
     held = [(cache, list(cache.tokens)) for cache in (target, draft)]
     tally = Tally()
     for text in PROBES:
         prompt = tokenize(text)
-        verify = Verifier(Request(tuple(prompt), spec, SamplingSettings(), SAMPLE, (), 0), piece)
-        target.truncate(0)
-        row = target.decode(prompt, "last")
-        rows: list[np.ndarray] = []
-        written: list[int] = []
-        while row is not None and len(written) < SAMPLE:
-            token = int(np.argmax(row[0][:n_vocab]))
+        room = min(length, target.n_ctx - len(prompt) - 1, draft.n_ctx - len(prompt) - 1)
+        if room < 1:
+            continue
+        verify = Verifier(Request(tuple(prompt), spec, SamplingSettings(), room, (), 0), piece)
+        exact: list[bool] = []
+        admitted: list[bool] = []
+        unsure: list[bool] = []
+        for cache in (target, draft):
+            cache.truncate(0)
+        row, guess = target.decode(prompt, "last"), draft.decode(prompt, "last")
+        written = list(prompt)
+        while row is not None and guess is not None and len(exact) < room:
+            token, own = int(np.argmax(row[0][:n_vocab])), int(np.argmax(guess[0][:n_vocab]))
             if is_eog(token):
                 break
-            rows.append(np.array(row[0]))
+            exact.append(own == token)
+            admitted.append(own != token and verify.admits(row[0], own, written, token))
+            unsure.append(bool(top_entropy(row[0][None])[0] >= spec.entropy_threshold))
             written.append(token)
-            row = target.decode([token], "last") if len(written) < SAMPLE else None
-        if not written:
-            continue
-        draft.truncate(0)
-        if len(prompt) > 1:
-            draft.decode(prompt[:-1], "none")
-        guessed = draft.decode([prompt[-1], *written[:-1]], "all")
-        assert guessed is not None
-        own = [int(t) for t in np.argmax(guessed[:, :n_vocab], axis=1)]
-        exact = [d == t for d, t in zip(own, written)]
-        admitted = [not e and verify.admits(rows[i], own[i], prompt + written[:i], written[i])
-                    for i, e in enumerate(exact)]
-        unsure = list(top_entropy(np.stack(rows)) >= spec.entropy_threshold)
+            if len(exact) < room:
+                row, guess = target.decode([token], "last"), draft.decode([token], "last")
         tally += Tally.of(exact, admitted, unsure, spec.window)
     for cache, tokens in held:
         cache.truncate(0)
