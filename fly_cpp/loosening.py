@@ -31,7 +31,7 @@ import numpy as np
 from fly_cpp import jsoncache, worth
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
-from fly_cpp.calibrate import RETRY_SECONDS
+from fly_cpp.calibrate import RETRY_SECONDS, SPAN
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.costcache import cache_path
 from fly_cpp.costs import Costs
@@ -110,11 +110,13 @@ class Tally:
 def length(costs: Costs, spec: SpecSettings) -> int:
     """Tokens of text after each of ``PROBES``: as many as both models decode in about
     ``RETRY_SECONDS`` (the bound of one model's calibration) over them all, at their measured
-    one-row decodes, and at least three of the longest rounds' worth. The F16 Qwen pair on a
-    2-core CPU (93 + 18 ms) writes 48 after each, an 8B target on a GPU hundreds: more of the
-    rare loose keeps where they are cheap to count."""
+    one-row decodes, and at least three of the longest rounds' worth; in all at most a
+    calibration's ``SPAN`` of context (the host's work per token bounds a tiny pair's probe, not
+    its decodes). The F16 Qwen pair on a 2-core CPU (93 + 18 ms) writes 48 after each, an 8B
+    target on a GPU 256: more of the rare loose keeps where they are cheap to count."""
     step = max(costs.target(1) + costs.draft(1), 1e-6)
-    return max(int(RETRY_SECONDS / (len(PROBES) * step)), 3 * spec.k_max)
+    most = SPAN // len(PROBES)
+    return min(max(int(RETRY_SECONDS / (len(PROBES) * step)), 3 * spec.k_max), most)
 
 
 def probe(target: Context | Seq, draft: Context | Seq, spec: SpecSettings, n_vocab: int, length: int,
