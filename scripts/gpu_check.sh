@@ -73,6 +73,8 @@ bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved sin
         || { tail -20 "$out/bench-$pair.log"; return 1; }
     cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
     sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
+    python3 -c 'from fly_cpp import jsoncache, loosening; [print(v["why"]) for v in jsoncache.load(loosening.path()).values()]' \
+        | tee "$out/loosening-$pair.txt"  # whether the defaults loosened here, and what the probe measured
     if [ "$pair" = big ]; then  # the exact option: greedy spd at -ub 1 writes the target's own text (and its cost)
         timeout 200 python3 -m fly_cpp.cli.main bench --pair big -ngl "$ngl" -ngld "$ngl" -t "$threads" -ub 1 \
             --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 --modes target,spd \
