@@ -100,7 +100,9 @@ class Stats:
     rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
     matches made inside them). n_asked counts the times FLy's rule asked the draft model for its
     token where no draft of its reached (the target was unsure there). n_eog is 1 when the text ended on an end-of-generation token:
-    a round committed it, though it is not part of the text (nor of n_tokens)."""
+    a round committed it, though it is not part of the text (nor of n_tokens). loosens: whether
+    fly's rule could keep a mismatch in this generation (as set, or as k auto's measure of the
+    pair settled it: ``fly_cpp.loosening``)."""
 
     mode: str
     n_prompt: int = 0
@@ -130,7 +132,7 @@ class Stats:
     pacing: dict[str, object] | None = None  # k auto: the controller's plans, acceptance and cost model
     rollback: dict[str, object] | None = None  # recurrent/hybrid models: the way back and what it cost, by role
     drafter: str = ""  # "mtp" where the target's own MTP head drafted (chosen or by default)
-    loosens: bool = False  # fly's rule could keep mismatches (as set, or as k auto settled it: ``Control.loosening``)
+    loosens: bool = False
     slot: int = 0  # the engine's slot it ran in (serve -np N)
 
     def add(self, r: Round) -> None:
