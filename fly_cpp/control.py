@@ -71,6 +71,7 @@ class Control:
         self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
         self._pacers: dict[tuple[object, ...], Pacer] = {}
         self._verdicts: dict[str, loosening.Verdict] = {}  # whether fly loosens, by accept rule (``verdict``)
+        self._probing: set[str] = set()  # verdicts a task is measuring (the others wait for them)
         self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
         self._saved_at = -STORE_EVERY  # when the evidence was last kept
@@ -98,26 +99,34 @@ class Control:
             return spec
         return dataclasses.replace(spec, loosen="off")
 
-    def verdict(self, spec: SpecSettings, slot: int = 0) -> loosening.Verdict:
+    def verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
         """What loosening gains on this pair under ``spec``'s accept rule (``fly_cpp.loosening``):
-        kept from an earlier process, else measured now on ``slot``'s caches (on the step loop):
+        kept from an earlier process, else measured now on ``slot``'s caches (called on the step loop):
         a probe of the draft model's, or the cost of a step of the target's MTP head."""
         record = loosening.key(self.cost_key(), spec)
+        while record in self._probing:  # another slot's task is measuring it: one verdict for all
+            self.steps.pause()
         if record not in self._verdicts:
             known = loosening.recall(record)
             if known is None:
-                costs = self.cost_model(slot=slot)
-                target, draft = self.pair.views[slot]
-                if draft is None:
-                    known = loosening.Verdict.of_head(costs)
-                else:
-                    model = self.pair.target.model
-                    tally = loosening.probe(target, draft, spec, min(model.n_vocab, draft.model.n_vocab),
-                                            loosening.length(costs, spec), model.tokenize, model.piece, model.is_eog)
-                    known = loosening.Verdict.priced(costs, tally, spec)
+                self._probing.add(record)
+                try:
+                    known = self._measure_verdict(spec, slot)
+                finally:
+                    self._probing.discard(record)
                 loosening.keep(record, known)
             self._verdicts[record] = known
         return self._verdicts[record]
+
+    def _measure_verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
+        costs = self.cost_model(slot=slot)
+        target, draft = self.pair.views[slot]
+        if draft is None:
+            return loosening.Verdict.of_head(costs)
+        model = self.pair.target.model
+        tally = loosening.probe(target, draft, spec, min(model.n_vocab, draft.model.n_vocab),
+                                loosening.length(costs, spec), model.tokenize, model.piece, model.is_eog)
+        return loosening.Verdict.priced(costs, tally, spec)
 
     def on_gpu(self) -> bool:
         """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where

@@ -4,6 +4,8 @@ costs, decided once and kept, so the same request gives the same text in every p
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SpecSettings, loosening, worth
@@ -85,11 +87,11 @@ def test_the_verdict_is_probed_once_and_kept(stories, stories_draft, kept, monke
         gen = first.generate(tokens, max_tokens=24).run()
         assert gen.stats.n_cached >= len(tokens) - 1  # the probe left the prefilled prompt cached
         assert kept.exists()
-        verdict = first.control.verdict(SpecSettings())
+        verdict = first.steps.call(lambda at: first.control.verdict(SpecSettings(), at))
     monkeypatch.setattr(loosening, "probe", lambda *a, **k: pytest.fail("probed again"))
     with engine(stories, stories_draft) as second:
         again = second.generate(tokens, max_tokens=24).run()
-        assert second.control.verdict(SpecSettings()) == verdict
+        assert second.steps.call(lambda at: second.control.verdict(SpecSettings(), at)) == verdict
     assert again.tokens == gen.tokens and again.stats.loosens == gen.stats.loosens == verdict.loosen
 
 
@@ -104,3 +106,25 @@ def test_k_auto_fly_loosens_as_the_kept_verdict_says(stories, stories_draft, kep
     assert fly.stats.loosens is loosen
     if not loosen:
         assert fly.tokens == spd.tokens and fly.stats.n_loose == 0
+
+
+def test_slots_starting_together_wait_for_one_verdict(stories, stories_draft, kept, monkeypatch):
+    """Two slots' first k auto fly generations at once: one probe, and both run by its verdict."""
+    calls = []
+    real = loosening.probe
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loosening, "probe", counted)
+    with Engine(ModelSettings(path=str(stories), n_ctx=512), ModelSettings(path=str(stories_draft), n_ctx=512),
+                n_seq=2) as e:
+        gens = [e.generate(prompt, max_tokens=16, slot=slot) for slot, prompt in enumerate(["Once upon", "Lily saw"])]
+        runs = [threading.Thread(target=g.run) for g in gens]  # the second starts while the first probes
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join()
+    assert len(calls) == 1
+    assert gens[0].stats.loosens == gens[1].stats.loosens

@@ -113,7 +113,8 @@ def test_k_auto_fly_matches_exactly_where_a_head_step_costs_a_decode(qwen35_mtp)
     asking the head at every unsure position cannot pay: k auto's fly is spd's text there
     (decided once from the head's measured step, then kept); a fixed k keeps loosening."""
     with engine(qwen35_mtp) as e:
-        verdict = e.control.verdict(SpecSettings(mode="fly", entropy_threshold=0.0, loose_min_ratio=0.0))
+        spec = SpecSettings(mode="fly", entropy_threshold=0.0, loose_min_ratio=0.0)
+        verdict = e.steps.call(lambda at: e.control.verdict(spec, at))  # on the step loop, as a request
         assert not verdict.loosen and "MTP head" in verdict.why
         for prompt in PROMPTS[:2]:
             auto = run(e, SpecSettings(mode="fly", entropy_threshold=0.0, loose_min_ratio=0.0), prompt, 24)
