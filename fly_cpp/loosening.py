@@ -20,8 +20,6 @@ every later process and slot. Nothing else decides it: not the load, not the tex
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from fly_cpp.calibrate import RETRY_SECONDS, SPAN
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.costcache import cache_path
 from fly_cpp.costs import Costs
+from fly_cpp.recall import key as record_key
 from fly_cpp.request import Request
 from fly_cpp.rows import top_entropy
 from fly_cpp.verify import Verifier
@@ -167,7 +166,7 @@ def path() -> Path:
 
 def key(pair: str, spec: SpecSettings) -> str:
     """A verdict's key: the pair's cost-cache key, the accept rule and the longest draft."""
-    return hashlib.sha256(json.dumps([pair, repr(spec.policy()), spec.k_max]).encode()).hexdigest()[:32]
+    return record_key(pair, (spec.policy(), spec.k_max))  # as k auto's evidence is keyed
 
 
 def recall(record: str) -> Verdict | None:

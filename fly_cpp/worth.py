@@ -73,16 +73,25 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
     each kept with its own probability. A batch after one-row decodes also pays for switching
     kinds, there and back (``Costs.entering``), and a recurrent state for going back after a
     rejection (``Costs.rollback``)."""
-    host, target, entering = costs.host, costs.target, costs.entering()
     top, top_h = alone(costs), 0
     own = itertools.chain(depths, itertools.repeat(accept))
     accepts = itertools.chain(lead[:h_max], itertools.islice(own, max(h_max - len(lead), 0)))
-    for h, expected in enumerate(kept(accepts), start=1):
-        steps = max(h - len(lead) - 1, 0)
-        rate = expected / (host + entering + first + steps * step + target(h + 1) + costs.rollback(h, accept))
+    for h, rate in rates(costs, accepts, first, step, len(lead), accept):
         if rate > top:
             top, top_h = rate, h
     return top, top_h
+
+
+def rates(costs: Costs, accepts: Iterable[float], first: float, step: float, lead: int,
+          accept: float) -> Iterator[tuple[int, float]]:
+    """(h, tokens per second) of a round drafting h = 1, 2, ... tokens, the i-th kept with
+    probability ``accepts[i]`` given the earlier ones were: the first draft step costs ``first``
+    (yielding the ``lead`` tokens before its own), later ones ``step``, and one target decode of
+    h+1 rows verifies them (``best`` has the whole price)."""
+    host, target, entering = costs.host, costs.target, costs.entering()
+    for h, expected in enumerate(kept(accepts), start=1):
+        steps = max(h - lead - 1, 0)
+        yield h, expected / (host + entering + first + steps * step + target(h + 1) + costs.rollback(h, accept))
 
 
 def loosening(costs: Costs, exact: float, loose: float, unsure: float, window: int,
@@ -96,14 +105,9 @@ def loosening(costs: Costs, exact: float, loose: float, unsure: float, window: i
     anyway the window costs nothing more. Each loosened round also asks the draft model for its
     token where the target is unsure after it (a share ``unsure`` of positions): a draft step."""
     first, step = costs.draft(2), costs.draft(1)
-    exact_rate = best(costs, exact, h_max, first, step)[0]
-    loose_rate = 0.0
-    host, target, entering = costs.host, costs.target, costs.entering()
-    for h, expected in enumerate(kept(itertools.repeat(loose, h_max)), start=1):
-        if h >= min(window, h_max):
-            seconds = host + entering + first + (h - 1 + unsure) * step + target(h + 1) + costs.rollback(h, loose)
-            loose_rate = max(loose_rate, expected / seconds)
-    return exact_rate, loose_rate
+    loosened = rates(costs, itertools.repeat(loose, h_max), first + unsure * step, step, 0, loose)  # an ask a round
+    loose_rate = max((rate for h, rate in loosened if h >= min(window, h_max)), default=0.0)
+    return best(costs, exact, h_max, first, step)[0], loose_rate
 
 
 def value(costs: Costs, pace: float, chances: Sequence[float]) -> tuple[float, int]:
