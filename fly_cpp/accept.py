@@ -257,6 +257,11 @@ def entropy_needed(drafted: np.ndarray, target: np.ndarray, policy: AcceptPolicy
     need = np.zeros(m, dtype=bool)
     if not policy.loosens or exact.all():
         return need
+    first = int(np.argmin(exact))
+    if window_left == 0 and first >= m - policy.window:
+        # most rounds: the first mismatch is too late for its window, so it is the hopeless one
+        need[first] = cross_round and bool(exact[first + 1:].all())
+        return need
     start = 0
     if window_left > 0:
         if m <= window_left or not exact[:window_left].all():
@@ -315,7 +320,7 @@ def judge(
     target = np.asarray(target)
     m = drafted.shape[0]
     exact = exact_matches(drafted, target, target_alt)
-    if window_left == 0 and (exact.all() or not policy.loosens):  # every round of spd, most of fly's
+    if window_left == 0 and (exact.all() or not policy.loosens or entropy is None):  # every round of spd, most of fly's
         n = m if exact.all() else int(np.argmin(exact))
         return Verdict(n, (), int(target[n]), False)
     start, confirmed = 0, False

@@ -47,11 +47,33 @@ _SIGNATURES = {
 
 
 class DraftContext(ctypes.Structure):
-    """native/flyrows.h's fly_draft_ctx: the draft context a draft run decodes in."""
+    """native/flyrows.h's fly_draft_ctx: the draft context a draft run decodes in (one thread's:
+    it keeps the runs' output buffers, ``scratch``)."""
 
     _fields_ = [("decode", _p), ("get_logits", _p), ("seq_rm", _p), ("ctx", _p), ("memory", _p), ("batch", _p),
                 ("n_batch", ctypes.c_int32), ("seq", ctypes.c_int32), ("row_len", _i64), ("n_vocab", _i64),
                 ("eog", _p)]
+
+    def scratch(self, limit: int) -> _Scratch:
+        """The output buffers of a run of up to ``limit`` tokens, made once and then reused."""
+        held = self.__dict__.get("_scratch")
+        if held is None or len(held[0]) < limit:
+            held = self.__dict__["_scratch"] = _Scratch(max(limit, 16))
+        return held
+
+
+class _Scratch(tuple):
+    """(tokens, confidences, cache length, last token, status) of a draft run, with the pointers
+    ``fly_draft_run`` takes (allocated once per draft context: a round's drafting is one call)."""
+
+    pointers: tuple[object, ...]
+
+    def __new__(cls, n: int) -> _Scratch:
+        out, conf = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float64)
+        done, last, status = ctypes.c_int64(0), ctypes.c_int32(-1), ctypes.c_int32(0)
+        self = super().__new__(cls, (out, conf, done, last, status))
+        self.pointers = (ctypes.byref(done), _ptr(out), _ptr(conf), ctypes.byref(last), ctypes.byref(status))
+        return self
 
 
 class DraftRules(ctypes.Structure):
@@ -330,12 +352,9 @@ def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: 
     if not (hist.dtype == np.int32 and hist.ndim == 1 and hist.flags.c_contiguous
             and len(hist) >= n_hist + rules.limit):
         raise ValueError("hist must be a contiguous int32 array with room for the drafted tokens")
-    out = np.empty(max(rules.limit, 1), dtype=np.int32)
-    conf = np.empty(max(rules.limit, 1), dtype=np.float64)
-    done = ctypes.c_int64(n_done)
-    last = ctypes.c_int32(-1)
-    status = ctypes.c_int32(0)
-    got = _need().fly_draft_run(ctypes.byref(where), ctypes.byref(rules), _ptr(hist), n_hist, ctypes.byref(done),
-                                _ptr(out), _ptr(conf), ctypes.byref(last), ctypes.byref(status))
+    scratch = where.scratch(rules.limit)
+    out, conf, done, last, status = scratch
+    done.value, last.value, status.value = n_done, -1, 0
+    got = _need().fly_draft_run(ctypes.byref(where), ctypes.byref(rules), _ptr(hist), n_hist, *scratch.pointers)
     asked = rules.confident or rules.p_min > 0
     return out[:got].tolist(), conf[:got].tolist() if asked else [], done.value, last.value, status.value

@@ -94,6 +94,10 @@ class Context(Cache):
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        # numpy views of the batch's columns: a decode fills them by slices, not entry by entry
+        b, n = self._batch, self.n_batch
+        self._columns = tuple(np.ctypeslib.as_array(c, shape=(n,)) for c in (b.token, b.pos, b.n_seq_id, b.logits))
+        self._logits: tuple[int, int, np.ndarray] | None = None  # (address, rows, the view) last read
         self.seq_id = 0  # the sequence this context's own ``tokens`` and rollbacks are about
         self.n_rs_seq = ll.llama_n_rs_seq(self.ptr) if recurrent else 0
         self._track(self._rollback_kind(recurrent))
@@ -147,14 +151,18 @@ class Context(Cache):
     def _decode_range(self, end: int, want: int) -> None:
         tokens = self.tokens
         batch = self._batch
+        token, pos, n_seq_id, logits = self._columns
         for lo, hi in chunks(self._done, end, self.n_batch):
-            for i in range(hi - lo):
-                batch.token[i] = tokens[lo + i]
-                batch.pos[i] = lo + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = lo + i >= end - want
-            batch.n_tokens = hi - lo
+            n = hi - lo
+            token[:n] = tokens[lo:hi]
+            pos[:n] = np.arange(lo, hi, dtype=np.int32)
+            n_seq_id[:n] = 1
+            logits[:n] = 0
+            logits[max(end - want - lo, 0):n] = 1
+            seq_id = batch.seq_id
+            for i in range(n):
+                seq_id[i][0] = 0
+            batch.n_tokens = n
             rc = self._call(ll.llama_decode, self.ptr, batch)
             if rc != 0:
                 self._physical(lo, failed=True)  # a failed decode may leave part of the chunk behind
@@ -164,7 +172,13 @@ class Context(Cache):
             self._record_hidden(lo, hi)
 
     def _rows(self, want: int) -> np.ndarray:
-        return np.ctypeslib.as_array(self._call(ll.llama_get_logits, self.ptr), shape=(want, self.model.n_vocab))
+        address = ctypes.cast(self._call(ll.llama_get_logits, self.ptr), ctypes.c_void_p).value
+        last = self._logits
+        if last is None or last[0] != address or last[1] != want:  # llama.cpp's buffer moved, or other rows
+            view = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)),
+                                         shape=(want, self.model.n_vocab))
+            last = self._logits = (address, want, view)
+        return last[2]
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
@@ -243,6 +257,7 @@ class Context(Cache):
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
+            self._logits = None
             ll.llama_batch_free(self._batch)
             self._call.release(ll.llama_free, self.ptr)
             self.ptr = None
