@@ -67,13 +67,19 @@ bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved sin
     local modes=(--modes target,fly,spd) fidelity=(--no-fidelity)
     [[ " $* " == *" --modes "* ]] && modes=()
     [ "$pair" = big ] && fidelity=()  # the target's NLL of each mode's text (issue 52's bar on big)
+    local known  # the pairs' loosening verdicts before this bench: the one it adds is this pair's
+    known=$(python3 -c 'from fly_cpp import jsoncache, loosening; print(" ".join(jsoncache.load(loosening.path())))')
     timeout 300 python3 -m fly_cpp.cli.main bench --pair "$pair" -ngl "$ngl" -ngld "$ngl" -t "$threads" \
         --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 "${modes[@]}" --k auto \
         --llama-cpp-bin "$bin" "${fidelity[@]}" --no-plots -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
         || { tail -20 "$out/bench-$pair.log"; return 1; }
     cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
     sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
-    python3 -c 'from fly_cpp import jsoncache, loosening; [print(v["why"]) for v in jsoncache.load(loosening.path()).values()]' \
+    KNOWN="$known" PAIR="$pair" python3 -c 'import os; from fly_cpp import jsoncache, loosening
+known = os.environ["KNOWN"].split()
+for k, v in jsoncache.load(loosening.path()).items():
+    if k not in known:
+        print(os.environ["PAIR"] + ": fly " + ("loosens" if v["loosen"] else "matches exactly") + ": " + v["why"])' \
         | tee "$out/loosening-$pair.txt"  # whether the defaults loosened here, and what the probe measured
     if [ "$pair" = big ]; then  # the exact option: greedy spd at -ub 1 writes the target's own text (and its cost)
         timeout 200 python3 -m fly_cpp.cli.main bench --pair big -ngl "$ngl" -ngld "$ngl" -t "$threads" -ub 1 \
