@@ -119,7 +119,7 @@ class DraftModel:
                                   tokens)
         if not (self._own <= n <= len(self.path) and common_prefix(self.path, committed) == n):
             self._own = n  # a new path, not the continuation of the last one (as ``step``)
-        out, confidences, last = self.ctx.draft_run(self._hist, n, rules, self.n_vocab)
+        out, confidences, last = self.ctx.draft_run(self._hist, n, rules, self.n_vocab, text=committed)
         self.path = [*committed, *self.ctx.tokens[n:], last]
         return out, confidences
 

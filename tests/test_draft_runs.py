@@ -51,6 +51,9 @@ def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, 
             for d in (fast.draft_model, slow.draft_model):
                 assert d.ctx.tokens == d.ctx.tokens[: len(d.path) - 1] and d.ctx.tokens == d.path[:-1]
             assert fast.draft_model.ctx.tokens == slow.draft_model.ctx.tokens
+            # the run's cache shares the text's and the draft's int objects (compared by identity each round)
+            fast_tokens = fast.draft_model.ctx.tokens
+            assert all(x is y for x, y in zip(fast_tokens, [*committed, *a.tokens]))
             assert (fast.draft_model.path, fast.draft_model._own) == (slow.draft_model.path, slow.draft_model._own)
             drafted += len(a)
             kept = int(rng.integers(0, len(a) + 1))

@@ -237,9 +237,9 @@ class Seq(Cache):
         return self.runs_natively and native.has_draft_run() and scheduler.alone()
 
     def draft_run(self, hist: np.ndarray, n_hist: int, rules: native.DraftRules, n_vocab: int,
-                  ) -> tuple[list[int], list[float], int]:
+                  text: Sequence[int] | None = None) -> tuple[list[int], list[float], int]:
         """``Context.draft_run`` on this sequence (at once: nothing else decodes meanwhile)."""
-        return self.ctx.draft_run(hist, n_hist, rules, n_vocab, self)
+        return self.ctx.draft_run(hist, n_hist, rules, n_vocab, self, text)
 
     def greedy_run(self, token: int, n: int, stop: np.ndarray | None) -> list[int]:
         """As ``Context.greedy_run``, one row of this sequence in each of the shared decodes
