@@ -147,9 +147,9 @@ def _spy_decodes(monkeypatch) -> list[tuple[Context, int]]:
         calls.append((self, len(tokens) - logits if isinstance(logits, int) else len(tokens)))
         return real(self, tokens, logits)
 
-    def spy_run(self, hist, n_hist, rules, n_vocab):  # a native draft run: its catch-up likewise
+    def spy_run(self, hist, n_hist, rules, n_vocab, *rest, **kw):  # a native draft run: its catch-up likewise
         calls.append((self, n_hist - 1 - len(self.tokens)))
-        return real_run(self, hist, n_hist, rules, n_vocab)
+        return real_run(self, hist, n_hist, rules, n_vocab, *rest, **kw)
 
     real_run = Context.draft_run
     monkeypatch.setattr(Context, "decode", spy)
