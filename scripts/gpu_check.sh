@@ -6,7 +6,7 @@
 #   costly  the synthetic `costly` pair's single-stream bench beside llama.cpp's binaries
 #   make    the synthetic `big` pair made (an 8B-class F16 target, ~14.5 GB: about a minute)
 #   big     the `big` pair's single-stream bench beside llama.cpp's binaries (and fly-cpp's
-#           exact option, -ub 1: the target's own greedy text with speculation)
+#           exact option, -ub 1: the target's own greedy text, at a decode per verified row)
 #   load    fly-cpp serve against llama-server under load on `costly` (-np 1/4 with 4 clients,
 #           -np 8 with 8; scripts/slots_bench.py)
 #
