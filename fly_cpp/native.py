@@ -56,24 +56,22 @@ class DraftContext(ctypes.Structure):
 
     def scratch(self, limit: int) -> _Scratch:
         """The output buffers of a run of up to ``limit`` tokens, made once and then reused."""
-        held = self.__dict__.get("_scratch")
-        if held is None or len(held[0]) < limit:
-            held = self.__dict__["_scratch"] = _Scratch(max(limit, 16))
+        held = getattr(self, "_scratch", None)
+        if held is None or len(held.out) < limit:
+            held = self._scratch = _Scratch(max(limit, 16))
         return held
 
 
-class _Scratch(tuple):
-    """(tokens, confidences, cache length, last token, status) of a draft run, with the pointers
-    ``fly_draft_run`` takes (allocated once per draft context: a round's drafting is one call)."""
+class _Scratch:
+    """A draft run's outputs (its tokens, their confidences, what the cache holds after, the
+    draft's last token, the status) and the pointers ``fly_draft_run`` takes, made once per draft
+    context: a round's drafting is one call."""
 
-    pointers: tuple[object, ...]
-
-    def __new__(cls, n: int) -> _Scratch:
-        out, conf = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float64)
-        done, last, status = ctypes.c_int64(0), ctypes.c_int32(-1), ctypes.c_int32(0)
-        self = super().__new__(cls, (out, conf, done, last, status))
-        self.pointers = (ctypes.byref(done), _ptr(out), _ptr(conf), ctypes.byref(last), ctypes.byref(status))
-        return self
+    def __init__(self, n: int) -> None:
+        self.out, self.conf = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float64)
+        self.done, self.last, self.status = ctypes.c_int64(0), ctypes.c_int32(-1), ctypes.c_int32(0)
+        self.pointers = (ctypes.byref(self.done), _ptr(self.out), _ptr(self.conf), ctypes.byref(self.last),
+                         ctypes.byref(self.status))
 
 
 class DraftRules(ctypes.Structure):
@@ -352,9 +350,8 @@ def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: 
     if not (hist.dtype == np.int32 and hist.ndim == 1 and hist.flags.c_contiguous
             and len(hist) >= n_hist + rules.limit):
         raise ValueError("hist must be a contiguous int32 array with room for the drafted tokens")
-    scratch = where.scratch(rules.limit)
-    out, conf, done, last, status = scratch
-    done.value, last.value, status.value = n_done, -1, 0
-    got = _need().fly_draft_run(ctypes.byref(where), ctypes.byref(rules), _ptr(hist), n_hist, *scratch.pointers)
+    s = where.scratch(rules.limit)
+    s.done.value, s.last.value, s.status.value = n_done, -1, 0
+    got = _need().fly_draft_run(ctypes.byref(where), ctypes.byref(rules), _ptr(hist), n_hist, *s.pointers)
     asked = rules.confident or rules.p_min > 0
-    return out[:got].tolist(), conf[:got].tolist() if asked else [], done.value, last.value, status.value
+    return s.out[:got].tolist(), s.conf[:got].tolist() if asked else [], s.done.value, s.last.value, s.status.value

@@ -155,17 +155,10 @@ class Batcher:
                 j.error = decode_failed(ctx.model.name, status, {-1: "no logits"})
 
     def _run_one(self, jobs: list[Job]) -> None:
-        ctx, batch, i = self.ctx, self.ctx._batch, 0
+        ctx, i = self.ctx, 0
         for j in jobs:
-            for k, token in enumerate(j.tokens if not j.run else j.tokens[:1]):
-                batch.token[i] = token
-                batch.pos[i] = j.pos + k
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = j.seq
-                batch.logits[i] = 1 if j.run else k >= len(j.tokens) - j.want
-                i += 1
-        batch.n_tokens = i
-        rc = ctx._call(ll.llama_decode, ctx.ptr, batch)
+            i = ctx.fill_batch(i, j.tokens[:1] if j.run else j.tokens, j.pos, j.seq, 1 if j.run else j.want)
+        rc = ctx._call(ll.llama_decode, ctx.ptr, ctx._batch)
         self.decodes += 1
         self.rows += i
         if rc != 0:
@@ -176,7 +169,7 @@ class Batcher:
         n_out = sum(1 if j.run else j.want for j in jobs)
         # (n_out, n_vocab): the rows with logits in batch order; each sequence keeps a copy, since
         # the next shared decode overwrites the buffer before its owner may have read it
-        out = np.ctypeslib.as_array(ctx._call(ll.llama_get_logits, ctx.ptr), shape=(n_out, ctx.model.n_vocab))
+        out = ctx._rows(n_out)
         at = 0
         for j in jobs:
             if j.run:  # one token of its run in this batch

@@ -151,26 +151,31 @@ class Context(Cache):
 
     def _decode_range(self, end: int, want: int) -> None:
         tokens = self.tokens
-        batch = self._batch
-        token, pos, n_seq_id, logits = self._columns
         for lo, hi in chunks(self._done, end, self.n_batch):
-            n = hi - lo
-            token[:n] = tokens[lo:hi]
-            pos[:n] = np.arange(lo, hi, dtype=np.int32)
-            n_seq_id[:n] = 1
-            logits[:n] = 0
-            logits[max(end - want - lo, 0):n] = 1
-            seq_id = batch.seq_id
-            for i in range(n):
-                seq_id[i][0] = 0
-            batch.n_tokens = n
-            rc = self._call(ll.llama_decode, self.ptr, batch)
+            self.fill_batch(0, tokens[lo:hi], lo, 0, hi - max(end - want, lo))
+            rc = self._call(ll.llama_decode, self.ptr, self._batch)
             if rc != 0:
                 self._physical(lo, failed=True)  # a failed decode may leave part of the chunk behind
                 raise decode_failed(self.model.name, rc)
             self._done = hi
             self._room = min(self.n_rs_seq, hi - lo - 1)
             self._record_hidden(lo, hi)
+
+    def fill_batch(self, at: int, tokens: Sequence[int], pos: int, seq: int, want: int) -> int:
+        """Put ``tokens`` in the batch from its entry ``at``: positions ``pos``.., sequence ``seq``,
+        logits for the last ``want`` of them. The batch then holds entries 0..end (returned)."""
+        token, position, n_seq_id, logits = self._columns
+        end = at + len(tokens)
+        token[at:end] = tokens
+        position[at:end] = np.arange(pos, pos + end - at, dtype=np.int32)
+        n_seq_id[at:end] = 1
+        logits[at:end] = 0
+        logits[max(end - want, at):end] = 1
+        seq_id = self._batch.seq_id
+        for i in range(at, end):
+            seq_id[i][0] = seq
+        self._batch.n_tokens = end
+        return end
 
     def _rows(self, want: int) -> np.ndarray:
         address = ctypes.cast(self._call(ll.llama_get_logits, self.ptr), ctypes.c_void_p).value
