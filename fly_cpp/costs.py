@@ -211,7 +211,16 @@ class Costs:
         ran: a one-row decode timed at 4.9 s and 6 rows at 5.4 s made batches look free, and
         every later run drafted where nothing pays), that kind's scale jumps to it at once and
         the curve is marked to be cached as the live decodes price it (``live``). Returns
-        whether the scale was set."""
+        whether the scale was set.
+
+        The other kind's scale, where its own check has not settled it yet, becomes the median of
+        what that check has seen so far: it was learned from the contradicted curve in steps held
+        to a tenth, and the live ratios its check kept are the better price. Under load on the
+        bundled pair, a batch decoded before the one-row check settled kept a scale of 0.86-0.95
+        beside a one-row scale set to 0.02-0.03 (its live ratio 0.03-0.04); batches then looked
+        about 30x dearer than they were, no round drafted again, and the curve rescaled from
+        those scales was unfit to cache: 3 of 126 runs of a 20x too dear cached curve beside
+        three busy processes (`tests/test_costs.py`'s flaky test), none of 60 since."""
         seen = self._checks[batch]
         if not self.cached or len(seen) >= MEDIAN_OF:
             return False
@@ -220,10 +229,15 @@ class Costs:
         if len(seen) < MEDIAN_OF or 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
             return False
         self.disagrees = True
+        other = self._checks[not batch]
         if batch:
             self.batch_scale = mid
+            if 0 < len(other) < MEDIAN_OF:
+                self.target_scale = statistics.median(other)
         else:
             self.target_scale = mid
+            if 0 < len(other) < MEDIAN_OF and self.batch_scale is not None:
+                self.batch_scale = statistics.median(other)
         return True
 
     def live(self) -> tuple[Curve, Curve | None]:

@@ -263,6 +263,23 @@ def test_a_rescaled_curve_keeps_its_shape_by_kind_and_never_has_a_batch_below_on
     assert draft is not None and draft.seconds == pytest.approx((1 * MS, 2 * MS))
 
 
+def test_a_batch_seen_before_the_one_row_check_settles_takes_its_own_live_price():
+    """The sequence that dropped a contradicted curve under load: a batch decoded while the
+    one-row check was still pending blended its scale from the stale one-row scale; when the
+    check then set the one-row scale to the live ratio, the batch scale stayed 20x too dear."""
+    c = Costs(Curve((1, 4), (20 * MS, 40 * MS)), None, cached=True)  # 20x too dear
+    c.observe_target(1, 1 * MS, count=3)  # a run of one-row decodes: two warm, the check pending
+    c.observe_target(2, 1.5 * MS)  # a switch: not warm
+    c.observe_target(2, 1.5 * MS)  # its own check pending too: blended from the one-row scale
+    assert c.batch_scale is not None and c.batch_scale > 0.5
+    c.observe_target(1, 1 * MS)  # a switch
+    c.observe_target(1, 1 * MS)  # the one-row check settles: 0.05
+    assert c.disagrees and c.target_scale == pytest.approx(0.05)
+    assert c.batch_scale == pytest.approx(1.5 / (20 + 20 / 3))  # its one live ratio (2 rows on the curve), not the stale blend
+    target, _ = c.live()
+    assert target.plausible and target(4) > target(1)
+
+
 def test_a_one_row_decode_follows_the_batches_scale_until_one_is_seen():
     c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), None, cached=True)
     for _ in range(4):  # drafting every round, on a machine 1.6x slower than when the curve was measured
