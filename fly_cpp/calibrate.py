@@ -206,7 +206,8 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
     if t is None or ((draft is not None or head) and d is None):
         return None
     when = entry.get("measured")
-    return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft), measured=when if isinstance(when, str) else "")
+    return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft), measured=when if isinstance(when, str) else "",
+                 draft_checked=entry.get("draft_checked") is True)
 
 
 def _measure_plausibly(ctx: Decoder, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
@@ -243,8 +244,13 @@ def store_live(key: str, costs: Costs, target_settings: ModelSettings, draft_set
         return None
     first = costs.measured.split(RESCALED_SINCE, 1)[-1]  # a rescaled curve's own calibration, once
     note = f"rescaled from live decodes {_when()}{RESCALED_SINCE}{first or 'unknown'}"
-    _store(key, target, None if head else draft, draft if head else None, note)
+    _store(key, target, None if head else draft, draft if head else None, note, costs.draft_checked)
     return note
+
+
+def store_draft_checked(key: str) -> None:
+    """Note in the pair's entry that live decodes checked its draft curve (``Costs.draft_checked``)."""
+    costcache.note(key, draft_checked=True)
 
 
 def flat(curve: Curve) -> bool:
@@ -261,8 +267,11 @@ def on_cpu(settings: ModelSettings) -> bool:
     return placed(settings).offloaded_layers == 0
 
 
-def _store(key: str, target: Curve, draft: Curve | None, mtp: Curve | None, when: str) -> None:
+def _store(key: str, target: Curve, draft: Curve | None, mtp: Curve | None, when: str,
+           draft_checked: bool = False) -> None:
     entry = {"target": _entry(target), "draft": _entry(draft), "measured": when}
+    if draft_checked:  # by live decodes: a later process need not check it again (``Costs.draft_checked``)
+        entry["draft_checked"] = True
     costcache.store(key, entry if mtp is None else {**entry, "mtp": _entry(mtp)})
 
 

@@ -19,7 +19,7 @@ from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
-from fly_cpp.calibrate import cached, calibrate, pair_key, store_live
+from fly_cpp.calibrate import cached, calibrate, pair_key, store_draft_checked, store_live
 from fly_cpp.config import AUTO, ModelSettings, SpecSettings
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.draft_model import DraftModel, ModelDrafter
@@ -281,9 +281,13 @@ class Control:
         live decodes contradicted cached again as they priced it (``store_live``: the next
         process starts from it, measuring nothing), or dropped when that is unfit to cache."""
         p = self.pair
-        if self._costs is not None and self._costs.disagrees and self._costs.cached:
-            self._costs.recached(store_live(self.cost_key(), self._costs, p.target_settings, p.draft_settings,
-                                            head=p.mtp is not None and p.draft is None))
+        costs = self._costs
+        if costs is not None and costs.disagrees and costs.cached:
+            costs.recached(store_live(self.cost_key(), costs, p.target_settings, p.draft_settings,
+                                      head=p.mtp is not None and p.draft is None))
+        elif costs is not None and costs.cached and costs.draft_checked_live and not costs.draft_trusted:
+            store_draft_checked(self.cost_key())  # checked once: the next processes need not
+            costs.draft_noted()
         stats.pacing = pacer.as_dict()
         if id(pacer) in self._records:  # else a caller's own paced drafter, learning for itself
             self._unsaved.add(id(pacer))

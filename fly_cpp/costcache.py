@@ -65,6 +65,13 @@ def store(key: str, entry: dict[str, object]) -> None:
     jsoncache.store(cache_path(), key, entry, MAX_ENTRIES)
 
 
+def note(key: str, **fields: object) -> None:
+    """Add ``fields`` to ``key``'s entry, where there is one."""
+    entry = load().get(key)
+    if entry is not None:
+        store(key, {**entry, **fields})
+
+
 def drop(key: str) -> None:
     """Forget ``key``'s entry (its next use measures again)."""
     jsoncache.drop(cache_path(), key)

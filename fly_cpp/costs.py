@@ -117,9 +117,10 @@ class Costs:
     batches, each following the other until a decode of its own kind is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
-                 rollbacks: Rollbacks | None = None, measured: str = "") -> None:
+                 rollbacks: Rollbacks | None = None, measured: str = "", draft_checked: bool = False) -> None:
         self.target_curve, self.draft_curve = target, draft
         self.cached = cached  # the curves came from the cache, not from a measurement now
+        self.draft_trusted = draft_checked  # the cached draft curve was checked by an earlier process's live decodes
         self.measured = measured  # when and under what load the curves were measured ("" unknown)
         self.rollbacks = rollbacks  # recurrent/hybrid caches: what going back costs (None: KV caches, free)
         self.target_scale = self.draft_scale = 1.0
@@ -130,6 +131,7 @@ class Costs:
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
         self._draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
+        self._draft_checks: list[float] = []  # the cached draft curve's first live ratios
         self._seen = {False: False, True: False}  # a warm decode of each kind (one row, a batch) was seen
         self._guessed: list[float] | None = None  # the one-row scale followed the batches: its first own ratios
         self.disagrees = False  # the live decodes contradicted the cached curve: it is to be cached rescaled
@@ -267,11 +269,40 @@ class Costs:
         """Whether the draft model decoded in this round: its decodes in the next one teach then."""
         self._draft_warm = drafting
 
+    @property
+    def draft_checked(self) -> bool:
+        """The draft curve needs no live decodes to be trusted: measured by this process, or its
+        cached price checked (``observe_draft``), here or by an earlier process."""
+        return self.draft_curve is None or not self.cached or self.draft_trusted or self.draft_checked_live
+
+    @property
+    def draft_checked_live(self) -> bool:
+        """This process's live draft decodes checked the cached draft curve."""
+        return len(self._draft_checks) >= MEDIAN_OF
+
+    def draft_noted(self) -> None:
+        """The cache now says that the draft curve was checked."""
+        self.draft_trusted = True
+
     def observe_draft(self, rows: int, seconds: float) -> None:
         """A draft decode, learned from when the draft model decoded in the last round too (its
-        first decode after idle rounds switches kinds as the target's do)."""
-        if self.draft_curve is not None and rows > 0 and self._draft_warm:
-            self.draft_scale = _blend(self.draft_scale, seconds / self.draft_curve(rows, self.depth))
+        first decode after idle rounds switches kinds as the target's do). A cached draft curve
+        is checked by its first warm live decodes as the target's are (``_check``): where their
+        median is off by more than CHECK_TOLERANCE the scale jumps to it. Learned a tenth a
+        decode alone, a draft curve cached 3x too dear on the F16 pair stayed so: no round
+        drafted, not even an exploration, its scale stayed 1.0 and the entry was kept as it
+        was for every later process (``Pacer.plan`` then drafts to check it)."""
+        if self.draft_curve is None or rows <= 0 or not self._draft_warm:
+            return
+        ratio = seconds / self.draft_curve(rows, self.depth)
+        seen = self._draft_checks
+        if self.cached and not self.draft_trusted and len(seen) < MEDIAN_OF:
+            seen.append(ratio)
+            mid = statistics.median(seen)
+            if len(seen) == MEDIAN_OF and not 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
+                self.disagrees, self.draft_scale = True, mid
+                return
+        self.draft_scale = _blend(self.draft_scale, ratio)
 
     def as_dict(self) -> dict[str, object]:
         """Milliseconds by rows, as calibrated (at ``*_depth`` tokens of context; ``*_ms_per_1k``:

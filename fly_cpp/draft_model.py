@@ -175,23 +175,28 @@ class ModelDrafter:
         return self.draft_model.lag(committed)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-              checks: int | None = None) -> Draft:
+              checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
         """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each;
-        ``checks``: the most guess tokens a step checks this time (None: the drafter's own)."""
+        ``checks``: the most guess tokens a step checks this time (None: the drafter's own);
+        ``clock``: step in Python and time each decode by it (``Draft.steps``), the same tokens."""
         if limit <= 0:
             return Draft()
         spec, model = self.spec, self.draft_model
         checks = self.checks if checks is None else checks
         catchup = model.start(committed)
         want_confidence = confident or spec.p_min > 0
-        ran = model.run(committed, limit, need, spec, want_confidence, checks)
-        out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence, checks)
+        steps: list[tuple[int, float]] = []
+        ran = None if clock is not None else model.run(committed, limit, need, spec, want_confidence, checks)
+        out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence,
+                                                                  checks, steps, clock)
         out = out[:limit]
-        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True)
+        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True, steps=tuple(steps))
 
     def _steps(self, committed: Sequence[int], catchup: list[int], limit: int, need: int,
-               want_confidence: bool, checks: int) -> tuple[list[int], list[float]]:
-        """``draft``'s steps in Python, one draft-model decode each (the reference of ``DraftModel.run``)."""
+               want_confidence: bool, checks: int, steps: list[tuple[int, float]],
+               clock: Callable[[], float] | None = None) -> tuple[list[int], list[float]]:
+        """``draft``'s steps in Python, one draft-model decode each (the reference of
+        ``DraftModel.run``); with a ``clock``, each decode's rows and seconds are added to ``steps``."""
         spec, model = self.spec, self.draft_model
         out: list[int] = []
         confidences: list[float] = []
@@ -199,7 +204,10 @@ class ModelDrafter:
         while len(out) < limit:
             room = min(checks, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
             guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
+            t0 = clock() if clock is not None else 0.0
             s = model.step(catchup, history, guess, want_confidence)
+            if clock is not None:
+                steps.append((s.rows, clock() - t0))
             catchup = []
             new = list(guess[: s.agree])
             owed = len(out) + len(new) < need
@@ -213,9 +221,9 @@ class ModelDrafter:
         return out, confidences
 
     def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-            checks: int | None = None) -> Draft:
+            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
         """The model's own draft (``draft``: the guesses it checks are its own choices too)."""
-        return self.draft(committed, limit, need, confident, checks)
+        return self.draft(committed, limit, need, confident, checks, clock)
 
     def candidate(self, committed: Sequence[int]) -> int:
         return self.draft_model.candidate(committed)

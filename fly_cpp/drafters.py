@@ -34,18 +34,21 @@ class Draft:
     model's own greedy choice where it stands, which is what FLy may keep on a mismatch.
     ``alone``: with no tokens, the rounds (this one included) the drafter has decided to leave
     to the target alone without being asked again (k auto's rest, ``Pacer.rest``): the loop may
-    decode them as one run (``fly_cpp.runs``) and report them together (``Report.rounds``)."""
+    decode them as one run (``fly_cpp.runs``) and report them together (``Report.rounds``).
+    ``steps``: (rows, seconds) of each draft-model decode, where the drafter was given a clock
+    to time them by; not part of what a draft is (equality)."""
 
     tokens: list[int] = field(default_factory=list)
     confidences: list[float | None] = field(default_factory=list)
     by_model: bool = False
     alone: int = 0
+    steps: tuple[tuple[int, float], ...] = field(default=(), compare=False)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, n: int) -> Draft:
-        return Draft(self.tokens[:n], self.confidences[:n], self.by_model)
+        return Draft(self.tokens[:n], self.confidences[:n], self.by_model, steps=self.steps)
 
 
 @dataclass(frozen=True)

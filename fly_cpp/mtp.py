@@ -22,7 +22,7 @@ one pass: each of its rows needs the state the row before produced).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -141,22 +141,27 @@ class MtpDrafter:
         return self.draft_model.lag(committed)
 
     def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-            checks: int | None = None) -> Draft:
+            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
         """Up to ``limit`` of the head's own tokens after ``committed`` (empty where the target has
         not decoded ``committed[:-1]``, which the loop's invariant rules out; a head checks no
-        n-gram guesses: ``checks`` is for the draft model's seam)."""
+        n-gram guesses: ``checks`` is for the draft model's seam); ``clock``: time each step by it
+        (``Draft.steps``)."""
         spec, head = self.spec, self.draft_model
         n = len(committed)
         want_confidence = confident or spec.p_min > 0
         history = list(committed)
         out: list[int] = []
         confidences: list[float | None] = []
+        steps: list[tuple[int, float]] = []
         head.start(committed)
         while len(out) < limit and n + len(out) <= self.ctx.target.n_ctx - 1:
+            t0 = clock() if clock is not None else 0.0
             try:
                 s = head.step([], history, [], want_confidence)
             except FlyError:  # the target has not decoded that far (cannot happen within the loop)
                 break
+            if clock is not None:
+                steps.append((s.rows, clock() - t0))
             sure = s.sure[0] if s.sure else None
             if spec.p_min > 0 and len(out) >= need and sure is not None and sure < spec.p_min:
                 break
@@ -165,7 +170,7 @@ class MtpDrafter:
             confidences.append(sure)
             if cut_at_end(out, [s.token], head.is_eog):
                 break
-        return Draft(out, confidences, by_model=True)
+        return Draft(out, confidences, by_model=True, steps=tuple(steps))
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         """The head's greedy token after ``committed`` (FLy's rule asks for it where no draft of

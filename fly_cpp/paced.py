@@ -94,7 +94,11 @@ class PacedDrafter:
                 found = self._paced(model, committed, n, need)
             else:  # the draft's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
                 checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
-                found = model.own(committed, n, need, confident=True, checks=checks)
+                costs, alone = self.pacer.costs, self.pacer.sharing == 1  # a shared step's cost is not its own
+                found = model.own(committed, n, need, confident=True, checks=checks,  # timed, they check a cached draft curve
+                                  clock=self.now if alone and not costs.draft_checked else None)
+                for rows, seconds in found.steps:
+                    costs.observe_draft(rows, seconds)
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
             self.confidences = list(found.confidences)
             return found

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fly_cpp import worth
-from fly_cpp.costs import Costs
+from fly_cpp.costs import MEDIAN_OF, Costs
 from fly_cpp.decayed import ROUND, Tally, ema
 from fly_cpp.evidence import Acceptance, Evidence, Guesses, bin_of
 
@@ -58,7 +58,12 @@ SEEN = 8.0
 PAIR_SEEN = 32.0
 
 
-DRAFTS = ("draft", "explore", "steady")  # the plans that draft with the draft model
+# the plans that draft with the draft model; "check": two rounds that time the draft's steps
+# against a cached draft curve no live decode has checked (``plan``), judged as no other plan
+DRAFTS = ("draft", "explore", "steady", "check")
+# a check drafts this many tokens in each of its two rounds: its second (warm) round's steps are
+# the live decodes the curve is checked by
+CHECK_TOKENS = MEDIAN_OF + 1
 
 
 class Pacer:
@@ -74,9 +79,11 @@ class Pacer:
         self.idle = 0  # rounds since speculation was last tried
         self.patience = PATIENCE  # rounds to wait before the next exploration
         self.explore_next = False  # an exploration's second round comes next (the first one is not warm)
+        self.draft_check_planned = False  # a check of a cached draft curve was planned (once a pacer)
+        self.check_next = False  # a check's second round comes next
         self.rest = 0  # rounds left to decode with the target alone without planning (nothing can pay before)
         self.matched = 0  # the length of the n-gram match the planned guess continues
-        self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0, "steady": 0}
+        self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0, "steady": 0, "check": 0}
         self.width: int | None = None  # with ``steady``: the generation's draft length (None: not chosen yet)
         self.sharing = 1  # sequences whose rounds share this round's decodes (set each round under load)
         self.unpriced = 0  # planned rounds since a warm one-row target decode was seen
@@ -138,6 +145,9 @@ class Pacer:
                                        depths=[depths(j, mean) for j in range(1, self.k_max + 1)])[1]
             if self.width > 0:
                 return self._chose("steady", min(self.width, limit))
+        if self.check_next and has_draft:
+            self.check_next = False
+            return self._chose("check", min(CHECK_TOKENS, limit))
         if self.explore_next and has_draft:  # judged on its second round: see ``observe``
             self.explore_next = False
             return self._explore(limit, self.costs.draft(lag() + 1), self.costs.draft(1))
@@ -193,6 +203,16 @@ class Pacer:
                     self.rest = self.patience - self.idle - 1  # decode alone till then without planning
                     self.idle += self.rest
                 return self._chose("target", 0)
+        if has_draft and self.sharing == 1 and not self.costs.draft_checked and not self.draft_check_planned:
+            # no exploration can pay, by a cached draft curve that no live decode has checked:
+            # priced 3x too dear (the F16 pair), no round drafted, so nothing ever corrected it,
+            # in any later process. One check a process times the draft's steps against it
+            # (``Costs.observe_draft``; where explorations can pay, theirs are timed). A measure,
+            # not a try: its rounds teach acceptance and costs but are not judged as drafting
+            # rounds (nothing planned them because drafting might pay). The cache then notes the
+            # curve checked, so it costs one answer two such rounds once per entry.
+            self.draft_check_planned = self.check_next = True
+            return self._chose("check", min(CHECK_TOKENS, limit))
         if not guesses_may_pay:  # neither drafting nor guesses (as often right as they are) pay: rest a while
             self.rest = REST
         return self._chose("target", 0)
@@ -304,7 +324,7 @@ class Pacer:
             self.guesses.observe(confidences, kept, self.matched)
         if self.sharing > 1:  # a shared decode's timings are not this sequence's: acceptance only
             return
-        if kind in DRAFTS and warm:  # the round's time beside what the target alone would have taken for its tokens, here
+        if kind in DRAFTS and kind != "check" and warm:  # the round's time beside what the target alone would have taken for its tokens, here
             alone = emitted / self.alone()
             self.drafted.add(alone, seconds, 1.0)
             self.evidence.drafted_long.add(alone, seconds, 1.0)

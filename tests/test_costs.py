@@ -280,6 +280,28 @@ def test_a_batch_seen_before_the_one_row_check_settles_takes_its_own_live_price(
     assert target.plausible and target(4) > target(1)
 
 
+def test_a_cached_draft_curve_is_checked_by_its_first_warm_live_decodes():
+    draft = Curve((1, 4), (30 * MS, 60 * MS))  # 3x too dear
+    c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), draft, cached=True)
+    assert not c.draft_checked
+    c.observe_draft(1, 10 * MS)  # not warm: the draft model did not decode in the last round
+    assert not c.draft_checked and c.draft_scale == 1.0
+    c.drafted(True)
+    c.observe_draft(1, 10 * MS)
+    c.observe_draft(1, 11 * MS)
+    assert not c.disagrees and c.draft_scale > 0.8  # a tenth a decode until the check settles
+    c.observe_draft(1, 9 * MS)
+    assert c.draft_checked and c.disagrees and c.draft_scale == pytest.approx(1 / 3)  # at once
+    assert c.live()[1] is not None and c.live()[1].seconds == pytest.approx((10 * MS, 20 * MS))
+    fresh = Costs(Curve((1, 4), (10 * MS, 20 * MS)), draft)  # measured by this process: trusted
+    assert fresh.draft_checked
+    near = Costs(Curve((1, 4), (10 * MS, 20 * MS)), draft, cached=True)
+    near.drafted(True)
+    for _ in range(3):
+        near.observe_draft(1, 25 * MS)  # within the tolerance: checked, learned as before
+    assert near.draft_checked and not near.disagrees
+
+
 def test_a_one_row_decode_follows_the_batches_scale_until_one_is_seen():
     c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), None, cached=True)
     for _ in range(4):  # drafting every round, on a machine 1.6x slower than when the curve was measured
@@ -340,6 +362,46 @@ def test_a_contradicted_calibration_is_cached_rescaled_and_the_next_process_meas
         again = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), max_tokens=96).run()
         assert again.stats.pacing["costs"]["cached"] or again.stats.pacing["costs"]["disagrees"]
     assert load()[key]["measured"].endswith("; calibrated 2026-01-01 00:00 UTC, load 7.00 on 2 cores")  # said once
+
+
+def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, stories_draft, tmp_path, monkeypatch):
+    """A draft curve cached 5x too dear, by which no round could pay to draft: one check times
+    the draft's steps, its scale jumps to the live price, the entry is cached again as they
+    priced it and says so; the next process trusts it and checks nothing."""
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    from fly_cpp import SamplingSettings, SpecSettings
+    from fly_cpp.costcache import load, store
+    with Engine(*_pair(stories, stories_draft)) as e:
+        key, real = e.control.cost_key(), e.costs()
+    one = real.draft_curve.seconds[0] * 5  # batches dearer by a plausible shape: the rescaled curve is fit to cache
+    draft = {"rows": [1, 2, 4, 8], "seconds": [one, 1.5 * one, 2.5 * one, 4.5 * one], "depth": 0, "per_token": [0.0] * 4}
+    store(key, {"target": _entry(real.target_curve, 1.0), "draft": draft, "measured": "then"})
+    greedy = SamplingSettings(temperature=0)
+    with Engine(*_pair(stories, stories_draft)) as e:
+        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=greedy, max_tokens=64).run()
+    costs = gen.stats.pacing["costs"]
+    assert gen.stats.pacing["plans"]["check"] == 2 and costs["draft_scale"] < 0.5
+    entry = load()[key]
+    assert entry["draft_checked"] is True and entry["draft"]["seconds"][0] < 2.5 * real.draft_curve.seconds[0]
+    with Engine(*_pair(stories, stories_draft)) as e:
+        again = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=greedy, max_tokens=64).run()
+    assert again.stats.pacing["plans"]["check"] == 0
+
+
+def test_a_draft_curve_the_live_decodes_confirm_is_noted_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    from fly_cpp.costcache import load, note, store
+    note("absent", draft_checked=True)  # no entry: nothing
+    assert load() == {}
+    store("k", {"target": {}, "draft": None, "measured": "then"})
+    note("k", draft_checked=True)
+    assert load()["k"] == {"target": {}, "draft": None, "measured": "then", "draft_checked": True}
+    c = Costs(Curve((1, 4), (10 * MS, 20 * MS)), Curve((1, 4), (3 * MS, 6 * MS)), cached=True, draft_checked=True)
+    c.drafted(True)
+    for _ in range(3):
+        c.observe_draft(1, 1 * MS)  # trusted: no check, learned a tenth a decode
+    assert c.draft_checked and not c.draft_checked_live and not c.disagrees and c.draft_scale > 0.8
 
 
 def _entry(curve: Curve, times: float) -> dict[str, object]:

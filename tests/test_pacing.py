@@ -121,15 +121,17 @@ def other_token(rng: random.Random, n_vocab: int, not_this: int | None) -> int:
             return token
 
 
-def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0) -> tuple[float, dict[str, int]]:
+def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0,
+             live: Costs | None = None) -> tuple[float, dict[str, int]]:
     """Rounds of the real drafter (``PacedDrafter`` over the draft model) against a simulated
     target that keeps each drafted token with probability ``accept`` and then writes one token
     of its own (the draft's next token, where the draft made one, with probability ``accept``
-    too); each decode takes what ``p``'s made-up tables say. Returns (tokens per second, plans)."""
+    too); each decode takes what ``p``'s made-up tables say (``live``: other tables, where the
+    pacer's are wrong). Returns (tokens per second, plans)."""
     rng = random.Random(seed)
     gen = generation(p)
     drafter, model = gen.drafter, gen.model.draft_model
-    target, draft_costs = p.costs.target_curve, p.costs.draft_curve
+    target, draft_costs = (live or p.costs).target_curve, (live or p.costs).draft_curve
     n_vocab = model.n_vocab
     tokens = seconds = 0.0
     for _ in range(rounds):
@@ -194,6 +196,39 @@ def test_drafts_where_it_pays_and_beats_the_target():
         rates.append(rate)
     # well above the target alone (~1.4x is the best for this curve and a draft always 95% sure; 12 seeds: 1.27x)
     assert sum(rates) / len(rates) > 1.25 / (86 * MS)
+
+
+def test_a_cached_draft_curve_too_dear_for_any_exploration_is_checked_and_drafting_resumes():
+    """A draft curve cached 5x too dear: not even a draft that is always right could pay by it,
+    so no round would draft and nothing would correct it. One exploration checks it by its
+    timed steps (the draft model's live decodes follow the true curve), the draft's scale jumps
+    to the live price, and drafting pays again."""
+    bent = Costs(CPU_F16.target_curve, CPU_F16.draft_curve.scaled(5.0, 5.0), cached=True)
+    p = pacer(bent)
+    assert p.best(1.0, 16, p.costs.draft(1), p.costs.draft(1))[1] == 0
+    model = _DRAFT[0]
+    ctx = Context(model, n_ctx=N_CTX, n_threads=1)
+    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), SpecSettings(ngram=False))
+    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=Clock(ctx, CPU_F16))  # live steps: the true curve
+    prompt = model.tokenize(PROMPT)
+    drafter.begin(prompt)
+    _GENERATIONS[id(p)] = (p, Generation(drafter, inner, list(prompt), len(prompt)))
+    rate, plans = simulate(p, accept=0.9, rounds=300, live=CPU_F16)
+    assert p.costs.disagrees and p.costs.draft_checked
+    assert p.costs.draft_scale == pytest.approx(0.2, rel=0.05)
+    assert plans["draft"] > 200 and rate > 1.2 / (86 * MS)
+
+
+def test_a_checked_or_measured_draft_curve_plans_no_check():
+    for costs in (CPU_Q4, Costs(CPU_Q4.target_curve, CPU_Q4.draft_curve, cached=True)):
+        p = pacer(costs)
+        if costs.cached:  # checked: three warm live decodes within the tolerance
+            p.costs.drafted(True)
+            for _ in range(3):
+                p.costs.observe_draft(1, 21 * MS)
+        assert p.costs.draft_checked
+        _, plans = simulate(p, accept=1.0, rounds=100)
+        assert plans["explore"] == plans["draft"] == 0
 
 
 def test_while_every_round_drafts_the_target_alone_is_priced_now_and_then():
