@@ -226,9 +226,8 @@ class Costs:
         seen = self._checks[batch]
         if not self.cached or len(seen) >= MEDIAN_OF:
             return False
-        seen.append(ratio)
-        mid = statistics.median(seen)
-        if len(seen) < MEDIAN_OF or 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
+        mid = _contradicted(seen, ratio)
+        if mid is None:
             return False
         self.disagrees = True
         other = self._checks[not batch]
@@ -297,9 +296,8 @@ class Costs:
         ratio = seconds / self.draft_curve(rows, self.depth)
         seen = self._draft_checks
         if self.cached and not self.draft_trusted and len(seen) < MEDIAN_OF:
-            seen.append(ratio)
-            mid = statistics.median(seen)
-            if len(seen) == MEDIAN_OF and not 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE:
+            mid = _contradicted(seen, ratio)
+            if mid is not None:
                 self.disagrees, self.draft_scale = True, mid
                 return
         self.draft_scale = _blend(self.draft_scale, ratio)
@@ -320,6 +318,15 @@ class Costs:
 
 def _per_1k(curve: Curve) -> dict[str, float]:
     return {str(r): round(s * 1e6, 3) for r, s in zip(curve.rows, curve.per_token)}
+
+
+def _contradicted(seen: list[float], ratio: float) -> float | None:
+    """A cached curve's check (fewer than MEDIAN_OF live ratios ``seen``) takes ``ratio``: the
+    median of its ratios once it has MEDIAN_OF and that is off by more than CHECK_TOLERANCE
+    either way, else None."""
+    seen.append(ratio)
+    mid = statistics.median(seen)
+    return mid if len(seen) == MEDIAN_OF and not 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE else None
 
 
 def _blend(scale: float, ratio: float) -> float:

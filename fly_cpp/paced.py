@@ -95,8 +95,8 @@ class PacedDrafter:
             else:  # the draft's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
                 checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
                 costs, alone = self.pacer.costs, self.pacer.sharing == 1  # a shared step's cost is not its own
-                found = model.own(committed, n, need, confident=True, checks=checks,  # timed, they check a cached draft curve
-                                  clock=self.now if alone and not costs.draft_checked else None)
+                timed = alone and not costs.draft_checked  # its timed steps check a cached draft curve
+                found = model.own(committed, n, need, confident=True, checks=checks, clock=self.now if timed else None)
                 for rows, seconds in found.steps:
                     costs.observe_draft(rows, seconds)
                 self.pacer.probed(found.confidences[0] if found.confidences else None)
