@@ -4,8 +4,8 @@ Two measurements:
 - ``round_table``: the per-row work one round does on the host, on random logits of a given
   vocabulary size and draft length k. A greedy round: argmax of the k+1 target rows, top-3
   entropy of the drafted rows (worst case: all k need the gate), and k one-row draft argmaxes
-  (one per draft step). A sampled round (authors' rule): 2k+1 draws from the sampling chain
-  plus the k entropies.
+  with the draft's confidence in each (one per draft step: k auto asks every drafted token's).
+  A sampled round (authors' rule): 2k+1 draws from the sampling chain plus the k entropies.
 - ``engine_share``: real generations on a model pair with the library on and off, reporting
   the time per round spent outside the draft and target forward passes (``Stats.host_seconds``)
   and its share of the round.
@@ -53,6 +53,7 @@ def _round(mode: str, target: np.ndarray, draft: np.ndarray, sampler: Sampler) -
         rows.top_entropy(target[:k])
         for i in range(k):
             rows.argmax(draft[i : i + 1])
+            rows.top_probability(draft[i : i + 1])
 
     def sampled() -> None:
         for i in range(2 * k + 1):

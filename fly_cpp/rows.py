@@ -3,7 +3,8 @@
 Inputs are (rows, n_vocab) float32 arrays, usually zero-copy views of llama.cpp's logits
 buffer (valid only until the next decode). The entropy and the top probability run the native
 library (``fly_cpp.native``) when it is available and can read the array in place, and
-otherwise their numpy reference, ``<name>_numpy``; the two agree (tests/test_native_parity.py).
+otherwise their numpy reference, ``<name>_numpy``; the two agree (tests/test_native_parity.py),
+the top probability to within 1e-4 relative (it is a draft's confidence).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def top_entropy(logits: np.ndarray, top: int = 3) -> np.ndarray:
 
 
 def top_probability(logits: np.ndarray) -> np.ndarray:
-    """(rows, V) -> (rows,) float64: the softmax probability of each row's greedy token."""
+    """(rows, V) -> (rows,) float64: the softmax probability of each row's greedy token, to
+    within 1e-4 relative (the draft's confidence in its token: k auto bins it by tenths, p-min
+    cuts at it; natively it takes half the time of an exact sum, 40 us on a 152k-token row)."""
     if native.accepts(logits):
         return native.top_probability(logits)
     return top_probability_numpy(logits)

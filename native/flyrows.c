@@ -1,7 +1,7 @@
 /* fly-cpp native hot path: per-row reductions and sampling over llama.cpp logits rows.
  * See flyrows.h for the contract.
  *
- * Four loops touch every logit of a row (max, argmax, "any above t" and the sum of exp); everything else works on a handful of values. Those four are written once in
+ * Five loops touch every logit of a row (max, argmax, "any above t", the sum of exp and a rough one); everything else works on a handful of values. Those five are written once in
  * flyrows_kernels.h with GCC/Clang vector extensions and compiled for the baseline and, on
  * x86-64, for AVX2+FMA and AVX-512; the widest one the CPU has is picked at the first call, so
  * the default build stays portable (no -march=native). Other compilers get plain loops. No
@@ -23,6 +23,7 @@ struct kernels {
     int64_t (*argmax)(const float *x, int64_t n);
     int (*any_above)(const float *x, int64_t n, float t);
     double (*exp_sum)(const float *x, int64_t n, float peak);
+    double (*exp_sum_rough)(const float *x, int64_t n, float peak); /* within about 1e-4 of exp_sum */
     const char *name;
 };
 
@@ -77,6 +78,7 @@ static double exp_sum_scalar(const float *x, int64_t n, float peak) {
 
 static const struct kernels kernels_scalar = {.row_max = row_max_scalar, .argmax = argmax_scalar,
                                               .any_above = any_above_scalar, .exp_sum = exp_sum_scalar,
+                                              .exp_sum_rough = exp_sum_scalar,
                                               .name = "scalar"};
 
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(FLY_SCALAR_ONLY)
@@ -218,7 +220,7 @@ int fly_top_entropy(const float *x, int64_t rows, int64_t n, int64_t stride, int
 void fly_top_probability(const float *x, int64_t rows, int64_t n, int64_t stride, double *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * stride;
-        out[r] = n > 0 ? 1.0 / kset()->exp_sum(row, n, kset()->row_max(row, n)) : NAN;
+        out[r] = n > 0 ? 1.0 / kset()->exp_sum_rough(row, n, kset()->row_max(row, n)) : NAN;
     }
 }
 
@@ -595,8 +597,9 @@ static int32_t decode_span(const fly_draft_ctx *dc, const int32_t *t, int64_t ba
     return 0;
 }
 
-static inline double top_probability_row(const struct kernels *k, const float *row, int64_t n) {
-    return 1.0 / k->exp_sum(row, n, k->row_max(row, n)); /* fly_top_probability's */
+/* fly_top_probability's, the row's peak known */
+static inline double top_probability_row(const struct kernels *k, const float *row, int64_t n, float peak) {
+    return 1.0 / k->exp_sum_rough(row, n, peak);
 }
 
 int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int32_t *hist, int64_t n_hist,
@@ -638,7 +641,9 @@ int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int
         for (;;) {
             const float *row = rows + agree * dc->row_len;
             token = (int32_t)k->argmax(row, dc->n_vocab);
-            if (want_conf) sure = top_probability_row(k, row, dc->row_len);
+            if (want_conf) /* the argmax's logit is the row's peak where it read the whole row */
+                sure = top_probability_row(k, row, dc->row_len,
+                                           dc->n_vocab == dc->row_len ? row[token] : k->row_max(row, dc->row_len));
             if (agree < guess && token == hist[size + agree]) {
                 if (want_conf) conf[n_out + agree] = sure;
                 agree++;

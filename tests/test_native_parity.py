@@ -1,5 +1,6 @@
 """The native hot path equals its numpy reference: argmax exactly, entropies and probabilities to
-1e-6, and the same sampled token for the same uniform number. Also: without the library the
+1e-6 (the top probability, a draft's confidence, to 1e-4), and the same sampled token for the
+same uniform number. Also: without the library the
 numpy path runs (FLY_CPP_NO_NATIVE=1)."""
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def test_row_reductions_match_numpy(n_vocab: int) -> None:
             assert np.array_equal(native.argmax(x), rows.argmax_numpy(x)), style
             np.testing.assert_allclose(native.top_entropy(x), rows.top_entropy_numpy(x), rtol=1e-6, atol=1e-12,
                                        err_msg=style)
-            np.testing.assert_allclose(native.top_probability(x), rows.top_probability_numpy(x), rtol=1e-6,
-                                       err_msg=style)
+            np.testing.assert_allclose(native.top_probability(x), rows.top_probability_numpy(x), rtol=1e-4,
+                                       err_msg=style)  # rough exps, as fly_top_probability says
 
 
 @needs_native

@@ -138,7 +138,7 @@ static void test_rows(void) {
                 double s = 0.0;
                 for (int64_t i = 0; i < n; i++) s += exp((double)row[i] - (double)row[want]);
                 double pe = 1.0 / s;
-                CHECK(fabs(tp[r] - pe) <= 1e-6 * pe, "top probability n=%lld: %.12g != %.12g", (long long)n, tp[r], pe);
+                CHECK(fabs(tp[r] - pe) <= 1e-4 * pe, "top probability n=%lld: %.12g != %.12g", (long long)n, tp[r], pe);
             }
         }
         free(x);
