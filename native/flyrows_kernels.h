@@ -2,7 +2,7 @@
  * includes this file once per instruction set, with KW (floats per vector), K(name) (name
  * suffix) and KNAME defined, under a target pragma; hence no include guard. Two vectors per step keep
  * two independent dependency chains in flight. Results do not depend on KW except for the
- * order of exp_sum's double additions. */
+ * order of exp_sum's double additions and of exp_sum_rough's float ones. */
 
 typedef float K(vf) __attribute__((vector_size(KW * 4)));
 typedef int32_t K(vi) __attribute__((vector_size(KW * 4)));
