@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check in two device calls: llama.cpp's libraries and llama-server,
 # llama-speculative-simple and llama-completion built for CUDA from the sources llama-cpp-python
-# vendors, fly-cpp on them, tests/test_gpu.py, then with every layer offloaded, stage by stage
+# vendors, fly-cpp on them, tests/test_gpu.py, the host's row work at a real vocabulary (`fly-cpp
+# profile`), then with every layer offloaded, stage by stage
 # (STAGES, in order):
 #   costly  the synthetic `costly` pair's single-stream bench beside llama.cpp's binaries
 #   make    the synthetic `big` pair made (an 8B-class F16 target, ~14.5 GB: about a minute)
@@ -138,6 +139,10 @@ run)
     python3 -c "from fly_cpp.backend.lib import gpu_names; from fly_cpp import native; print(gpu_names(), native.status())"
     python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
     t tests
+    # the host's row work a round at the synthetic pairs' vocabulary and at a real one (Qwen2.5's),
+    # on this machine's CPU: the synthetic pairs cannot show what a real vocabulary's rows cost
+    { lscpu | grep -m1 "Model name"; python3 -m fly_cpp.cli.main profile --vocabs 2048,151936 --ks 6,12 --repeats 5; } \
+        2>&1 | tee "$OUTDIR/profile.txt"
     stages /tmp/b/bin "${STAGES:-costly make}"
     ;;
 again)
