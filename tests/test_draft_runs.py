@@ -22,9 +22,10 @@ def draft_path():
     return bundled.DRAFT
 
 
-def _drafter(model: Model, spec: SpecSettings, n_batch: int, checks: int | None = None) -> ModelDrafter:
+def _drafter(model: Model, spec: SpecSettings, n_batch: int, checks: int | None = None,
+             n_vocab: int | None = None) -> ModelDrafter:
     ctx = Context(model, n_ctx=512, n_threads=1, n_batch=n_batch)
-    return ModelDrafter(DraftModel(ctx, model.n_vocab), spec, checks)
+    return ModelDrafter(DraftModel(ctx, n_vocab or model.n_vocab), spec, checks)
 
 
 def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,11 +33,12 @@ def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, *, n_batch: int = 512,
-             rounds: int = 24, seed: int = 0, checks: int | None = None) -> int:
+             rounds: int = 24, seed: int = 0, checks: int | None = None, n_vocab: int | None = None) -> int:
     """Draft a generation's rounds both ways, each drafter on its own context, committing the same
-    (random) part of each draft and a correction; returns the tokens drafted."""
+    (random) part of each draft and a correction; returns the tokens drafted. ``n_vocab``: the ids
+    the target knows (the argmax reads those; the confidence reads the whole row)."""
     rng = np.random.default_rng(seed)
-    fast, slow = _drafter(model, spec, n_batch, checks), _drafter(model, spec, n_batch, checks)
+    fast, slow = _drafter(model, spec, n_batch, checks, n_vocab), _drafter(model, spec, n_batch, checks, n_vocab)
     committed = model.tokenize(PROMPT)
     drafted = 0
     try:
@@ -84,6 +86,14 @@ def test_draft_runs_check_as_many_guess_tokens_as_the_python_steps(draft_path, m
     """A fixed k whose guess checks are priced (``ModelDrafter.checks``): none, or at most 2 a step."""
     with Model(draft_path) as model:
         assert _compare(model, SpecSettings(mode="spd", k=8), monkeypatch, seed=7 + checks, checks=checks) > 0
+
+
+def test_a_draft_whose_rows_are_longer_than_the_targets_vocabulary(draft_path, monkeypatch):
+    """The argmax reads the ids the target knows; the confidence, the whole row (its peak then
+    found by a pass of its own, not read off the argmax)."""
+    with Model(draft_path) as model:
+        spec = SpecSettings(mode="spd", k=8, p_min=0.4)
+        assert _compare(model, spec, monkeypatch, seed=11, n_vocab=model.n_vocab - 200) > 0
 
 
 def test_small_batches_split_as_decode_does(draft_path, monkeypatch):
