@@ -1,7 +1,6 @@
 """The native hot path equals its numpy reference: argmax exactly, entropies and probabilities to
 1e-6 (the top probability, a draft's confidence, to 1e-4), and the same sampled token for the
-same uniform number. Also: without the library the
-numpy path runs (FLY_CPP_NO_NATIVE=1)."""
+same uniform number. Also: without the library the numpy path runs (FLY_CPP_NO_NATIVE=1)."""
 
 from __future__ import annotations
 
