@@ -20,6 +20,7 @@ import numpy as np
 
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
+from fly_cpp.errors import FlyError
 
 TOP = 10  # llama.cpp's draft sampler keeps this many on the device
 BINS = 10  # k auto's confidence bins (fly_cpp.evidence.BINS)
@@ -64,4 +65,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FlyError, OSError) as e:  # a missing model or texts file: one line, not a traceback
+        raise SystemExit(f"top10_confidence: {e}") from None
