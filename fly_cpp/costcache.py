@@ -67,9 +67,7 @@ def store(key: str, entry: dict[str, object]) -> None:
 
 def note(key: str, **fields: object) -> None:
     """Add ``fields`` to ``key``'s entry, where there is one."""
-    entry = load().get(key)
-    if entry is not None:
-        store(key, {**entry, **fields})
+    jsoncache.update(cache_path(), key, fields)
 
 
 def drop(key: str) -> None:

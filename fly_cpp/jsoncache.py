@@ -32,6 +32,17 @@ def store(path: Path, key: str, entry: Any, max_entries: int = 64) -> None:
         _write(path, data)
 
 
+def update(path: Path, key: str, fields: dict[str, Any]) -> None:
+    """Add ``fields`` to ``key``'s entry (a dict), where there is one, as the newest entry (as
+    ``store`` puts it). One read, under the lock: no write in between is lost."""
+    with _lock:
+        data = load(path)
+        entry = data.pop(key, None)
+        if isinstance(entry, dict):
+            data[key] = {**entry, **fields}
+            _write(path, data)
+
+
 def drop(path: Path, key: str) -> None:
     """Forget ``key``'s entry, if there is one."""
     with _lock:
