@@ -1,4 +1,4 @@
-"""The small JSON caches: entries by key, the oldest dropped first, fields added in place."""
+"""The small JSON caches: entries by key, the oldest dropped first, fields added to an entry."""
 
 import json
 
