@@ -4,7 +4,8 @@ fly-cpp runs llama.cpp through llama-cpp-python's shared libraries; `scripts/bui
 links llama.cpp's binaries statically. Which of a gap to llama-completion is fly-cpp's, and which
 is the build's? This runs each given llama-completion on the same prompts, greedy, a fixed number
 of tokens (`--ignore-eos`), the builds rotated from prompt to prompt, and prints each build's
-eval tokens/s against the first one's, per prompt (geometric mean, 95% interval).
+tokens/s (read from its perf counters as `fly-cpp bench` reads them) against the first one's, per
+prompt (geometric mean, 95% interval).
 
     python scripts/completion_builds.py MODEL.gguf BIN [BIN ...] [-t 2] [--prompts 20] [--repeats 3]
 
@@ -16,29 +17,32 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 
-_EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
+from fly_cpp.bench.peer import parse_completion
+from fly_cpp.errors import FlyError
+
 NAMES = ["Tom", "Sue", "Lily", "Ben", "Mia", "Max", "Anna", "Sam", "Tim", "Lucy"]
 THINGS = ["a big dog", "a red ball", "a little bird", "a shiny car", "a happy cat"]
 
 
-def eval_rate(binary: str, model: str, prompt_file: str, n: int, threads: int) -> float:
+def rate(binary: str, model: str, prompt_file: str, n: int, threads: int) -> float:
     argv = [binary, "-m", model, "-f", prompt_file, "-n", str(n), "-c", "4096", "-t", str(threads), "--temp", "0",
             "--seed", "0", "-ngl", "0", "-no-cnv", "--perf", "--ignore-eos"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     except OSError as e:
         raise SystemExit(f"error: cannot run {binary}: {e.strerror or e}") from None
-    m = _EVAL.search((done.stdout + done.stderr).replace("prompt eval time", "prompt_eval_time"))
-    if done.returncode != 0 or m is None:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SystemExit(f"error: {binary} failed (exit {done.returncode}): {tail[:200]}")
-    return int(m.group(2)) / float(m.group(1)) * 1e3
+    if done.returncode == 0:
+        try:
+            return parse_completion(done.stdout + "\n" + done.stderr).tokens_per_second
+        except FlyError:
+            pass  # no perf counters: said below
+    tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    raise SystemExit(f"error: {binary} failed (exit {done.returncode}): {tail[:200]}")
 
 
 def main() -> int:
@@ -64,7 +68,7 @@ def main() -> int:
                 f.flush()
                 shift = (i + rep) % len(args.bins)
                 for b in list(range(len(args.bins)))[shift:] + list(range(len(args.bins)))[:shift]:
-                    rates[b].append(eval_rate(args.bins[b], args.model, f.name, args.n, args.threads))
+                    rates[b].append(rate(args.bins[b], args.model, f.name, args.n, args.threads))
     print(f"{args.bins[0]}: {statistics.median(rates[0]):.1f} tok/s (median), the reference")
     for b in range(1, len(args.bins)):
         logs = [math.log(x / r) for x, r in zip(rates[b], rates[0])]

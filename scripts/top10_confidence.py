@@ -21,17 +21,15 @@ import numpy as np
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.errors import FlyError
+from fly_cpp.evidence import BINS
+from fly_cpp.rows import top_probability_numpy
 
 TOP = 10  # llama.cpp's draft sampler keeps this many on the device
-BINS = 10  # k auto's confidence bins (fly_cpp.evidence.BINS)
 
 
 def confidences(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n, V) logits -> (full softmax top probability, top probability over the TOP likeliest)."""
-    x = rows.astype(np.float64)
-    full = 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)
-    top = np.sort(x, axis=1)[:, -TOP:]
-    return full, 1.0 / np.exp(top - top[:, -1:]).sum(axis=1)
+    """(n, V) logits -> (full softmax top probability, exact; top probability over the TOP likeliest)."""
+    return top_probability_numpy(rows), top_probability_numpy(np.sort(rows, axis=1)[:, -TOP:])
 
 
 def main() -> None:
