@@ -8,6 +8,12 @@
 #   make    the synthetic `big` pair made (an 8B-class F16 target, ~14.5 GB: about a minute)
 #   big     the `big` pair's single-stream bench beside llama.cpp's binaries (and fly-cpp's
 #           exact option, -ub 1: the target's own greedy text, at a decode per verified row)
+#           Each bench's records come back as results-PAIR.json.gz. With them, here:
+#             python scripts/round_prices.py tests/data/rounds/qwen-coder-k8-16.json.gz \
+#                 --curves-from OUT/results-big.json.gz --ratio fly@k16/spd@k16
+#           prices the real pair's recorded rounds at big's measured costs (the prediction), and
+#             python scripts/round_prices.py OUT/results-big.json.gz --ratio fly@k16/spd@k16
+#           sets big's own rounds priced beside what they measured.
 #   load    fly-cpp serve against llama-server under load on `costly` (-np 1/4 with 4 clients,
 #           -np 8 with 8; scripts/slots_bench.py)
 #
@@ -42,8 +48,8 @@ stages() {  # BIN: llama.cpp's binaries; NGL: layers offloaded (-1: all); STAGES
             bench costly "$bin" "$out" "$ngl" "$threads" "$limit" --peer-k 3,5,8 --peer-p-min 0 ;;
         make)
             python3 -m fly_cpp.cli.main models make-pair big ;;
-        big)  # the defaults, spd (k auto), fly at a fixed k 16, and greedy spd exact (-ub 1: one row at a time)
-            bench big "$bin" "$out" "$ngl" "$threads" "$limit" --modes target,fly,spd,fly@k16 \
+        big)  # the defaults, spd (k auto), fly and spd at a fixed k 16, and greedy spd exact (-ub 1: one row at a time)
+            bench big "$bin" "$out" "$ngl" "$threads" "$limit" --modes target,fly,spd,fly@k16,spd@k16 \
                 --peer-k 3,5,8,16 --peer-p-min 0 ;;
         load)
             python3 -m fly_cpp.cli.main models make-pair costly
@@ -75,6 +81,8 @@ bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved sin
         --llama-cpp-bin "$bin" "${fidelity[@]}" --no-plots -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
         || { tail -20 "$out/bench-$pair.log"; return 1; }
     cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
+    # the run's records: k auto's measured curves in them price recorded rounds (scripts/round_prices.py --curves-from)
+    gzip -c "/tmp/bench-$pair/results.json" >"$out/results-$pair.json.gz"
     sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
     KNOWN="$known" PAIR="$pair" python3 -c 'import os; from fly_cpp import jsoncache, loosening
 known = os.environ["KNOWN"].split()

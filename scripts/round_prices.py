@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Price a bench run's recorded rounds with cost curves: what each mode's rounds would take at
+another machine's costs (a GPU's), with no models and no clock.
+
+    python scripts/round_prices.py RUN/results.json                         # at the run's own curves
+    python scripts/round_prices.py RUN/results.json --curves tests/data/replays/gpu-shaped.json
+    python scripts/round_prices.py RUN/results.json --curves-from GPU_RUN/results.json --ratio fly@k12/spd@k12
+
+A round that drafted d tokens costs what k auto prices it at: a draft decode of the catch-up row
+with the first step (2 rows), d - 1 one-row steps, and a target decode of d + 1 rows. A round
+that drafted nothing costs a one-row target decode, and each token FLy's rule asked of the draft
+beyond its draft (``n_asked``) a one-row step. The rounds, their draft lengths and the tokens are
+the run's: greedy, they are what the texts and the accept rule make of the pair, on any machine
+(fly's loose accepts included, which ``scripts/replay_pacer.py`` does not replay). Only the
+prices change, so that rounds recorded on a CPU predict what the same rounds cost on a GPU.
+
+Curves: ``--curves FILE.json`` (``{"target": {"rows": [...], "seconds": [...]}, "draft": {...}}``,
+as ``tests/data/replays/gpu-shaped.json``), else those k auto priced with in a run
+(``--curves-from``, default the run itself: its first k auto record's calibrated curves times
+its live scales). Each record is priced at the depth halfway through its answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from fly_cpp.bench.summary import geomean
+from fly_cpp.costs import Costs, Curve
+
+DRAFT_FIRST_ROWS = 2  # the first step of a round decodes the catch-up row beside its own
+
+
+def read(path: Path) -> dict:
+    """A JSON file, gzipped where its name ends in .gz (as the GPU check brings results back)."""
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
+        out: dict = json.load(f)
+    return out
+
+
+def _curve(ms: dict[str, float], depth: int, per_1k: dict[str, float] | None) -> Curve:
+    rows = sorted(int(r) for r in ms)
+    return Curve(tuple(rows), tuple(ms[str(r)] / 1e3 for r in rows), depth,
+                 tuple(per_1k[str(r)] / 1e6 for r in rows) if per_1k else ())
+
+
+def costs_from_run(results: dict) -> Costs:
+    """The curves a run's k auto records priced with (calibrated, times the record's live scales)."""
+    for rec in results["records"]:
+        c = ((rec.get("stats") or {}).get("pacing") or {}).get("costs")
+        if c and c.get("draft_ms"):
+            costs = Costs(_curve(c["target_ms"], c["target_depth"], c["target_ms_per_1k"]),
+                          _curve(c["draft_ms"], c["draft_depth"], c["draft_ms_per_1k"]))
+            costs.target_scale, costs.draft_scale = c["target_scale"], c["draft_scale"]
+            costs.batch_scale = c["batch_scale"]
+            return costs
+    raise ValueError("it has no k auto record with a draft model's curves (run the bench with a mode at k auto)")
+
+
+def costs_from_file(path: Path) -> Costs:
+    data = read(path)
+    return Costs(*(Curve(tuple(data[m]["rows"]), tuple(data[m]["seconds"])) for m in ("target", "draft")))
+
+
+def price(stats: dict, costs: Costs) -> float:
+    """Seconds the record's rounds cost at ``costs``."""
+    costs.at(stats["n_prompt"] + stats["n_tokens"] // 2)
+    seconds = stats["n_asked"] * costs.draft(1)
+    for drafted, rounds in stats["draft_lengths"].items():
+        d = int(drafted)
+        one = costs.target(1) if d == 0 else (costs.draft(DRAFT_FIRST_ROWS) + (d - 1) * costs.draft(1)
+                                              + costs.target(d + 1))
+        seconds += rounds * one
+    return seconds
+
+
+def table(results: dict, costs: Costs, ratios: list[tuple[str, str]], beside: bool) -> list[str]:
+    """One row per mode (its rounds priced at ``costs``) and one per ratio; ``beside``: with what
+    the run measured (where ``costs`` are the run's own)."""
+    by_mode: dict[str, dict[str, dict]] = defaultdict(dict)
+    for rec in results["records"]:
+        if not rec.get("peer") and "draft_lengths" in rec.get("stats", {}):
+            by_mode[rec["mode"]][rec["prompt_id"]] = rec["stats"]
+    priced = {m: {p: s["n_tokens"] / price(s, costs) for p, s in recs.items()} for m, recs in by_mode.items()}
+    measured = {m: {p: s["tokens_per_second"] for p, s in recs.items()} for m, recs in by_mode.items()}
+    extra = " measured tok/s | priced / measured |" if beside else ""
+    out = [f"| mode | prompts | tokens a round | loose | priced tok/s |{extra}", "|---" * (5 + 2 * beside) + "|"]
+    for mode, recs in by_mode.items():
+        tokens = sum(s["n_tokens"] for s in recs.values())
+        rounds = sum(s["n_rounds"] for s in recs.values())
+        p_rate = tokens / sum(price(s, costs) for s in recs.values())
+        m_rate = tokens / sum(s["seconds"] for s in recs.values())
+        row = (f"| {mode} | {len(recs)} | {(tokens + sum(s['n_eog'] for s in recs.values())) / rounds:.2f} | "
+               f"{sum(s['n_loose'] for s in recs.values())} | {p_rate:.1f} |")
+        out.append(row + (f" {m_rate:.1f} | {p_rate / m_rate:.3f} |" if beside else ""))
+    if ratios:
+        out += ["", f"| ratio, per prompt (geo) | priced |{' measured |' if beside else ''}",
+                "|---" * (2 + beside) + "|"]
+    for a, b in ratios:
+        if a not in by_mode or b not in by_mode:
+            raise ValueError(f"--ratio {a}/{b}: the run's modes are {', '.join(by_mode)}")
+        both = sorted(set(by_mode[a]) & set(by_mode[b]))
+        row = f"| {a} / {b} | {geomean([priced[a][p] / priced[b][p] for p in both]):.3f} |"
+        out.append(row + (f" {geomean([measured[a][p] / measured[b][p] for p in both]):.3f} |" if beside else ""))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path, help="a fly-cpp bench results.json (or .json.gz)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--curves", type=Path, help="price at these curves (JSON: target, draft; seconds by rows)")
+    src.add_argument("--curves-from", type=Path, help="price at the curves k auto used in this bench run")
+    ap.add_argument("--ratio", action="append", default=[], metavar="A/B", help="per-prompt ratio of two modes")
+    args = ap.parse_args()
+    ratios = []
+    for r in args.ratio:
+        a, sep, b = r.partition("/")
+        if not sep or not a or not b:
+            ap.error(f"--ratio {r!r}: give two modes as A/B (e.g. fly@k12/spd@k12)")
+        ratios.append((a, b))
+    try:
+        results = read(args.results)
+        results["records"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: {args.results} is not a fly-cpp bench results.json ({e})")
+    where = args.curves or args.curves_from or args.results
+    try:
+        if args.curves is not None:
+            costs = costs_from_file(args.curves)
+        else:
+            costs = costs_from_run(results if args.curves_from is None else read(args.curves_from))
+        lines = table(results, costs, ratios, beside=args.curves is None and args.curves_from is None)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: {where}: {e}")
+    print(f"{args.results.name}: its rounds priced at the curves of {where.name}\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
