@@ -8,8 +8,12 @@ another machine's costs (a GPU's), with no models and no clock.
 
 A round that drafted d tokens costs what k auto prices it at: a draft decode of the catch-up row
 with the first step (2 rows), d - 1 one-row steps, and a target decode of d + 1 rows. A round
-that drafted nothing costs a one-row target decode, and each token FLy's rule asked of the draft
-beyond its draft (``n_asked``) a one-row step. The rounds, their draft lengths and the tokens are
+that drafted nothing costs a one-row target decode, but a first token taken from the prompt's
+last row (exact verification: ``Runs.start``), which comes with the prompt's decode; each token
+FLy's rule asked of the draft beyond its draft (``n_asked``) costs a one-row step. "tokens a
+pass": tokens per target pass after the prompt. (A bench's "mean acc." counts that first token's
+round as a pass: where fly's first round decodes the prompt's last token with its drafts, the
+exact modes' ratio there is one round a generation lower than their passes give.) The rounds, their draft lengths and the tokens are
 the run's: greedy, they are what the texts and the accept rule make of the pair, on any machine
 (fly's loose accepts included, which ``scripts/replay_pacer.py`` does not replay). Only the
 prices change, so that rounds recorded on a CPU predict what the same rounds cost on a GPU.
@@ -66,10 +70,22 @@ def costs_from_file(path: Path) -> Costs:
     return Costs(*(Curve(tuple(data[m]["rows"]), tuple(data[m]["seconds"])) for m in ("target", "draft")))
 
 
+def from_prompt(stats: dict) -> int:
+    """1 where the record's first token came from the prompt's last row (exact verification and
+    the target alone: ``Runs.start``), a round of the output's with no target pass of its own (its
+    ``first_seconds`` is then 0: no round finished the prompt), else 0."""
+    return int(stats["first_seconds"] == 0 and stats["draft_lengths"].get("0", 0) > 0)
+
+
+def passes(stats: dict) -> int:
+    """The target's passes after the prompt: the record's rounds but a first token from the prompt's row."""
+    return stats["n_rounds"] - from_prompt(stats)
+
+
 def price(stats: dict, costs: Costs) -> float:
-    """Seconds the record's rounds cost at ``costs``."""
+    """Seconds the record's target passes and draft steps cost at ``costs``."""
     costs.at(stats["n_prompt"] + stats["n_tokens"] // 2)
-    seconds = stats["n_asked"] * costs.draft(1)
+    seconds = stats["n_asked"] * costs.draft(1) - from_prompt(stats) * costs.target(1)
     for drafted, rounds in stats["draft_lengths"].items():
         d = int(drafted)
         one = costs.target(1) if d == 0 else (costs.draft(DRAFT_FIRST_ROWS) + (d - 1) * costs.draft(1)
@@ -88,10 +104,10 @@ def table(results: dict, costs: Costs, ratios: list[tuple[str, str]], beside: bo
     priced = {m: {p: s["n_tokens"] / price(s, costs) for p, s in recs.items()} for m, recs in by_mode.items()}
     measured = {m: {p: s["tokens_per_second"] for p, s in recs.items()} for m, recs in by_mode.items()}
     extra = " measured tok/s | priced / measured |" if beside else ""
-    out = [f"| mode | prompts | tokens a round | loose | priced tok/s |{extra}", "|---" * (5 + 2 * beside) + "|"]
+    out = [f"| mode | prompts | tokens a pass | loose | priced tok/s |{extra}", "|---" * (5 + 2 * beside) + "|"]
     for mode, recs in by_mode.items():
         tokens = sum(s["n_tokens"] for s in recs.values())
-        rounds = sum(s["n_rounds"] for s in recs.values())
+        rounds = sum(passes(s) for s in recs.values())
         p_rate = tokens / sum(price(s, costs) for s in recs.values())
         m_rate = tokens / sum(s["seconds"] for s in recs.values())
         row = (f"| {mode} | {len(recs)} | {(tokens + sum(s['n_eog'] for s in recs.values())) / rounds:.2f} | "
