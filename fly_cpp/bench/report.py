@@ -50,7 +50,10 @@ WIDTH = 100  # the terminal's text fits this many columns
 # the terminal's table: the headline numbers, narrow enough for WIDTH columns (the rest: summary.md)
 TERMINAL = ("mode", "tok/s", "speedup (geo)", "mean acc.", "exact", "loose", "agree", "NLL / target", "accuracy")
 LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup the "
-          "measured acceptance would give with no host time. mean acc.: tokens per target forward pass. host: "
+          "measured acceptance would give with no host time. mean acc.: tokens per round (a round: a target forward pass; "
+          "the exact modes' first token, from the prompt's own pass, counts as a round, which fly's first round, "
+          "decoding the prompt's last token with its drafts, does not have: compare fly with spd by "
+          "scripts/round_prices.py's tokens a pass). host: "
           "loop time outside the draft and target forward passes. rollback: on recurrent and hybrid models, the time "
           "spent taking caches back (state copies, restores, catch-up decodes of their own), per round and as a share "
           "of the decoding time. agree: share of positions where the output "
@@ -153,7 +156,8 @@ def markdown(result: dict[str, Any]) -> str:
 def terminal(result: dict[str, Any]) -> str:
     """What ``fly-cpp bench`` prints: the headline columns and the notes (details: summary.md)."""
     cols = [c for c in COLUMNS if c[0] in TERMINAL]
-    legend = ("speedup: tokens/s over `target` on the same prompt; mean acc.: tokens per target forward pass; "
+    legend = ("speedup: tokens/s over `target` on the same prompt; mean acc.: tokens per round (an exact mode's first "
+              "token, from the prompt's pass, counts as one); "
               "agree: share of positions equal to the target's output. Every column and its meaning: summary.md.")
     lines = [*_head(result), *_table(result["summary"], cols), *notes(result), "", legend, ""]
     return "\n".join(textwrap.fill(line, WIDTH) if not line.startswith("|") else line for line in lines)
