@@ -9,14 +9,16 @@ another machine's costs (a GPU's), with no models and no clock.
 A round that drafted d tokens costs what k auto prices it at: a draft decode of the catch-up row
 with the first step (2 rows), d - 1 one-row steps, and a target decode of d + 1 rows. A round
 that drafted nothing costs a one-row target decode, but a first token taken from the prompt's
-last row (exact verification: ``Runs.start``), which comes with the prompt's decode; each token
-FLy's rule asked of the draft beyond its draft (``n_asked``) costs a one-row step. "tokens a
-pass": tokens per target pass after the prompt. (A bench's "mean acc." counts that first token's
-round as a pass: where fly's first round decodes the prompt's last token with its drafts, the
-exact modes' ratio there is one round a generation lower than their passes give.) The rounds, their draft lengths and the tokens are
-the run's: greedy, they are what the texts and the accept rule make of the pair, on any machine
-(fly's loose accepts included, which ``scripts/replay_pacer.py`` does not replay). Only the
-prices change, so that rounds recorded on a CPU predict what the same rounds cost on a GPU.
+last row (exact verification: ``Runs.start``) comes with the prompt's decode and costs nothing.
+Each token FLy's rule asked of the draft beyond its draft (``n_asked``) costs a one-row step.
+"tokens a pass": tokens per target pass after the prompt. (A bench's "mean acc." counts that
+first token as a round: beside fly, whose first round decodes the prompt's last token with its
+drafts, it gives the exact modes one round more per answer than they decoded.)
+
+The rounds, their draft lengths and the tokens are the run's: greedy, they are what the texts
+and the accept rule make of the pair, on any machine (fly's loose accepts included, which
+``scripts/replay_pacer.py`` does not replay). Only the prices change, so that rounds recorded on
+a CPU predict what the same rounds cost on a GPU.
 
 Curves: ``--curves FILE.json`` (``{"target": {"rows": [...], "seconds": [...]}, "draft": {...}}``,
 as ``tests/data/replays/gpu-shaped.json``), else those k auto priced with in a run
@@ -101,28 +103,36 @@ def table(results: dict, costs: Costs, ratios: list[tuple[str, str]], beside: bo
     for rec in results["records"]:
         if not rec.get("peer") and "draft_lengths" in rec.get("stats", {}):
             by_mode[rec["mode"]][rec["prompt_id"]] = rec["stats"]
-    priced = {m: {p: s["n_tokens"] / price(s, costs) for p, s in recs.items()} for m, recs in by_mode.items()}
-    measured = {m: {p: s["tokens_per_second"] for p, s in recs.items()} for m, recs in by_mode.items()}
+    # per prompt, where an answer had tokens that took time (not an answer ended at its first token)
+    priced = {m: {p: s["n_tokens"] / price(s, costs) for p, s in recs.items() if s["n_tokens"] and price(s, costs) > 0}
+              for m, recs in by_mode.items()}
+    measured = {m: {p: s["tokens_per_second"] for p, s in recs.items() if s["tokens_per_second"] > 0}
+                for m, recs in by_mode.items()}
     extra = " measured tok/s | priced / measured |" if beside else ""
     out = [f"| mode | prompts | tokens a pass | loose | priced tok/s |{extra}", "|---" * (5 + 2 * beside) + "|"]
     for mode, recs in by_mode.items():
         tokens = sum(s["n_tokens"] for s in recs.values())
-        rounds = sum(passes(s) for s in recs.values())
-        p_rate = tokens / sum(price(s, costs) for s in recs.values())
-        m_rate = tokens / sum(s["seconds"] for s in recs.values())
-        row = (f"| {mode} | {len(recs)} | {(tokens + sum(s['n_eog'] for s in recs.values())) / rounds:.2f} | "
-               f"{sum(s['n_loose'] for s in recs.values())} | {p_rate:.1f} |")
-        out.append(row + (f" {m_rate:.1f} | {p_rate / m_rate:.3f} |" if beside else ""))
+        n_passes = sum(passes(s) for s in recs.values())
+        p_seconds, m_seconds = sum(price(s, costs) for s in recs.values()), sum(s["seconds"] for s in recs.values())
+        p_rate, m_rate = tokens / p_seconds if p_seconds > 0 else 0.0, tokens / m_seconds if m_seconds > 0 else 0.0
+        per_pass = (tokens + sum(s["n_eog"] for s in recs.values())) / n_passes if n_passes else 0.0
+        row = f"| {mode} | {len(recs)} | {per_pass:.2f} | {sum(s['n_loose'] for s in recs.values())} | {p_rate:.1f} |"
+        out.append(row + (f" {m_rate:.1f} | {p_rate / m_rate if m_rate else 0.0:.3f} |" if beside else ""))
     if ratios:
         out += ["", f"| ratio, per prompt (geo) | priced |{' measured |' if beside else ''}",
                 "|---" * (2 + beside) + "|"]
     for a, b in ratios:
         if a not in by_mode or b not in by_mode:
             raise ValueError(f"--ratio {a}/{b}: the run's modes are {', '.join(by_mode)}")
-        both = sorted(set(by_mode[a]) & set(by_mode[b]))
-        row = f"| {a} / {b} | {geomean([priced[a][p] / priced[b][p] for p in both]):.3f} |"
-        out.append(row + (f" {geomean([measured[a][p] / measured[b][p] for p in both]):.3f} |" if beside else ""))
+        row = f"| {a} / {b} | {_ratio(priced[a], priced[b])} |"
+        out.append(row + (f" {_ratio(measured[a], measured[b])} |" if beside else ""))
     return out
+
+
+def _ratio(a: dict[str, float], b: dict[str, float]) -> str:
+    """The geometric mean of a / b over the prompts both have ("-" where none)."""
+    both = sorted(set(a) & set(b))
+    return f"{geomean([a[p] / b[p] for p in both]):.3f}" if both else "-"
 
 
 def main() -> None:

@@ -56,3 +56,25 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     done = priced(str(no_auto))
     assert done.returncode == 1 and "no k auto record" in done.stderr and done.stderr.count("\n") == 1
     assert priced(str(no_auto), "--curves", str(GPU_SHAPED)).returncode == 0
+
+
+def test_an_answer_ended_at_its_first_token_leaves_the_ratios(tmp_path: Path) -> None:
+    """An exact mode's one-token answer (its token from the prompt's row: no pass, no cost) is
+    counted in its mode's row but cannot enter a per-prompt ratio."""
+    def stats(drafted: dict[str, int], tokens: int, rounds: int, first: float, seconds: float) -> dict:
+        return {"n_prompt": 10, "n_tokens": tokens, "n_eog": 1, "n_rounds": rounds, "n_asked": 0, "n_loose": 0,
+                "draft_lengths": drafted, "first_seconds": first, "seconds": seconds,
+                "tokens_per_second": tokens / seconds if seconds else 0.0}
+    records = [{"mode": "spd@k4", "prompt_id": "a", "stats": stats({"0": 1}, 0, 1, 0.0, 0.0)},
+               {"mode": "fly@k4", "prompt_id": "a", "stats": stats({"4": 1}, 0, 1, 0.01, 0.01)},
+               {"mode": "spd@k4", "prompt_id": "b", "stats": stats({"0": 1, "4": 2}, 9, 3, 0.0, 0.02)},
+               {"mode": "fly@k4", "prompt_id": "b", "stats": stats({"4": 2}, 9, 2, 0.01, 0.02)}]
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"records": records}))
+    done = priced(str(run), "--curves", str(GPU_SHAPED), "--ratio", "fly@k4/spd@k4")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in done.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith(("| mode", "| ratio"))}
+    assert rows["spd@k4"][:2] == ["2", "5.50"]  # 9 tokens + 2 end tokens in 2 passes: the prompt's row is none
+    assert rows["fly@k4"][:2] == ["2", "3.67"]  # 11 in 3
+    assert rows["fly@k4 / spd@k4"] == ["1.000"]  # prompt b alone, where both decoded the same passes
