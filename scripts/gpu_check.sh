@@ -8,12 +8,9 @@
 #   make    the synthetic `big` pair made (an 8B-class F16 target, ~14.5 GB: about a minute)
 #   big     the `big` pair's single-stream bench beside llama.cpp's binaries (and fly-cpp's
 #           exact option, -ub 1: the target's own greedy text, at a decode per verified row)
-#           Each bench's records come back as results-PAIR.json.gz. With them, here:
-#             python scripts/round_prices.py tests/data/rounds/qwen-coder-k8-16.json.gz \
-#                 --curves-from OUT/results-big.json.gz --ratio fly@k16/spd@k16
-#           prices the real pair's recorded rounds at big's measured costs (the prediction), and
-#             python scripts/round_prices.py OUT/results-big.json.gz --ratio fly@k16/spd@k16
-#           sets big's own rounds priced beside what they measured.
+#           Each bench's records come back as results-PAIR.json.gz, and prices-PAIR.md holds the
+#           real pair's recorded rounds (tests/data/rounds) priced at the pair's measured costs (the
+#           prediction: scripts/round_prices.py) beside the pair's own rounds, priced and measured.
 #   load    fly-cpp serve against llama-server under load on `costly` (-np 1/4 with 4 clients,
 #           -np 8 with 8; scripts/slots_bench.py)
 #
@@ -68,6 +65,14 @@ stages() {  # BIN: llama.cpp's binaries; NGL: layers offloaded (-1: all); STAGES
     t measured
 }
 
+prices() {  # PAIR RESULTS: the real pair's rounds recorded at fixed k 8/12/16 (tests/data/rounds) priced at the
+    # costs k auto measured in this run (the prediction), and this run's own rounds priced beside what they measured
+    python3 scripts/round_prices.py tests/data/rounds/qwen-coder-k8-16.json.gz --curves-from "$2" \
+        --ratio fly@k8/spd@k8 --ratio fly@k12/spd@k12 --ratio fly@k16/spd@k16 --ratio spd@k16/target || true
+    echo
+    python3 scripts/round_prices.py "$2" --ratio fly/spd $([ "$1" = big ] && echo --ratio fly@k16/spd@k16) || true
+}
+
 bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved single-stream bench, 128 tokens, greedy
     local pair=$1 bin=$2 out=$3 ngl=$4 threads=$5 limit=$6
     shift 6
@@ -81,7 +86,6 @@ bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved sin
         --llama-cpp-bin "$bin" "${fidelity[@]}" --no-plots -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
         || { tail -20 "$out/bench-$pair.log"; return 1; }
     cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
-    # the run's records: k auto's measured curves in them price recorded rounds (scripts/round_prices.py --curves-from)
     gzip -c "/tmp/bench-$pair/results.json" >"$out/results-$pair.json.gz"
     sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
     KNOWN="$known" PAIR="$pair" python3 -c 'import os; from fly_cpp import jsoncache, loosening
@@ -90,6 +94,7 @@ for k, v in jsoncache.load(loosening.path()).items():
     if k not in known:
         print(os.environ["PAIR"] + ": fly " + ("loosens" if v["loosen"] else "matches exactly") + ": " + v["why"])' \
         | tee "$out/loosening-$pair.txt"  # whether the defaults loosened here, and what the probe measured
+    prices "$pair" "$out/results-$pair.json.gz" 2>&1 | tee "$out/prices-$pair.md"
     if [ "$pair" = big ]; then  # the exact option: greedy spd at -ub 1 writes the target's own text (and its cost)
         timeout 200 python3 -m fly_cpp.cli.main bench --pair big -ngl "$ngl" -ngld "$ngl" -t "$threads" -ub 1 \
             --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 --modes target,spd \
