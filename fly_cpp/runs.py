@@ -77,6 +77,7 @@ class Runs:
         decode a prompt. The loop's invariant holds after."""
         row = self.target.sync_through(committed)
         token = int(argmax(row[None, :])[0])
+        out.stats.from_prompt()
         self._emit([token], committed, out)
 
     def run(self, committed: list[int], out: Output, most: int = MAX_RUN) -> float:

@@ -100,8 +100,10 @@ class Stats:
     rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
     matches made inside them). n_asked counts the times FLy's rule asked the draft model for its
     token where no draft of its reached (the target was unsure there). n_eog is 1 when the text ended on an end-of-generation token:
-    a round committed it, though it is not part of the text (nor of n_tokens). loosens: whether
-    fly's rule could keep a mismatch in this generation (as set, or as k auto's measure of the
+    a round committed it, though it is not part of the text (nor of n_tokens). n_from_prompt is 1
+    where the first token came from the prompt's last row (exact verification and the target alone:
+    ``Runs.start``): a round of the output's, though no target pass after the prompt made it
+    (``n_passes`` leaves it out). loosens: whether fly's rule could keep a mismatch in this generation (as set, or as k auto's measure of the
     pair settled it: ``fly_cpp.loosening``)."""
 
     mode: str
@@ -120,6 +122,7 @@ class Stats:
     n_refuted: int = 0
     n_refuted_rounds: int = 0
     n_eog: int = 0
+    n_from_prompt: int = 0  # 1: the first token came from the prompt's last row (``from_prompt``)
     n_asked: int = 0
     n_shifts: int = 0  # context shifts (``fly_cpp.shift``)
     prompt_seconds: float = 0.0
@@ -159,6 +162,10 @@ class Stats:
         self.n_refuted += 1
         self.n_refuted_rounds += rounds
 
+    def from_prompt(self) -> None:
+        """The first token comes from the prompt's last row: its round has no target pass of its own."""
+        self.n_from_prompt += 1
+
     def shifted(self) -> None:
         self.n_shifts += 1
 
@@ -177,6 +184,13 @@ class Stats:
         return (self.n_tokens + self.n_eog) / self.n_rounds if self.n_rounds else 0.0
 
     @property
+    def n_passes(self) -> int:
+        """Target passes after the prompt: the rounds, but a first token taken from the prompt's row.
+        fly's first round decodes the prompt's last token with its drafts where the exact modes'
+        prompt decode gives their first token: compare the two by tokens per pass."""
+        return self.n_rounds - self.n_from_prompt
+
+    @property
     def tokens_per_second(self) -> float:
         return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
 
@@ -188,8 +202,8 @@ class Stats:
     def as_dict(self) -> dict[str, object]:
         out = asdict(self)
         out.pop("accepted_lengths")
-        out.update(mean_accepted=self.mean_accepted, tokens_per_second=self.tokens_per_second,
-                   host_seconds=self.host_seconds)
+        out.update(mean_accepted=self.mean_accepted, n_passes=self.n_passes,
+                   tokens_per_second=self.tokens_per_second, host_seconds=self.host_seconds)
         return out
 
     def summary(self) -> str:

@@ -74,8 +74,11 @@ def costs_from_file(path: Path) -> Costs:
 
 def from_prompt(stats: dict) -> int:
     """1 where the record's first token came from the prompt's last row (exact verification and
-    the target alone: ``Runs.start``), a round of the output's with no target pass of its own (its
-    ``first_seconds`` is then 0: no round finished the prompt), else 0."""
+    the target alone: ``Runs.start``), a round of the output's with no target pass of its own, else
+    0: the record's ``n_from_prompt``; in records from before it, 1 where ``first_seconds`` is 0
+    (no round finished the prompt) and a round drafted nothing."""
+    if "n_from_prompt" in stats:
+        return int(stats["n_from_prompt"])
     return int(stats["first_seconds"] == 0 and stats["draft_lengths"].get("0", 0) > 0)
 
 

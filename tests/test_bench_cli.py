@@ -101,6 +101,8 @@ def test_counters_consistent(spec_bench: tuple[Path, dict]) -> None:
         assert sum(row["accepted_length_histogram"].values()) == row["n_rounds"]
         n_eog = sum(r["stats"]["n_eog"] for r in by_mode(result, row["mode"]))
         assert row["mean_accepted"] == pytest.approx((row["n_tokens"] + n_eog) / row["n_rounds"])
+        passes = sum(r["stats"]["n_rounds"] - r["stats"]["n_from_prompt"] for r in by_mode(result, row["mode"]))
+        assert row["tokens_per_pass"] == pytest.approx((row["n_tokens"] + n_eog) / passes)
         loose = row["accepted_length_histogram_loose"]
         assert all(n <= row["accepted_length_histogram"][k] for k, n in loose.items())
         assert (sum(loose.values()) > 0) == (row["n_loose"] > 0)

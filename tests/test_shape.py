@@ -76,6 +76,7 @@ def test_padding_holds_the_width_of_the_widest_recent_round(pair, widths, steady
                         drafter=drafter).run()
     assert out.tokens == target
     started = steady == "off"  # unpadded, the first token comes from the prompt's last row, a round of its own
+    assert out.stats.n_from_prompt == started and out.stats.n_passes == out.stats.n_rounds - started
     rows = [n + 1 for n in drafter.made] + [1] * (out.stats.n_rounds - started - len(drafter.made))  # last: no draft
     assert widths == ([max(rows[: i + 1]) for i in range(len(rows))] if steady == "on" else rows)
 

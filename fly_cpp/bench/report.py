@@ -25,6 +25,7 @@ COLUMNS = [  # (header, key, format): summary.md's table, every number
     ("speedup (med)", "speedup_median", "{:.2f}x"),
     ("ideal", "ideal_speedup_geomean", "{:.2f}x"),
     ("mean acc.", "mean_accepted", "{:.2f}"),
+    ("tok/pass", "tokens_per_pass", "{:.2f}"),
     ("exact", "n_exact", "{}"),
     ("loose", "n_loose", "{}"),
     ("gate rej.", "n_gate_rejected", "{}"),
@@ -52,8 +53,8 @@ TERMINAL = ("mode", "tok/s", "speedup (geo)", "mean acc.", "exact", "loose", "ag
 LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup the "
           "measured acceptance would give with no host time. mean acc.: tokens per round (a round: a target forward pass; "
           "the exact modes' first token, from the prompt's own pass, counts as a round, which fly's first round, "
-          "decoding the prompt's last token with its drafts, does not have: compare fly with spd by "
-          "scripts/round_prices.py's tokens a pass). host: "
+          "decoding the prompt's last token with its drafts, does not have). tok/pass: tokens per target pass after "
+          "the prompt (compare fly with spd by this). host: "
           "loop time outside the draft and target forward passes. rollback: on recurrent and hybrid models, the time "
           "spent taking caches back (state copies, restores, catch-up decodes of their own), per round and as a share "
           "of the decoding time. agree: share of positions where the output "
