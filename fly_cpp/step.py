@@ -103,8 +103,8 @@ class Stats:
     a round committed it, though it is not part of the text (nor of n_tokens). n_from_prompt is 1
     where the first token came from the prompt's last row (exact verification and the target alone:
     ``Runs.start``): a round of the output's, though no target pass after the prompt made it
-    (``n_passes`` leaves it out). loosens: whether fly's rule could keep a mismatch in this generation (as set, or as k auto's measure of the
-    pair settled it: ``fly_cpp.loosening``)."""
+    (``n_passes`` leaves it out). loosens: whether fly's rule could keep a mismatch in this
+    generation (as set, or as k auto's measure of the pair settled it: ``fly_cpp.loosening``)."""
 
     mode: str
     n_prompt: int = 0

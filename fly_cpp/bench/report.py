@@ -51,8 +51,8 @@ WIDTH = 100  # the terminal's text fits this many columns
 # the terminal's table: the headline numbers, narrow enough for WIDTH columns (the rest: summary.md)
 TERMINAL = ("mode", "tok/s", "speedup (geo)", "mean acc.", "exact", "loose", "agree", "NLL / target", "accuracy")
 LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup the "
-          "measured acceptance would give with no host time. mean acc.: tokens per round (a round: a target forward pass; "
-          "the exact modes' first token, from the prompt's own pass, counts as a round, which fly's first round, "
+          "measured acceptance would give with no host time. mean acc.: tokens per round (a round: a target forward "
+          "pass; the exact modes' first token, from the prompt's own pass, counts as a round, which fly's first round, "
           "decoding the prompt's last token with its drafts, does not have). tok/pass: tokens per target pass after "
           "the prompt (compare fly with spd by this). host: "
           "loop time outside the draft and target forward passes. rollback: on recurrent and hybrid models, the time "

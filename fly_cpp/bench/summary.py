@@ -77,7 +77,8 @@ def _mode_summary(recs: list[dict[str, Any]], ref_nll: dict[str, float], ref_pas
         "speedup_geomean": geomean(r.get("speedup") for r in recs),
         "n_rounds": rounds, "mean_accepted": (n_tokens + total("n_eog")) / rounds if rounds else None,
         # per target pass after the prompt (``Stats.n_passes``; a peer's rounds are such passes already)
-        "tokens_per_pass": _ratio(n_tokens + total("n_eog"), sum(s.get("n_passes", s.get("n_rounds", 0)) for s in stats)),
+        "tokens_per_pass": _ratio(n_tokens + total("n_eog"),
+                                  sum(s.get("n_passes", s.get("n_rounds", 0)) for s in stats)),
         "n_drafted": total("n_drafted"),
     }
     if out["peer"]:
