@@ -24,6 +24,7 @@ import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fly_cpp.costcache import LARGEST_TIMED
 from fly_cpp.decayed import ROUND, ema
@@ -316,8 +317,25 @@ class Costs:
                 "cached": self.cached, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
 
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Costs:
+        """The curves and running scales of ``as_dict`` (to its rounding), e.g. a bench record's
+        pacing, to price recorded rounds at the costs a run measured (scripts/round_prices.py)."""
+        costs = cls(_from_ms(d["target_ms"], d["target_depth"], d["target_ms_per_1k"]),
+                    _from_ms(d["draft_ms"], d["draft_depth"], d["draft_ms_per_1k"]) if d.get("draft_ms") else None)
+        costs.target_scale, costs.batch_scale, costs.draft_scale = d["target_scale"], d["batch_scale"], d["draft_scale"]
+        return costs
+
+
 def _per_1k(curve: Curve) -> dict[str, float]:
     return {str(r): round(s * 1e6, 3) for r, s in zip(curve.rows, curve.per_token)}
+
+
+def _from_ms(ms: dict[str, float], depth: int, per_1k: dict[str, float] | None) -> Curve:
+    """A curve from ``as_dict``'s milliseconds by rows and microseconds per token of depth."""
+    rows = sorted(int(r) for r in ms)
+    return Curve(tuple(rows), tuple(ms[str(r)] / 1e3 for r in rows), depth,
+                 tuple(per_1k[str(r)] / 1e6 for r in rows) if per_1k else ())
 
 
 def _contradicted(seen: list[float], ratio: float) -> float | None:

@@ -48,22 +48,12 @@ def read(path: Path) -> dict:
     return out
 
 
-def _curve(ms: dict[str, float], depth: int, per_1k: dict[str, float] | None) -> Curve:
-    rows = sorted(int(r) for r in ms)
-    return Curve(tuple(rows), tuple(ms[str(r)] / 1e3 for r in rows), depth,
-                 tuple(per_1k[str(r)] / 1e6 for r in rows) if per_1k else ())
-
-
 def costs_from_run(results: dict) -> Costs:
-    """The curves a run's k auto records priced with (calibrated, times the record's live scales)."""
+    """The costs a run's first k auto record with a draft model priced with (calibrated, times its live scales)."""
     for rec in results["records"]:
         c = ((rec.get("stats") or {}).get("pacing") or {}).get("costs")
         if c and c.get("draft_ms"):
-            costs = Costs(_curve(c["target_ms"], c["target_depth"], c["target_ms_per_1k"]),
-                          _curve(c["draft_ms"], c["draft_depth"], c["draft_ms_per_1k"]))
-            costs.target_scale, costs.draft_scale = c["target_scale"], c["draft_scale"]
-            costs.batch_scale = c["batch_scale"]
-            return costs
+            return Costs.from_dict(c)
     raise ValueError("it has no k auto record with a draft model's curves (run the bench with a mode at k auto)")
 
 
@@ -106,8 +96,9 @@ def table(results: dict, costs: Costs, ratios: list[tuple[str, str]], beside: bo
     for rec in results["records"]:
         if not rec.get("peer") and "draft_lengths" in rec.get("stats", {}):
             by_mode[rec["mode"]][rec["prompt_id"]] = rec["stats"]
+    seconds = {m: {p: price(s, costs) for p, s in recs.items()} for m, recs in by_mode.items()}
     # per prompt, where an answer had tokens that took time (not an answer ended at its first token)
-    priced = {m: {p: s["n_tokens"] / price(s, costs) for p, s in recs.items() if s["n_tokens"] and price(s, costs) > 0}
+    priced = {m: {p: s["n_tokens"] / seconds[m][p] for p, s in recs.items() if s["n_tokens"] and seconds[m][p] > 0}
               for m, recs in by_mode.items()}
     measured = {m: {p: s["tokens_per_second"] for p, s in recs.items() if s["tokens_per_second"] > 0}
                 for m, recs in by_mode.items()}
@@ -116,7 +107,7 @@ def table(results: dict, costs: Costs, ratios: list[tuple[str, str]], beside: bo
     for mode, recs in by_mode.items():
         tokens = sum(s["n_tokens"] for s in recs.values())
         n_passes = sum(passes(s) for s in recs.values())
-        p_seconds, m_seconds = sum(price(s, costs) for s in recs.values()), sum(s["seconds"] for s in recs.values())
+        p_seconds, m_seconds = sum(seconds[mode].values()), sum(s["seconds"] for s in recs.values())
         p_rate, m_rate = tokens / p_seconds if p_seconds > 0 else 0.0, tokens / m_seconds if m_seconds > 0 else 0.0
         per_pass = (tokens + sum(s["n_eog"] for s in recs.values())) / n_passes if n_passes else 0.0
         row = f"| {mode} | {len(recs)} | {per_pass:.2f} | {sum(s['n_loose'] for s in recs.values())} | {p_rate:.1f} |"

@@ -40,6 +40,22 @@ def test_a_curve_prices_a_decode_by_the_context_it_attends_over():
     assert Curve((1,), (5 * MS,))(1, 10**6) == 5 * MS  # measured at one depth only: depth is ignored
 
 
+def test_costs_come_back_from_their_dict_with_their_scales():
+    """``Costs.from_dict`` reads what ``as_dict`` writes (a bench record's pacing), to its rounding."""
+    costs = Costs(Curve((1, 4), (10 * MS, 20 * MS), depth=100, per_token=(0.01 * MS, 0.04 * MS)),
+                  Curve((1, 2), (1 * MS, 1.5 * MS), depth=90, per_token=(0.002 * MS, 0.003 * MS)))
+    costs.target_scale, costs.batch_scale, costs.draft_scale = 1.25, 0.8, 1.1
+    back = Costs.from_dict(costs.as_dict())
+    for depth in (50, 100, 400):
+        costs.at(depth)
+        back.at(depth)
+        for rows in (1, 3, 4, 9):
+            assert back.target(rows) == pytest.approx(costs.target(rows), rel=1e-6)
+            assert back.draft(rows) == pytest.approx(costs.draft(rows), rel=1e-6)
+    alone = Costs(Curve((1,), (10 * MS,)), None)
+    assert Costs.from_dict(alone.as_dict()).draft_curve is None
+
+
 def test_measure_deep_measures_a_deeper_cache_and_leaves_it_as_it_was(stories):
     with Model(stories) as m, Context(m, n_ctx=256, n_threads=1) as ctx:
         ctx.decode(m.tokenize("Once upon a time"), logits="none")
