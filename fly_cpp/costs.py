@@ -118,14 +118,17 @@ class Costs:
     batches, each following the other until a decode of its own kind is seen)."""
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
-                 rollbacks: Rollbacks | None = None, measured: str = "", draft_checked: bool = False) -> None:
+                 rollbacks: Rollbacks | None = None, measured: str = "", draft_checked: bool = False,
+                 scales: tuple[float, float | None, float] = (1.0, None, 1.0)) -> None:
+        """``scales``: the running scales to start from (the target's one-row decodes, its batches
+        (None: none seen yet), the draft's), as a record of another run's (``from_dict``) left them."""
         self.target_curve, self.draft_curve = target, draft
         self.cached = cached  # the curves came from the cache, not from a measurement now
         self.draft_trusted = draft_checked  # the cached draft curve was checked by an earlier process's live decodes
         self.measured = measured  # when and under what load the curves were measured ("" unknown)
         self.rollbacks = rollbacks  # recurrent/hybrid caches: what going back costs (None: KV caches, free)
-        self.target_scale = self.draft_scale = 1.0
-        self.batch_scale: float | None = None  # target batches (2+ rows); None: none seen yet
+        self.target_scale, self.draft_scale = scales[0], scales[2]
+        self.batch_scale: float | None = scales[1]  # target batches (2+ rows); None: none seen yet
         self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
         self.switch = 0.0  # seconds a target decode of the other kind than the last costs over a warm one, lately
         self.depth = 0  # tokens in the caches this round (both models hold about as many)
@@ -321,10 +324,9 @@ class Costs:
     def from_dict(cls, d: dict[str, Any]) -> Costs:
         """The curves and running scales of ``as_dict`` (to its rounding), e.g. a bench record's
         pacing, to price recorded rounds at the costs a run measured (scripts/round_prices.py)."""
-        costs = cls(_from_ms(d["target_ms"], d["target_depth"], d["target_ms_per_1k"]),
-                    _from_ms(d["draft_ms"], d["draft_depth"], d["draft_ms_per_1k"]) if d.get("draft_ms") else None)
-        costs.target_scale, costs.batch_scale, costs.draft_scale = d["target_scale"], d["batch_scale"], d["draft_scale"]
-        return costs
+        return cls(_from_ms(d["target_ms"], d["target_depth"], d["target_ms_per_1k"]),
+                   _from_ms(d["draft_ms"], d["draft_depth"], d["draft_ms_per_1k"]) if d.get("draft_ms") else None,
+                   scales=(d["target_scale"], d["batch_scale"], d["draft_scale"]))
 
 
 def _per_1k(curve: Curve) -> dict[str, float]:

@@ -321,8 +321,8 @@ def record(args: argparse.Namespace) -> Recording:
 def replay(rec: Recording, chosen: list[tuple[str, dict]], args: argparse.Namespace) -> list[str]:
     """The table: one row per policy, replayed over the recording's traces."""
     found, measured = rec.traces, rec.measured
-    costs = Costs(rec.target, rec.draft)  # the pacer's, scaled: it learns the scales
-    costs.target_scale, costs.batch_scale, costs.draft_scale = args.target_scale, args.batch_scale, args.draft_scale
+    costs = Costs(rec.target, rec.draft,  # the pacer's, scaled: it learns the scales
+                  scales=(args.target_scale, args.batch_scale, args.draft_scale))
     costs.host = args.host_ms / 1e3
     clock = Clock(costs)
     groups = sorted({t.id.split("/")[0] for t in found})

@@ -43,8 +43,10 @@ def test_a_curve_prices_a_decode_by_the_context_it_attends_over():
 def test_costs_come_back_from_their_dict_with_their_scales():
     """``Costs.from_dict`` reads what ``as_dict`` writes (a bench record's pacing), to its rounding."""
     costs = Costs(Curve((1, 4), (10 * MS, 20 * MS), depth=100, per_token=(0.01 * MS, 0.04 * MS)),
-                  Curve((1, 2), (1 * MS, 1.5 * MS), depth=90, per_token=(0.002 * MS, 0.003 * MS)))
-    costs.target_scale, costs.batch_scale, costs.draft_scale = 1.25, 0.8, 1.1
+                  Curve((1, 2), (1 * MS, 1.5 * MS), depth=90, per_token=(0.002 * MS, 0.003 * MS)),
+                  scales=(1.25, 0.8, 1.1))
+    costs.at(100)  # the curves' own depth: the scales alone
+    assert costs.target(1) == pytest.approx(12.5 * MS) and costs.target(4) == pytest.approx(16 * MS)
     back = Costs.from_dict(costs.as_dict())
     for depth in (50, 100, 400):
         costs.at(depth)
