@@ -18,9 +18,10 @@ back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's co
 Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
 its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.runs``), and
 so are the rounds a drafter leaves to the target alone (``Draft.alone``) where verification is exact.
-There, and in speculative generations whose verification is exact (in a slot too), the first
-token comes from the prompt's last row (``Runs.start``), before the first round, and goes out
-before the draft model's prompt is decoded (which only the rounds need).
+There, and in greedy speculative generations (in a slot too), the first token comes from the
+prompt's last row (``Runs.start``), before the first round, and goes out before the draft model's
+prompt is decoded (which only the rounds need); under a loosening rule, where the target is unsure
+there, the first round verifies it as before.
 
 A text that fills the context (the cache holding n_ctx - 1 tokens, as llama-server stops) ends
 there, or with ``request.shift`` drops part of its middle and goes on (``fly_cpp.shift``).
@@ -84,15 +85,17 @@ class _Loop:
         first = runs or (Runs.first(request, target, self.constrained) if self.steady is None else None)
         if first is None or out.finish is not None or len(committed) > target.n_ctx:
             first = None  # else: the prompt decoded through its last token, the first token picked
-        yield from prefill(committed, target, first, out, begin)
+        # under a loosening rule the row may leave the first token to the first round (``Runs.start``)
+        open_at = self.verify.may_loosen if drafter is not None and self.verify.policy.loosens else None
+        taken = yield from prefill(committed, target, first, out, begin, open_at)
         waited = 0.0  # time spent by the consumer on the first token, not ours to count
-        if first is not None:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
+        if taken:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
             t3 = perf_counter()
             yield from out.take()
             waited = perf_counter() - t3
         if drafter is not None and out.finish is None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
             drafter.begin(committed)
-        prompt_left = first is None  # the prompt's last token, which the first round decodes
+        prompt_left = first is None  # the prompt's last batch, which the first round's decode finishes
         start = perf_counter()
         stats.prompt_seconds = start - begin - waited
         paused = 0.0  # time spent by the consumer between our yields, not ours to count

@@ -11,8 +11,10 @@ any decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
 from time import perf_counter
+
+import numpy as np
 
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.cache import common_prefix
@@ -23,9 +25,10 @@ from fly_cpp.step import Progress
 
 
 def prefill(committed: list[int], target: Context | Seq, first: Runs | None, out: Output,
-            begin: float) -> Iterator[Progress]:
+            begin: float, open_at: Callable[[np.ndarray, int], bool] | None = None) -> Generator[Progress, None, bool]:
     """Bring ``target`` to the loop's invariant for ``committed`` (the prompt), or through its
-    last token with ``first`` (which then commits the first token), reporting each batch."""
+    last token with ``first`` (which then commits the first token unless ``open_at`` leaves it
+    to the first round: ``Runs.start``), reporting each batch. Returns whether it did."""
     total, cached = len(committed), out.stats.n_cached
     yield Progress(total, cached, cached, 0.0)
     target.truncate(common_prefix(target.tokens, committed[:-1]))
@@ -35,7 +38,8 @@ def prefill(committed: list[int], target: Context | Seq, first: Runs | None, out
         at += target.n_batch
         yield Progress(total, cached, at, perf_counter() - begin)
     if first is not None:
-        first.start(committed, out)
+        taken = first.start(committed, out, open_at)
         yield Progress(total, cached, total, perf_counter() - begin)
-    else:
-        target.sync(committed)  # all but the last token: the first round decodes it
+        return taken
+    target.sync(committed)  # all but the last token: the first round decodes it
+    return False

@@ -22,14 +22,17 @@ k auto's pacer, when no speculation pays, rests a number of rounds without plann
 one run and reports them to the drafter as that many rounds (``Report.rounds``). The last
 token's round, which no drafter is asked about, stays a round (``tests/test_alone_runs.py``).
 
-Speculative generations whose verification is exact (spd, fly with loosening off) take their
-first token from the prompt's last row too (``Runs.first``): the target's choice there is the
-one the first round would have verified, and it comes one round earlier (the first draft then
-continues it); a loosening rule may keep a draft token there instead, so fly keeps its first round.
+Greedy speculative generations take their first token from the prompt's last row too
+(``Runs.first``): the target's choice there is the one the first round would have verified, and
+it comes one round earlier (the first draft then continues it). Under a loosening rule the draft
+model's token may be kept there instead, so where the row leaves that open (the target unsure,
+another token able to pass: ``Verifier.may_loosen``) the first token is left to the first round
+as before, the prompt's last token taken back out of the cache.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
 
 import numpy as np
@@ -64,21 +67,26 @@ class Runs:
     @classmethod
     def first(cls, request: Request, target: Context | Seq, constrained: bool) -> Runs | None:
         """Where the first token can come from the prompt's last row (``start``), without runs:
-        the raw argmax, an exact verification, and a KV cache: of one sequence, or a slot's
-        (``Seq``: its prompt's last chunk is a shared decode like any other)."""
-        exact = not request.spec.policy().loosens
+        the raw argmax and a KV cache: of one sequence, or a slot's (``Seq``: its prompt's last
+        chunk is a shared decode like any other)."""
         one = target.rollback == rb.KV and (isinstance(target, Seq) or target.n_seq == 1)
-        return cls(target, target.model.eog_mask) if exact and one and _raw_argmax(request, constrained) else None
+        return cls(target, target.model.eog_mask) if one and _raw_argmax(request, constrained) else None
 
-    def start(self, committed: list[int], out: Output) -> None:
+    def start(self, committed: list[int], out: Output, open_at: Callable[[np.ndarray, int], bool] | None = None) -> bool:
         """The prompt (``committed``) decoded through its last token in one batch (what the
         cache lacks of it), and the first token picked from that row, committed and emitted as a
         round: one single-token decode fewer than the loop's first round, as llama.cpp's tools
-        decode a prompt. The loop's invariant holds after."""
+        decode a prompt. Where ``open_at(row, token)`` says a loosening rule could keep another
+        token there, nothing is committed and the prompt's last token leaves the cache again.
+        Either way the loop's invariant holds after. Returns whether the token was committed."""
         row = self.target.sync_through(committed)
         token = int(argmax(row[None, :])[0])
+        if open_at is not None and open_at(row, token):
+            self.target.truncate(len(committed) - 1)
+            return False
         out.stats.from_prompt()
         self._emit([token], committed, out)
+        return True
 
     def run(self, committed: list[int], out: Output, most: int = MAX_RUN) -> float:
         """Decode a run of at most ``most`` tokens after ``committed`` (the target's cache holds

@@ -157,7 +157,8 @@ def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
     loose = SpecSettings(mode="fly", loosen="on")
     fly = e.drafter(loose).pacer  # type: ignore[attr-defined]
     fly.evidence.drafted_long.sums, fly.rest = [1.0, 100.0, 40.0], 10_000
-    e.generate(PROMPTS[1], spec=loose, max_tokens=1, cache_prompt=False).run()
+    # (two tokens: the first may come from the prompt's row, before the rounds and the draft's prompt)
+    e.generate(PROMPTS[1], spec=loose, max_tokens=2, cache_prompt=False).run()
     assert len(e.draft_ctx.tokens) >= prompt
 
 
