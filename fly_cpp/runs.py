@@ -72,7 +72,8 @@ class Runs:
         one = target.rollback == rb.KV and (isinstance(target, Seq) or target.n_seq == 1)
         return cls(target, target.model.eog_mask) if one and _raw_argmax(request, constrained) else None
 
-    def start(self, committed: list[int], out: Output, open_at: Callable[[np.ndarray, int], bool] | None = None) -> bool:
+    def start(self, committed: list[int], out: Output,
+              open_at: Callable[[np.ndarray, int], bool] | None = None) -> bool:
         """The prompt (``committed``) decoded through its last token in one batch (what the
         cache lacks of it), and the first token picked from that row, committed and emitted as a
         round: one single-token decode fewer than the loop's first round, as llama.cpp's tools
