@@ -86,7 +86,7 @@ class _Loop:
         if first is None or out.finish is not None or len(committed) > target.n_ctx:
             first = None  # else: the prompt decoded through its last token, the first token picked
         # under a loosening rule the row may leave the first token to the first round (``Runs.start``)
-        open_at = self.verify.may_loosen if drafter is not None and self.verify.policy.loosens else None
+        open_at = self._open_first if drafter is not None and self.verify.policy.loosens else None
         taken = yield from prefill(committed, target, first, out, begin, open_at)
         waited = 0.0  # time spent by the consumer on the first token, not ours to count
         if taken:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
@@ -232,6 +232,23 @@ class _Loop:
                     probs=probs[i] if probs is not None else None)
             if out.finish is not None:
                 break
+
+    def _open_first(self, row: np.ndarray, chosen: int) -> bool:
+        """At the prompt's last row (``chosen``: the target's token there): could the rule keep
+        another token in the first position? Under FLy's plan-independent rule only the draft
+        model's own token can be kept there, so it is asked, as a round asks (``_ask``); the
+        published rule may keep whatever a first draft holds wherever the gate is open."""
+        verify, drafter, committed = self.verify, self.drafter, self.committed
+        assert drafter is not None
+        if not verify.may_loosen(row, chosen):
+            return False
+        if not verify.own_only:
+            return True
+        row = np.array(row)  # a view of the target's buffer: other slots' decodes may reuse it meanwhile
+        drafter.begin(committed)
+        token = drafter.candidate(committed)
+        self.stats.asked()
+        return token is not None and verify.admits(row, token, committed, chosen)
 
     def _ask(self, record: Round, row: np.ndarray, history: list[int], chosen: int) -> int | None:
         """FLy's rule where no draft of the draft model's reached (the target decoded alone, an

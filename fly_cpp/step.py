@@ -166,6 +166,10 @@ class Stats:
         """The first token comes from the prompt's last row: its round has no target pass of its own."""
         self.n_from_prompt += 1
 
+    def asked(self) -> None:
+        """The draft model asked for its token outside a round (at the prompt's last row)."""
+        self.n_asked += 1
+
     def shifted(self) -> None:
         self.n_shifts += 1
 

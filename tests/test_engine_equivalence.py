@@ -97,17 +97,27 @@ def test_target_as_its_own_draft_on_llama3_vocab(llama3_target):
             assert gen.stats.n_passes == gen.stats.n_rounds - gen.stats.n_from_prompt
 
 
-@pytest.mark.parametrize("gate", ["shut", "open"])
-def test_fly_takes_its_first_token_from_the_prompt_row_where_nothing_else_could_be_kept(stories_pair, gate):
-    # the gate at just below ln 3 (the top-3 entropy's ceiling) still loosens in principle but never
-    # opens on these prompts; at 0 with no plausibility floor every row could keep the draft's token
-    spec = dict(entropy_threshold=1.0986, loosen="on") if gate == "shut" else dict(
-        entropy_threshold=0.0, loose_min_ratio=0.0, loosen="on")
-    for prompt in STORY_PROMPTS:
-        gen = stories_pair.generate(prompt, spec=SpecSettings(mode="fly", k=6, **spec), max_tokens=24).run()
-        assert gen.stats.n_from_prompt == (gate == "shut"), prompt
-        if gate == "shut":  # then FLy is exact matching, and so is its text
-            assert gen.tokens == greedy(stories_pair, prompt, "spd", k=6, n=24), prompt
+@pytest.mark.parametrize("rule", ["shut", "paper", "guarded"])
+def test_fly_takes_its_first_token_from_the_prompt_row_where_nothing_else_could_be_kept(stories_pair, stories_draft,
+                                                                                       rule):
+    # the gate just below ln 3 (the top-3 entropy's ceiling) still loosens in principle but never opens
+    # on these prompts; at 0 with no plausibility floor any other token could be kept anywhere: the
+    # published rule keeps whatever a first draft holds, so its first round verifies the first token;
+    # the guarded rule keeps only the draft model's own token, so it asks for it at the prompt's row
+    spec = dict(entropy_threshold=1.0986) if rule == "shut" else dict(
+        entropy_threshold=0.0, loose_min_ratio=0.0, fly_rule=rule)
+    with Engine(ModelSettings(str(stories_draft), n_ctx=512)) as draft_alone:
+        for prompt in STORY_PROMPTS:
+            gen = stories_pair.generate(prompt, spec=SpecSettings(mode="fly", k=6, loosen="on", **spec),
+                                        max_tokens=24).run()
+            s = gen.stats
+            if rule == "shut":  # then FLy is exact matching, and so is its text
+                assert s.n_from_prompt == 1 and gen.tokens == greedy(stories_pair, prompt, "spd", k=6, n=24), prompt
+            elif rule == "paper":
+                assert s.n_from_prompt == 0 and s.n_asked == 0, prompt
+            else:
+                agree = greedy(draft_alone, prompt, "target", n=1) == greedy(stories_pair, prompt, "target", n=1)
+                assert s.n_asked >= 1 and s.n_from_prompt == agree, prompt
 
 
 def test_fly_with_gate_at_infinity_equals_spd(stories_pair, llama3_pair):
