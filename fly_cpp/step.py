@@ -99,10 +99,11 @@ class Stats:
     (and counted in n_loose), n_refuted were rolled back, and n_refuted_rounds is the number of
     rounds spent on refuted segments (their tokens were thrown away; n_exact still counts the
     matches made inside them). n_asked counts the times FLy's rule asked the draft model for its
-    token where no draft of its reached (the target was unsure there). n_eog is 1 when the text ended on an end-of-generation token:
-    a round committed it, though it is not part of the text (nor of n_tokens). n_from_prompt is 1
-    where the first token came from the prompt's last row (exact verification and the target alone:
-    ``Runs.start``): a round of the output's, though no target pass after the prompt made it
+    token where no draft of its reached (the target was unsure there; the prompt's last row
+    included). n_eog is 1 when the text ended on an end-of-generation token: a round committed it,
+    though it is not part of the text (nor of n_tokens). n_from_prompt is 1 where the first token
+    came from the prompt's last row (greedy, and under FLy's rule where no other token could be
+    kept there: ``Runs.start``): a round of the output's, though no target pass after the prompt made it
     (``n_passes`` leaves it out). loosens: whether fly's rule could keep a mismatch in this
     generation (as set, or as k auto's measure of the pair settled it: ``fly_cpp.loosening``)."""
 
@@ -190,8 +191,9 @@ class Stats:
     @property
     def n_passes(self) -> int:
         """Target passes after the prompt: the rounds, but a first token taken from the prompt's row.
-        fly's first round decodes the prompt's last token with its drafts where the exact modes'
-        prompt decode gives their first token: compare the two by tokens per pass."""
+        Where fly's first round verifies its first token (a loose accept possible there), it decodes
+        the prompt's last token with its drafts where spd's prompt decode gives the first token:
+        compare the two by tokens per pass."""
         return self.n_rounds - self.n_from_prompt
 
     @property
