@@ -52,8 +52,8 @@ WIDTH = 100  # the terminal's text fits this many columns
 TERMINAL = ("mode", "tok/s", "speedup (geo)", "mean acc.", "exact", "loose", "agree", "NLL / target", "accuracy")
 LEGEND = ("speedup: tokens/s over `target` on the same prompt (geometric mean, median). ideal: the speedup the "
           "measured acceptance would give with no host time. mean acc.: tokens per round (a round: a target forward "
-          "pass; the exact modes' first token, from the prompt's own pass, counts as a round, which fly's first round, "
-          "decoding the prompt's last token with its drafts, does not have). tok/pass: tokens per target pass after "
+          "pass; a first token from the prompt's own pass counts as a round too, which fly does not have where its "
+          "first round verifies the first token, a loose accept possible there). tok/pass: tokens per target pass after "
           "the prompt (compare fly with spd by this). host: "
           "loop time outside the draft and target forward passes. rollback: on recurrent and hybrid models, the time "
           "spent taking caches back (state copies, restores, catch-up decodes of their own), per round and as a share "
