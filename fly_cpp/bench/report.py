@@ -157,8 +157,8 @@ def markdown(result: dict[str, Any]) -> str:
 def terminal(result: dict[str, Any]) -> str:
     """What ``fly-cpp bench`` prints: the headline columns and the notes (details: summary.md)."""
     cols = [c for c in COLUMNS if c[0] in TERMINAL]
-    legend = ("speedup: tokens/s over `target` on the same prompt; mean acc.: tokens per round (an exact mode's first "
-              "token, from the prompt's pass, counts as one); "
+    legend = ("speedup: tokens/s over `target` on the same prompt; mean acc.: tokens per round (a first token from "
+              "the prompt's pass counts as one); "
               "agree: share of positions equal to the target's output. Every column and its meaning: summary.md.")
     lines = [*_head(result), *_table(result["summary"], cols), *notes(result), "", legend, ""]
     return "\n".join(textwrap.fill(line, WIDTH) if not line.startswith("|") else line for line in lines)
