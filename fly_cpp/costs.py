@@ -319,7 +319,6 @@ class Costs:
                 "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
                 "cached": self.cached, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
 
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Costs:
         """The curves and running scales of ``as_dict`` (to its rounding), e.g. a bench record's

@@ -246,9 +246,8 @@ class _Loop:
             return True
         row = np.array(row)  # a view of the target's buffer: other slots' decodes may reuse it meanwhile
         drafter.begin(committed)
-        token = drafter.candidate(committed)
         self.stats.asked()
-        return token is not None and verify.admits(row, token, committed, chosen)
+        return self._own_token(row, committed, chosen) is not None
 
     def _ask(self, record: Round, row: np.ndarray, history: list[int], chosen: int) -> int | None:
         """FLy's rule where no draft of the draft model's reached (the target decoded alone, an
@@ -258,11 +257,15 @@ class _Loop:
         the next rounds), else None."""
         if self.drafter is None or not self.verify.may_loosen(row, chosen):
             return None
-        token = self.drafter.candidate(history)
         record.asked += 1
-        if token is None or not self.verify.admits(row, token, history, chosen):
-            return None
-        return token
+        return self._own_token(row, history, chosen)
+
+    def _own_token(self, row: np.ndarray, history: list[int], chosen: int) -> int | None:
+        """The draft model's own token after ``history``, where it passes the gate and the
+        safeguards at ``row`` (the target's, whose token there is ``chosen``), else None."""
+        assert self.drafter is not None
+        token = self.drafter.candidate(history)
+        return token if token is not None and self.verify.admits(row, token, history, chosen) else None
 
     def _refute(self, number: int) -> int:
         """Roll back to the open window's mismatch and commit the target's own token there, in
