@@ -20,8 +20,8 @@ its raw argmax, its rounds are decoded in runs inside the native library (``fly_
 so are the rounds a drafter leaves to the target alone (``Draft.alone``) where verification is exact.
 There, and in greedy speculative generations (in a slot too), the first token comes from the
 prompt's last row (``Runs.start``), before the first round, and goes out before the draft model's
-prompt is decoded (which only the rounds need); under a loosening rule, where the target is unsure
-there, the first round verifies it as before.
+prompt is decoded (which only the rounds need); where a loosening rule could keep the draft model's
+token there instead (``_open_first``), the first round verifies it as before.
 
 A text that fills the context (the cache holding n_ctx - 1 tokens, as llama-server stops) ends
 there, or with ``request.shift`` drops part of its middle and goes on (``fly_cpp.shift``).
