@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from fly_cpp import costcache
+from fly_cpp import costcache, prior as priors
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import ModelSettings
@@ -31,8 +31,8 @@ from fly_cpp.costs import MEDIAN_OF, Costs, Curve
 from fly_cpp.fit import placed
 from fly_cpp.rollback_costs import Rollbacks
 
-TARGET_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)  # the target's sizes timed: every draft length to 16, finer where rounds are
-DRAFT_ROWS = tuple(2 ** i for i in range(costcache.LARGEST_TIMED.bit_length()))  # 1, 2, 4, ... LARGEST_TIMED
+TARGET_ROWS = priors.TARGET_ROWS  # the target's sizes timed: every draft length to 16, finer where rounds are
+DRAFT_ROWS = priors.DRAFT_ROWS  # 1, 2, 4, ... LARGEST_TIMED
 MIN_SECONDS = 0.02  # each size timed (after one untimed warm-up) MEDIAN_OF times, and more, up to MAX_REPEATS, until this long
 MAX_REPEATS = 15  # ... bounding a size's decodes where each is far under MIN_SECONDS (a GPU's)
 MEASURE_TRIES = 3  # tries of a curve while it is implausible (a busy machine bent it), within RETRY_SECONDS
@@ -171,10 +171,11 @@ def pair_key(target: Context, target_settings: ModelSettings, draft: Context | N
 
 def calibrate(target: Context, target_settings: ModelSettings, draft: Context | None,
               draft_settings: ModelSettings | None, token: int, *, refresh: bool = False,
-              mtp: MtpContext | None = None) -> Costs:
+              mtp: MtpContext | None = None, basis: dict[str, object] | None = None) -> Costs:
     """The pair's cost model: from the cache when this pair, loaded this way on this machine,
-    was measured before (unless ``refresh``), else measured now (a few seconds at most) and
-    cached. ``mtp`` (with no draft model): the target's MTP head drafts, its curve is the draft's."""
+    was measured before (unless ``refresh``), else measured now (seconds to half a minute: k auto
+    never calls this inside an answer, it starts from ``prior``) and cached, with ``basis``.
+    ``mtp`` (with no draft model): the target's MTP head drafts, its curve is the draft's."""
     if not refresh and (known := cached(target, target_settings, draft, draft_settings, mtp)) is not None:
         return known
     key = pair_key(target, target_settings, draft, draft_settings)
@@ -187,8 +188,8 @@ def calibrate(target: Context, target_settings: ModelSettings, draft: Context | 
     m, m_ok = (_measure_plausibly(HeadDecodes(mtp), DRAFT_ROWS, token, cpu=False)
                if mtp is not None and draft is None else (None, True))
     when = _when()
-    if t_ok and d_ok and m_ok:
-        _store(key, t, d, m, when)  # a curve the machine's load bent is used now but measured again next time
+    if t_ok and d_ok and m_ok:  # a curve the machine's load bent is used now but measured again next time
+        _store(key, t, d, m, when, basis=basis)
     return Costs(t, d if m is None else m, rollbacks=rollbacks, measured=when)
 
 
@@ -208,6 +209,44 @@ def cached(target: Context, target_settings: ModelSettings, draft: Context | Non
     when = entry.get("measured")
     return Costs(t, d, cached=True, rollbacks=Rollbacks.of(target, draft), measured=when if isinstance(when, str) else "",
                  draft_checked=entry.get("draft_checked") is True)
+
+
+def shape(ctx: Context) -> priors.Shape:
+    """What the prior prices a model by: its GGUF's bytes, parameters and layers, and how many of
+    those layers went to a GPU."""
+    m = ctx.model
+    return priors.Shape(m.size_bytes, m.n_params, m.n_layer, m.offloaded)
+
+
+def basis(target: Context, target_settings: ModelSettings, draft: Context | None,
+          draft_settings: ModelSettings | None) -> dict[str, object]:
+    """What a cached entry records of its models for later pairs' priors: each model's id,
+    threads and shape, and the machine."""
+    def one(ctx: Context, settings: ModelSettings) -> dict[str, object]:
+        return {"id": costcache.model_id(settings, ctx.n_threads), "threads": ctx.n_threads,
+                "shape": shape(ctx).as_dict()}
+    return {"machine": costcache.machine_id(), "target": one(target, target_settings),
+            "draft": one(draft, draft_settings) if draft is not None and draft_settings is not None else None}
+
+
+def prior(target: Context, target_settings: ModelSettings, draft: Context | None,
+          draft_settings: ModelSettings | None, mtp: MtpContext | None = None) -> Costs:
+    """The pair's cost model before any of its decodes is timed (``fly_cpp.prior``): from the
+    models' headers and what this machine learned for other pairs; nothing is measured. The
+    live decodes of the first generation set its scales, and it is cached as they priced it."""
+    known = priors.known_curves(costcache.load(), costcache.machine_id(), _curve)
+    t = priors.of_model(costcache.model_id(target_settings, target.n_threads), shape(target), target.n_threads,
+                        TARGET_ROWS, known)
+    d: Curve | None = None
+    if draft is not None and draft_settings is not None:
+        d = priors.of_model(costcache.model_id(draft_settings, draft.n_threads), shape(draft), draft.n_threads,
+                            DRAFT_ROWS, known)
+    elif mtp is not None:
+        m = target.model
+        d = priors.curve(priors.head(shape(target), m.n_vocab, m.n_embd),
+                         priors.machine([(s, c) for _, n, s, c in known if n == target.n_threads], target.n_threads),
+                         DRAFT_ROWS)
+    return Costs(t, d, rollbacks=Rollbacks.of(target, draft), measured="prior (nothing timed yet)", prior=True)
 
 
 def _measure_plausibly(ctx: Decoder, rows: Sequence[int], token: int, cpu: bool) -> tuple[Curve, bool]:
@@ -232,19 +271,24 @@ def fit(curve: Curve, cpu: bool) -> bool:
 
 
 def store_live(key: str, costs: Costs, target_settings: ModelSettings, draft_settings: ModelSettings | None,
-               head: bool = False) -> str | None:
+               head: bool = False, basis: dict[str, object] | None = None) -> str | None:
     """Cache ``costs``' curves as its live decodes priced them (``Costs.live``), noting when and
     under what load, and when the curve it rescaled was measured; returns that note. When a
     rescaled curve is unfit to cache, the pair's entry is dropped instead (the next process
     measures again) and None returned. ``head``: the draft's place holds the target's MTP head."""
     target, draft = costs.live()
+    if costs.prior:  # the live scales are all there is: a shape they bent past plausible is held to it
+        target, draft = target.bounded(), draft.bounded() if draft is not None else None
     draft_cpu = not head and (draft_settings is None or on_cpu(draft_settings))
     if not fit(target, on_cpu(target_settings)) or (draft is not None and not fit(draft, draft_cpu)):
         costcache.drop(key)
         return None
-    first = costs.measured.split(RESCALED_SINCE, 1)[-1]  # a rescaled curve's own calibration, once
-    note = f"rescaled from live decodes {_when()}{RESCALED_SINCE}{first or 'unknown'}"
-    _store(key, target, None if head else draft, draft if head else None, note, costs.draft_checked)
+    if costs.prior:
+        note = f"learned from live decodes {_when()} (from the prior)"
+    else:
+        first = costs.measured.split(RESCALED_SINCE, 1)[-1]  # a rescaled curve's own calibration, once
+        note = f"rescaled from live decodes {_when()}{RESCALED_SINCE}{first or 'unknown'}"
+    _store(key, target, None if head else draft, draft if head else None, note, costs.draft_checked, basis)
     return note
 
 
@@ -268,8 +312,10 @@ def on_cpu(settings: ModelSettings) -> bool:
 
 
 def _store(key: str, target: Curve, draft: Curve | None, mtp: Curve | None, when: str,
-           draft_checked: bool = False) -> None:
-    entry = {"target": _entry(target), "draft": _entry(draft), "measured": when}
+           draft_checked: bool = False, basis: dict[str, object] | None = None) -> None:
+    entry: dict[str, object] = {"target": _entry(target), "draft": _entry(draft), "measured": when}
+    if basis is not None:  # what later pairs' priors read of it (``prior``)
+        entry["basis"] = basis
     if draft_checked:  # by live decodes: a later process need not check it again (``Costs.draft_checked``)
         entry["draft_checked"] = True
     costcache.store(key, entry if mtp is None else {**entry, "mtp": _entry(mtp)})

@@ -19,7 +19,7 @@ from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
-from fly_cpp.calibrate import cached, calibrate, pair_key, store_draft_checked, store_live
+from fly_cpp.calibrate import basis, cached, calibrate, pair_key, prior, store_draft_checked, store_live
 from fly_cpp.config import AUTO, ModelSettings, SpecSettings
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.draft_model import DraftModel, ModelDrafter
@@ -71,7 +71,6 @@ class Control:
         self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
         self._pacers: dict[tuple[object, ...], Pacer] = {}
         self._verdicts: dict[str, loosening.Verdict] = {}  # whether fly loosens, by accept rule (``verdict``)
-        self._probing: set[str] = set()  # verdicts a task is measuring (the others wait for them)
         self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
         self._saved_at = -STORE_EVERY  # when the evidence was last kept
@@ -101,32 +100,22 @@ class Control:
 
     def verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
         """What loosening gains on this pair under ``spec``'s accept rule (``fly_cpp.loosening``):
-        kept from an earlier process, else measured now on ``slot``'s caches (called on the step loop):
-        a probe of the draft model's, or the cost of a step of the target's MTP head."""
+        kept from an earlier process, else priced now (nothing measured); one priced at the
+        prior's costs is priced again, once, in the first process that has learned curves."""
         record = loosening.key(self.cost_key(), spec)
-        while record in self._probing:  # another slot's task is measuring it: one verdict for all
-            self.steps.pause()
         if record not in self._verdicts:
             known = loosening.recall(record)
-            if known is None:
-                self._probing.add(record)
-                try:
-                    known = self._measure_verdict(spec, slot)
-                finally:
-                    self._probing.discard(record)
+            if known is None or not known.learned and not self.cost_model(slot=slot).prior:
+                known = self._priced_verdict(spec, slot)
                 loosening.keep(record, known)
             self._verdicts[record] = known
         return self._verdicts[record]
 
-    def _measure_verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
+    def _priced_verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
         costs = self.cost_model(slot=slot)
-        target, draft = self.pair.views[slot]
-        if draft is None:
+        if self.pair.views[slot][1] is None:
             return loosening.Verdict.of_head(costs)
-        model = self.pair.target.model
-        tally = loosening.probe(target, draft, spec, min(model.n_vocab, draft.model.n_vocab),
-                                loosening.length(costs, spec), model.tokenize, model.piece, model.is_eog)
-        return loosening.Verdict.priced(costs, tally, spec)
+        return loosening.Verdict.priced(costs, loosening.PRIOR, spec)
 
     def on_gpu(self) -> bool:
         """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where
@@ -237,19 +226,25 @@ class Control:
         return pair_key(p.target, p.target_settings, p.draft, p.draft_settings)
 
     def cost_model(self, *, refresh: bool = False, slot: int = 0) -> Costs:
-        """The cost model, measured (when it must be) on ``slot``'s own caches, on the step loop;
-        a task that needs it while another measures it waits for that measurement."""
+        """The cost model: cached from earlier processes on this machine, else the prior
+        (``fly_cpp.prior``: from the models' headers, nothing measured; the live decodes teach
+        it). ``refresh`` (``fly-cpp profile --recalibrate``) measures it on ``slot``'s own caches,
+        on the step loop; a task that needs it while another measures it waits."""
         while self._measuring:
             self.steps.pause()
+        p = self.pair
+        if self._costs is None and not refresh:
+            self._costs = (cached(p.target, p.target_settings, p.draft, p.draft_settings, p.mtp)
+                           or prior(p.target, p.target_settings, p.draft, p.draft_settings, p.mtp))
         if self._costs is None or refresh:
-            p = self.pair
             model = p.target.model
             token = model.bos if model.bos >= 0 else 0
             target, draft = p.views[slot]
             self._measuring = True
             try:
                 self._costs = calibrate(target, p.target_settings, draft, p.draft_settings,  # type: ignore[arg-type]
-                                        token, refresh=refresh, mtp=p.mtp)
+                                        token, refresh=True, mtp=p.mtp,
+                                        basis=basis(p.target, p.target_settings, p.draft, p.draft_settings))
             finally:
                 self._measuring = False
         return self._costs
@@ -284,7 +279,8 @@ class Control:
         costs = self._costs
         if costs is not None and costs.disagrees and costs.cached:
             costs.recached(store_live(self.cost_key(), costs, p.target_settings, p.draft_settings,
-                                      head=p.mtp is not None and p.draft is None))
+                                      head=p.mtp is not None and p.draft is None,
+                                      basis=basis(p.target, p.target_settings, p.draft, p.draft_settings)))
         elif costs is not None and costs.cached and costs.draft_checked_live and not costs.draft_trusted:
             store_draft_checked(self.cost_key())  # checked once: the next processes need not
             costs.draft_noted()

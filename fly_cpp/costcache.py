@@ -57,6 +57,16 @@ def cache_key(target: ModelSettings, target_threads: int, draft: ModelSettings |
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def machine_id() -> str:
+    """This machine and llama.cpp build, as a short hash (what other pairs' curves are learned on)."""
+    return hashlib.sha256(json.dumps(machine(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def model_id(settings: ModelSettings, threads: int) -> str:
+    """One model's file and loading, as a short hash: its curve is the same in any pair."""
+    return hashlib.sha256(json.dumps(identity(settings, threads), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def load() -> dict[str, dict[str, object]]:
     return jsoncache.load(cache_path())
 

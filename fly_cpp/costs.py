@@ -119,11 +119,16 @@ class Costs:
 
     def __init__(self, target: Curve, draft: Curve | None, *, cached: bool = False,
                  rollbacks: Rollbacks | None = None, measured: str = "", draft_checked: bool = False,
-                 scales: tuple[float, float | None, float] = (1.0, None, 1.0)) -> None:
+                 scales: tuple[float, float | None, float] = (1.0, None, 1.0), prior: bool = False) -> None:
         """``scales``: the running scales to start from (the target's one-row decodes, its batches
-        (None: none seen yet), the draft's), as a record of another run's (``from_dict``) left them."""
+        (None: none seen yet), the draft's), as a record of another run's (``from_dict``) left them.
+        ``prior``: the curves are ``fly_cpp.prior``'s, made from the models' headers, not timed:
+        the first warm live decodes of each kind set its scale whatever they say (a cached
+        curve's only where it is off by more than CHECK_TOLERANCE), and the curves as those
+        decodes priced them are cached when the generation ends (``disagrees``)."""
         self.target_curve, self.draft_curve = target, draft
-        self.cached = cached  # the curves came from the cache, not from a measurement now
+        self.cached = cached or prior  # the curves came from the cache (or the prior), not from a measurement now
+        self.prior = prior
         self.draft_trusted = draft_checked  # the cached draft curve was checked by an earlier process's live decodes
         self.measured = measured  # when and under what load the curves were measured ("" unknown)
         self.rollbacks = rollbacks  # recurrent/hybrid caches: what going back costs (None: KV caches, free)
@@ -230,7 +235,7 @@ class Costs:
         seen = self._checks[batch]
         if not self.cached or len(seen) >= MEDIAN_OF:
             return False
-        mid = _contradicted(seen, ratio)
+        mid = _contradicted(seen, ratio, self.prior)
         if mid is None:
             return False
         self.disagrees = True
@@ -300,7 +305,7 @@ class Costs:
         ratio = seconds / self.draft_curve(rows, self.depth)
         seen = self._draft_checks
         if self.cached and not self.draft_trusted and len(seen) < MEDIAN_OF:
-            mid = _contradicted(seen, ratio)
+            mid = _contradicted(seen, ratio, self.prior)
             if mid is not None:
                 self.disagrees, self.draft_scale = True, mid
                 return
@@ -317,7 +322,7 @@ class Costs:
                 "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
                 "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
-                "cached": self.cached, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
+                "cached": self.cached, "prior": self.prior, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Costs:
@@ -339,13 +344,15 @@ def _from_ms(ms: dict[str, float], depth: int, per_1k: dict[str, float] | None) 
                  tuple(per_1k[str(r)] / 1e6 for r in rows) if per_1k else ())
 
 
-def _contradicted(seen: list[float], ratio: float) -> float | None:
+def _contradicted(seen: list[float], ratio: float, prior: bool = False) -> float | None:
     """A cached curve's check (fewer than MEDIAN_OF live ratios ``seen``) takes ``ratio``: the
     median of its ratios once it has MEDIAN_OF and that is off by more than CHECK_TOLERANCE
-    either way, else None."""
+    either way (a ``prior``'s: off at all), else None."""
     seen.append(ratio)
     mid = statistics.median(seen)
-    return mid if len(seen) == MEDIAN_OF and not 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE else None
+    if len(seen) < MEDIAN_OF:
+        return None
+    return mid if prior or not 1 / CHECK_TOLERANCE <= mid <= CHECK_TOLERANCE else None
 
 
 def _blend(scale: float, ratio: float) -> float:

@@ -1,64 +1,56 @@
-"""Whether FLy loosens under k auto on a pair, from what loosening measurably gains there.
+"""Whether FLy loosens under k auto on a pair, from what loosening would gain there.
 
 With a draft model: tokens per second with and without loosening, priced as k auto prices a
-plan (``worth.loosening``), from the pair's measured costs and from what a probe counts: the
-target writes its greedy text after each of ``PROBES`` (as long as ``length`` says), the draft
-model reads along, and at every position the request's accept rule (``fly_cpp.verify``) judges the
-draft model's token: kept exactly, kept loosely (a mismatch the gate and the safeguards pass,
-followed by a window of exact matches), or not; the share of positions where the target was
-unsure prices the asks (a round asks the draft model's token where the target was unsure and
-no draft reached). On the target's own text, as a generation's rounds are judged: on the draft
-model's text instead, the `costly` pair's acceptance read 0.77 where its rounds kept about 0.5,
-and the probe said loosen where fly then ran 0.95x the target alone and spd 1.45x.
+plan (``worth.loosening``), from the pair's costs (its learned curves, else the prior) and what
+loosening keeps on a typical pair (``PRIOR``): the share of a draft model's tokens kept exactly and
+loosely, and where the target is unsure (a round asks the draft model's token there). What
+decides is the costs: where a draft step and verified rows are cheap beside a target decode
+(a GPU) the rare loose keeps pay for the asks and windows, where they are dear (a CPU) they do
+not. Nothing is measured for it: a probe in which the target wrote its greedy text after two
+openings once decided it, 12-15 s inside a first answer on a 2-core CPU, for verdicts that the
+costs alone decided on every pair measured (docs/fly-rule.md).
 
-With the target's MTP head drafting (no probe drafts with it): its measured step beside a
-target decode.
+With the target's MTP head drafting: its step's price beside a target decode.
 
-Decided once per pair, machine and accept rule, before the first generation that needs it, and
-kept beside the cost cache (``loosening.json``): the same request then gives the same text in
-every later process and slot. Nothing else decides it: not the load, not the text."""
+Decided once per pair, machine and accept rule, when the first generation needs it, and kept
+beside the cost cache (``loosening.json``): the same request then gives the same text in every
+later process and slot. A verdict priced at the prior's costs is priced once more when the
+pair's curves have been learned (``learned``): from the next process on, then kept. Nothing else
+decides it: not the load, not the text."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from fly_cpp import jsoncache, worth
-from fly_cpp.backend.batch import Seq
-from fly_cpp.backend.context import Context
-from fly_cpp.calibrate import RETRY_SECONDS, SPAN
-from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.config import SpecSettings
 from fly_cpp.costcache import cache_path
 from fly_cpp.costs import Costs
 from fly_cpp.recall import key as record_key
-from fly_cpp.request import Request
-from fly_cpp.rows import top_entropy
-from fly_cpp.verify import Verifier
-
-PROBES = ("The history of the printing press begins",
-          'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n')
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether fly loosens on the pair, and why, in words (what was measured)."""
+    """Whether fly loosens on the pair, and why, in words; ``learned``: priced at the pair's
+    learned costs (False: at the prior's, to be priced again once they are learned)."""
 
     loosen: bool
     why: str
+    learned: bool = True
 
     @classmethod
     def priced(cls, costs: Costs, tally: Tally, spec: SpecSettings) -> Verdict:
-        """From what the probe counted (``Tally``), priced with the pair's costs."""
+        """From ``tally``'s shares (``PRIOR``), priced with the pair's costs."""
         accept_exact, accept_loose, unsure = tally.shares()
         exact, loose = worth.loosening(costs, accept_exact, accept_loose, unsure, spec.window, spec.k_max)
         gain = loose / exact if exact > 0 else 0.0
         return cls(bool(gain >= worth.LOOSE_MARGIN),
-                   f"loosened rounds priced {gain:.2f}x exact ones (a drafted token kept {accept_loose:.2f} "
-                   f"loosened, {accept_exact:.2f} exactly; the target unsure at {unsure:.0%} of "
-                   f"{tally.positions} positions)")
+                   f"loosened rounds priced {gain:.2f}x exact ones at the pair's "
+                   f"{'prior' if costs.prior else 'learned'} costs (a drafted token kept {accept_loose:.2f} "
+                   f"loosened, {accept_exact:.2f} exactly; the target unsure at {unsure:.0%} of positions)",
+                   not costs.prior)
 
     @classmethod
     def of_head(cls, costs: Costs) -> Verdict:
@@ -67,7 +59,7 @@ class Verdict:
         share = costs.draft(1) / costs.target(1)
         return cls(bool(share < worth.ASK_SHARE),
                    f"a step of the target's MTP head costs {share:.2f} of a target decode (loosening pays "
-                   f"below {worth.ASK_SHARE})")
+                   f"below {worth.ASK_SHARE})", not costs.prior)
 
     def describe(self) -> str:
         return f"fly {'loosens' if self.loosen else 'matches exactly'}: {self.why}"
@@ -106,57 +98,10 @@ class Tally:
         return self.exact / n, (self.exact + self.loose) / n, self.unsure / n
 
 
-def length(costs: Costs, spec: SpecSettings) -> int:
-    """Tokens of text after each of ``PROBES``: as many as both models decode in about
-    ``RETRY_SECONDS`` (the bound of one model's calibration) over them all, at their measured
-    one-row decodes, and at least three of the longest rounds' worth; in all at most a
-    calibration's ``SPAN`` of context (the host's work per token bounds a tiny pair's probe, not
-    its decodes). The F16 Qwen pair on a 2-core CPU (93 + 18 ms) writes 48 after each, an 8B
-    target on a GPU 256: more of the rare loose keeps where they are cheap to count."""
-    step = max(costs.target(1) + costs.draft(1), 1e-6)
-    most = SPAN // len(PROBES)
-    return min(max(int(RETRY_SECONDS / (len(PROBES) * step)), 3 * spec.k_max), most)
-
-
-def probe(target: Context | Seq, draft: Context | Seq, spec: SpecSettings, n_vocab: int, length: int,
-          tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes],
-          is_eog: Callable[[int], bool]) -> Tally:
-    """The counts of ``Tally`` on ``PROBES``, on these caches: the target writes ``length``
-    tokens of its greedy text after each, the draft model reading along (its own token at every
-    position), and the request's accept rule judges each mismatch (``Verifier.admits``). Each
-    probe starts from empty caches (nothing they held changes the measure); what they held is
-    decoded again after (a cached prompt stays cached)."""
-    held = [(cache, list(cache.tokens)) for cache in (target, draft)]
-    tally = Tally()
-    for text in PROBES:
-        prompt = tokenize(text)
-        room = min(length, target.n_ctx - len(prompt) - 1, draft.n_ctx - len(prompt) - 1)
-        if room < 1:
-            continue
-        verify = Verifier(Request(tuple(prompt), spec, SamplingSettings(), room, (), 0), piece)
-        exact: list[bool] = []
-        admitted: list[bool] = []
-        unsure: list[bool] = []
-        for cache in (target, draft):
-            cache.truncate(0)
-        row, guess = target.decode(prompt, "last"), draft.decode(prompt, "last")
-        written = list(prompt)
-        while row is not None and guess is not None and len(exact) < room:
-            token, own = int(np.argmax(row[0][:n_vocab])), int(np.argmax(guess[0][:n_vocab]))
-            if is_eog(token):
-                break
-            exact.append(own == token)
-            admitted.append(own != token and verify.admits(row[0], own, written, token))
-            unsure.append(bool(top_entropy(row[0][None])[0] >= spec.entropy_threshold))
-            written.append(token)
-            if len(exact) < room:
-                row, guess = target.decode([token], "last"), draft.decode([token], "last")
-        tally += Tally.of(exact, admitted, unsure, spec.window)
-    for cache, tokens in held:
-        cache.truncate(0)
-        if tokens:
-            cache.decode(tokens, "none")
-    return tally
+# what loosening keeps on a typical pair: the means of the probes that decided it on four pairs, CPU-2
+# (docs/fly-rule.md: a drafted token kept 0.73-0.87 exactly, 0.01-0.05 more loosely; the target unsure
+# at 30-99% of positions)
+PRIOR = Tally(100, 81, 3, 67)
 
 
 def path() -> Path:
@@ -174,7 +119,7 @@ def recall(record: str) -> Verdict | None:
     entry = jsoncache.load(path()).get(record)
     if not isinstance(entry, dict) or not isinstance(entry.get("loosen"), bool):
         return None
-    return Verdict(entry["loosen"], str(entry.get("why", "")))
+    return Verdict(entry["loosen"], str(entry.get("why", "")), entry.get("learned", True) is not False)
 
 
 def keep(record: str, verdict: Verdict) -> None:

@@ -47,7 +47,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
                   "fly_cpp.constrain", "fly_cpp.runs", "fly_cpp.shift", "fly_cpp.prefill", "fly_cpp.scoring"),
     "drafters": ("fly_cpp.drafters", "fly_cpp.draft_model", "fly_cpp.ngram", "fly_cpp.mtp"),
     "k auto (control)": ("fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer", "fly_cpp.worth", "fly_cpp.evidence",
-                         "fly_cpp.decayed", "fly_cpp.costs", "fly_cpp.calibrate", "fly_cpp.costcache",
+                         "fly_cpp.decayed", "fly_cpp.costs", "fly_cpp.prior", "fly_cpp.calibrate", "fly_cpp.costcache",
                          "fly_cpp.recall", "fly_cpp.rollback_costs", "fly_cpp.loosening"),
     "backend: llama.cpp": ("fly_cpp.backend.", "fly_cpp.backend", "fly_cpp.native", "fly_cpp.rpc", "fly_cpp.rpc_handshake", "fly_cpp.rollback",
                            "fly_cpp.rows"),

@@ -185,14 +185,16 @@ def test_slower_note_says_why_and_what_to_try():
 
 def test_the_slower_note_never_measures(stories, stories_draft, tmp_path, monkeypatch):
     """A note must not cost more than the answer: with a fixed k nothing calibrated, and with
-    nothing cached the note stays silent instead of measuring (minutes on a large pair)."""
+    nothing cached the note stays silent instead of measuring (minutes on a large pair); k auto's
+    cost model is the prior then, and nothing is measured or cached for it."""
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
     from fly_cpp import SpecSettings
     with Engine(ModelSettings(str(stories), n_ctx=256, n_threads=1), ModelSettings(str(stories_draft), n_threads=1)) as e:
         gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd", k=4), max_tokens=40).run()
         assert gen.stats.n_drafted > 0
         assert e.slower_note(gen) is None and not (tmp_path / "costs.json").exists()
-        e.costs()  # measured and cached: now the note may speak, from the cache
+        assert e.costs().prior and not (tmp_path / "costs.json").exists()  # k auto's start: nothing measured
+        e.costs(refresh=True)  # measured and cached (``fly-cpp profile --recalibrate``)
         assert (tmp_path / "costs.json").exists()
 
 
@@ -391,7 +393,7 @@ def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, storie
     from fly_cpp import SamplingSettings, SpecSettings
     from fly_cpp.costcache import load, store
     with Engine(*_pair(stories, stories_draft)) as e:
-        key, real = e.control.cost_key(), e.costs()
+        key, real = e.control.cost_key(), e.costs(refresh=True)
     one = real.draft_curve.seconds[0] * 5  # batches dearer by a plausible shape: the rescaled curve is fit to cache
     draft = {"rows": [1, 2, 4, 8], "seconds": [one, 1.5 * one, 2.5 * one, 4.5 * one], "depth": 0, "per_token": [0.0] * 4}
     store(key, {"target": _entry(real.target_curve, 1.0), "draft": draft, "measured": "then"})
@@ -484,7 +486,7 @@ def test_a_calibration_beside_a_cpu_hog_is_refused_or_checked_by_the_next_run(st
     hogs = [_hog() for _ in range(2)]
     try:
         with Engine(*settings) as e:
-            measured = e.costs()
+            measured = e.costs(refresh=True)
             key = e.control.cost_key()
     finally:
         for h in hogs:

@@ -1,6 +1,6 @@
-"""Whether k auto's fly loosens, from what loosening measurably gains on the pair
-(``fly_cpp.loosening``): acceptance with and without it on a probe, priced with the pair's
-costs, decided once and kept, so the same request gives the same text in every process."""
+"""Whether k auto's fly loosens, from what loosening would gain on the pair
+(``fly_cpp.loosening``): a typical pair's acceptance with and without it, priced with the pair's
+costs (no probe), decided once and kept, so the same request gives the same text in every process."""
 
 from __future__ import annotations
 
@@ -68,6 +68,12 @@ def test_a_head_loosens_where_its_step_is_a_small_share_of_a_decode(step, loosen
     assert verdict.loosen is loosens and "MTP head" in verdict.why
 
 
+def test_the_prior_shares_loosen_where_drafts_and_rows_are_cheap_and_not_on_a_cpu():
+    """With nothing measured, the costs decide: GPU-shaped ones loosen, CPU-shaped ones match exactly."""
+    assert loosening.Verdict.priced(GPU_SHAPED, loosening.PRIOR, SpecSettings()).loosen
+    assert not loosening.Verdict.priced(CPU_SHAPED, loosening.PRIOR, SpecSettings()).loosen
+
+
 @pytest.fixture()
 def kept(tmp_path, monkeypatch):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
@@ -78,21 +84,29 @@ def engine(stories, stories_draft) -> Engine:
     return Engine(ModelSettings(path=str(stories), n_ctx=512), ModelSettings(path=str(stories_draft), n_ctx=512))
 
 
-def test_the_verdict_is_probed_once_and_kept(stories, stories_draft, kept, monkeypatch):
-    """The first k auto fly generation on a pair probes it (caches as they were after) and keeps
-    the verdict; a later process reads it and probes nothing, writing the same text."""
+def test_the_verdict_is_priced_without_a_probe_and_kept(stories, stories_draft, kept, monkeypatch):
+    """The first k auto fly generation on a pair decodes nothing for the verdict: it is priced at
+    the prior's costs and kept (to be priced again once); the next process, whose costs the first
+    one's live decodes taught, prices it at them once; later processes read it, writing the same
+    text."""
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(kept.parent / "evidence.json"))
     with engine(stories, stories_draft) as first:
         tokens = first.tokenize("Once upon a time")
         first.prefill(tokens)
         gen = first.generate(tokens, max_tokens=24).run()
-        assert gen.stats.n_cached >= len(tokens) - 1  # the probe left the prefilled prompt cached
-        assert kept.exists()
+        assert gen.stats.n_cached >= len(tokens) - 1  # nothing decoded before the rounds
         verdict = first.steps.call(lambda at: first.control.verdict(SpecSettings(), at))
-    monkeypatch.setattr(loosening, "probe", lambda *a, **k: pytest.fail("probed again"))
+        assert not verdict.learned and "prior" in verdict.why
+    assert loosening.recall(loosening.key(first.control.cost_key(), SpecSettings())) == verdict
     with engine(stories, stories_draft) as second:
-        again = second.generate(tokens, max_tokens=24).run()
-        assert second.steps.call(lambda at: second.control.verdict(SpecSettings(), at)) == verdict
-    assert again.tokens == gen.tokens and again.stats.loosens == gen.stats.loosens == verdict.loosen
+        second.generate(tokens, max_tokens=24).run()
+        learned = second.steps.call(lambda at: second.control.verdict(SpecSettings(), at))
+        assert learned.learned and "learned" in learned.why
+        now = second.generate(tokens, max_tokens=24).run()
+    with engine(stories, stories_draft) as third:
+        again = third.generate(tokens, max_tokens=24).run()
+        assert third.steps.call(lambda at: third.control.verdict(SpecSettings(), at)) == learned
+    assert again.tokens == now.tokens and again.stats.loosens == now.stats.loosens == learned.loosen
 
 
 @pytest.mark.parametrize("loosen", [True, False])
@@ -108,23 +122,15 @@ def test_k_auto_fly_loosens_as_the_kept_verdict_says(stories, stories_draft, kep
         assert fly.tokens == spd.tokens and fly.stats.n_loose == 0
 
 
-def test_slots_starting_together_wait_for_one_verdict(stories, stories_draft, kept, monkeypatch):
-    """Two slots' first k auto fly generations at once: one probe, and both run by its verdict."""
-    calls = []
-    real = loosening.probe
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loosening, "probe", counted)
+def test_slots_starting_together_run_by_one_verdict(stories, stories_draft, kept):
+    """Two slots' first k auto fly generations at once: one verdict, kept, and both run by it."""
     with Engine(ModelSettings(path=str(stories), n_ctx=512), ModelSettings(path=str(stories_draft), n_ctx=512),
                 n_seq=2) as e:
         gens = [e.generate(prompt, max_tokens=16, slot=slot) for slot, prompt in enumerate(["Once upon", "Lily saw"])]
-        runs = [threading.Thread(target=g.run) for g in gens]  # the second starts while the first probes
+        runs = [threading.Thread(target=g.run) for g in gens]
         for run in runs:
             run.start()
         for run in runs:
             run.join()
-    assert len(calls) == 1
-    assert gens[0].stats.loosens == gens[1].stats.loosens
+        verdict = loosening.recall(loosening.key(e.control.cost_key(), SpecSettings()))
+    assert verdict is not None and gens[0].stats.loosens == gens[1].stats.loosens == verdict.loosen
