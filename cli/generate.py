@@ -24,17 +24,25 @@ from fly_cpp.errors import FlyError
                    'finish_reason is "stop" (end of text or a --stop string) or "length" (-n tokens, or the '
                    'context is full)')
 @click.option("--echo/--no-echo", default=True, show_default=True, help="print the prompt before the streamed text")
+@click.option("--no-display-prompt", "hide_prompt", is_flag=True, help="as --no-echo (llama.cpp's spelling)")
+@click.option("-e", "--escape/--no-escape", default=True,
+              help="process the escapes of -p's text (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH), as llama.cpp does; "
+                   "a -f file or standard input is read as it is [default: on]")
+@click.option("-no-cnv", "--no-conversation", "no_conversation", is_flag=True,
+              help="accepted for llama.cpp's habit: generate is always one prompt in, text out ('fly-cpp chat' converses)")
 @model_options
 @settings_options(SpecSettings)
 @settings_options(SamplingSettings)
 @constraint_files
 def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop: tuple[str, ...], as_json: bool,
-             echo: bool, **options: Any) -> None:
+             echo: bool, hide_prompt: bool, escape: bool, no_conversation: bool, **options: Any) -> None:
     """Generate text from a prompt with a target model and a draft model.
 
     With no -m/-d, the bundled tiny story model and its draft are used.
     """
-    text = _read_prompt(prompt, prompt_file)
+    text = _read_prompt(prompt if prompt is None or prompt == "-" or not escape else process_escapes(prompt),
+                        prompt_file)
+    echo = echo and not hide_prompt
     read_constraint_files(options)
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
@@ -78,6 +86,33 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     if prompt is None:
         raise click.UsageError("no prompt: give one with -p TEXT, -f FILE, or on standard input")
     return prompt
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f",
+            "v": "\v", "?": "?"}
+
+
+def process_escapes(text: str) -> str:
+    """``text`` with its backslash escapes turned into the characters they name, as llama.cpp's
+    tools treat ``-p`` (its ``--escape``, on by default): ``\\n`` is a newline; an unknown escape
+    stays as written."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+            if nxt == "x" and len(text) >= i + 4 and all(h in "0123456789abcdefABCDEF" for h in text[i + 2:i + 4]):
+                out.append(chr(int(text[i + 2:i + 4], 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def read_stdin() -> str:

@@ -41,8 +41,16 @@ _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingSettings))
 _CALL_FIELDS = _SPEC_FIELDS + _SAMPLING_FIELDS
 
 
+# a request's own arguments, not settings: a misspelt one (Fly(max_tokns=3)) is named as such, not
+# matched to the closest setting (it suggested ngram_tokens)
+_REQUEST_ARGUMENTS = ("max_tokens", "stop", "stream", "prompt", "messages", "logprobs", "echo", "suffix")
+
+
 def _unknown(where: str, name: str, known: Sequence[str]) -> TypeError:
-    close = difflib.get_close_matches(name, known, n=1)
+    close = difflib.get_close_matches(name, (*known, *_REQUEST_ARGUMENTS), n=1)
+    if close and close[0] in _REQUEST_ARGUMENTS and close[0] not in known:
+        return TypeError(f"{where}: unknown setting {name!r}; {close[0]!r} is an argument of a request "
+                         f"(create_completion(..., {close[0]}=...)), not a setting")
     hint = f"; did you mean {close[0]!r}?" if close else f"; known settings: {', '.join(sorted(known))}"
     return TypeError(f"{where}: unknown setting {name!r}{hint}")
 

@@ -213,12 +213,14 @@ def test_bad_arguments_raise_clear_errors(fly, stories, tmp_path):
         fly.create_completion("hi", temprature=0.5)
     with pytest.raises(TypeError, match="unknown setting 'n_ctxx'"):
         Fly(stories, n_ctxx=128)
+    with pytest.raises(TypeError, match="unknown setting 'max_tokns'; 'max_tokens' is an argument of a request"):
+        Fly(stories, max_tokns=3)
     with pytest.raises(FlyError, match="temperature must be >= 0"):
         fly.create_completion("hi", temperature=-1)
     with pytest.raises(FlyError, match="mode must be one of"):
         fly.create_chat_completion(CHAT, mode="fast")
-    with pytest.raises(FlyError, match="k must be >= 1"):
-        fly.create_completion("hi", fly={"k": 0})
+    with pytest.raises(FlyError, match="k must be >= 0"):
+        fly.create_completion("hi", fly={"k": -1})
     with pytest.raises(TypeError, match="unknown setting 'top_k'"):
         fly.create_completion("hi", fly={"top_k": 3})
     with pytest.raises(TypeError, match="prompt must be a string or a list of token ids"):

@@ -102,7 +102,7 @@ def test_prompt_longer_than_context():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--k", "0"], "k must be >= 1"),
+    (["--k", "-1"], "k must be >= 0"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--mode", "fast"], "'fast' is not one of"),
     (["-n", "-3"], "-3 is not in the range"),
@@ -159,3 +159,19 @@ def test_profile_prints_the_cost_curve_at_two_depths_within_the_context():
     assert r.returncode == 0, r.stderr
     depths = [int(line.split()[1]) for line in r.stdout.splitlines() if line.endswith("tokens of context")]
     assert len(depths) == 2 and depths[0] < depths[1] == 256
+
+
+def test_llama_cpp_habits_carry_over(tmp_path):
+    """-no-cnv is accepted, --no-display-prompt hides the prompt, -p's escapes are processed as
+    llama.cpp does (--no-escape keeps them; a -f file is read as it is), --k 0 is the target alone."""
+    plain = fly("generate", "-p", "Once\nupon a time", "-n", "8", "--temp", "0", "--mode", "target")
+    assert plain.returncode == 0, plain.stderr
+    escaped = fly("generate", "-p", "Once\\nupon a time", "-n", "8", "--temp", "0", "-no-cnv", "--k", "0")
+    assert escaped.returncode == 0, escaped.stderr
+    assert escaped.stdout == plain.stdout and escaped.stderr.startswith("target: 8 tokens")
+    kept = fly("generate", "-p", "Once\\nupon", "-n", "2", "--temp", "0", "--no-escape", "--no-display-prompt")
+    hidden = fly("generate", "-p", "Once\\nupon", "-n", "2", "--temp", "0", "--no-display-prompt")
+    assert kept.returncode == hidden.returncode == 0 and not kept.stdout.startswith("Once")
+    (tmp_path / "p.txt").write_text("Once\\nupon")
+    as_is = fly("generate", "-f", str(tmp_path / "p.txt"), "-n", "2", "--temp", "0")
+    assert as_is.returncode == 0 and as_is.stdout.startswith("Once\\nupon")

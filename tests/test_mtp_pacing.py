@@ -44,8 +44,10 @@ def test_k_auto_prices_the_head_by_its_own_measured_curve_cached_under_the_pairs
     with engine(qwen35_mtp) as e:
         assert e.mtp_ctx is not None and e.draft_ctx is None
         run(e, SpecSettings(mode="spd", k=3, ngram=False), PROMPTS[1], 8)
+        before = e.costs()  # nothing cached: the prior prices the head from the target's header
+        assert before.prior and before.draft_curve is not None and 0 < before.draft(1) < before.target(1)
         held = list(e.mtp_ctx.tokens)
-        costs = e.costs()
+        costs = e.costs(refresh=True)
         assert e.mtp_ctx.tokens == held  # measuring the head leaves its cache as it was
         entry = costcache.load()[e.control.cost_key()]
         assert entry["draft"] is None and entry["mtp"]["rows"] == [1, 2, 4, 8, 16, 32]

@@ -138,7 +138,7 @@ BAD = [
     ("/completion", {"prompt": "a", "id_slot": 3}, "id_slot"),
     ("/completion", {"prompt": "a", "n_probs": 1000}, "n_probs"),
     ("/completion", {"prompt": "a", "k": "3"}, "k: "),
-    ("/completion", {"prompt": "a", "k": 0}, "k must be >= 1"),
+    ("/completion", {"prompt": "a", "k": -1}, "k must be >= 0"),
     ("/completion", {"prompt": "a", "mode": "fast"}, "mode must be one of"),
     ("/completion", {"prompt": "a", "fly_rule": "loose"}, "fly_rule must be one of"),
     ("/completion", {"prompt": "a", "loose_min_ratio": 1.5}, "loose_min_ratio must be in [0, 1]"),
@@ -154,6 +154,8 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": 1}},
      "may not set 'messages'"),
     ("/detokenize", {"tokens": [-1]}, "outside the vocabulary"),
+    ("/completion", b"", "the request has no body"),
+    ("/v1/chat/completions", b"", "the request has no body"),
 ]
 
 

@@ -106,6 +106,8 @@ def parse_modes(text: str, ks: Sequence[int | str], base: SpecSettings, *, peer:
     if not ks:
         ks = [base.k]
     for k in ks:
+        if k == 0:  # a mode's k drafts (the target mode is the run that drafts nothing)
+            raise FlyError("k must be >= 1 (or 'auto') in a bench: the target mode drafts nothing")
         SpecSettings(k=k)  # checks it
     sweep = len(ks) > 1
     modes = [Mode(REFERENCE, VARIANTS[REFERENCE](base))]

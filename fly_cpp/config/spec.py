@@ -28,8 +28,9 @@ class SpecSettings:
         "who drafts: 'draft-mtp' = the target's own MTP head (a model that keeps its MTP layers, loaded without -d); "
         "'auto' = the draft model when -d is given, else the MTP head when the target has one, else n-gram lookup"))
     k: int | str = field(default=AUTO, metadata=_help(
-        "tokens drafted per round: a number, or 'auto' (each round drafts what pays most on this machine, "
-        "measured: 0 = a plain target decode)", aliases=("--draft-max", "--draft-n", "--spec-draft-n-max")))
+        "tokens drafted per round: a number (0 = none: the target alone, as --mode target), or 'auto' (each round "
+        "drafts what pays most on this machine, by the costs it learns: none where nothing pays)",
+        aliases=("--draft-max", "--draft-n", "--spec-draft-n-max")))
     window: int = field(default=6, metadata=_help("deferred window, counting the mismatch itself; 0 = no loose accepts"))
     entropy_threshold: float = field(default=0.3, metadata=_help(
         "entropy gate in nats: a mismatch may be loosely accepted only where the target's top-3 entropy is at "
@@ -39,8 +40,8 @@ class SpecSettings:
         "fly: 'paper' = the published rule (deferred window and entropy gate only); 'guarded' = also the "
         "--loose-* safeguards, and never a token the target's sampler could not produce"))
     loosen: str = field(default="auto", metadata=_help(
-        "fly: 'auto' = loose acceptance, except under k auto where it does not measurably pay on this pair "
-        "(priced once per pair and machine from a short probe and the measured costs, then kept: fly then "
+        "fly: 'auto' = loose acceptance, except under k auto where it does not pay on this pair "
+        "(priced once per pair and machine at the pair's costs, nothing measured, then kept: fly then "
         "matches exactly), with one slot or several alike; 'on' = always; "
         "'off' = never (fly's text is then spd's)"))
     loose_min_ratio: float = field(default=0.5, metadata=_help(
@@ -92,8 +93,11 @@ class SpecSettings:
             object.__setattr__(self, "spec_type", "draft-mtp")
         _require(self.spec_type in SPEC_TYPES,
                  f"spec_type must be one of {', '.join(SPEC_TYPES)} (or mtp), got {self.spec_type!r}")
+        if self.k == 0 and not isinstance(self.k, bool):  # nothing drafted: the target alone (llama.cpp's --draft-max 0)
+            object.__setattr__(self, "mode", "target")
+            object.__setattr__(self, "k", AUTO)
         _require(self.k == AUTO or (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1),
-                 f"k must be >= 1 (or 'auto'), got {self.k!r}")
+                 f"k must be >= 0 (or 'auto'), got {self.k!r}")
         _integer("k_max", self.k_max, 1)
         _require(self.k_gpu == AUTO or (isinstance(self.k_gpu, int) and not isinstance(self.k_gpu, bool)
                                         and self.k_gpu >= 0), f"k_gpu must be >= 0 (or 'auto'), got {self.k_gpu!r}")

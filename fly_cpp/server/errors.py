@@ -66,8 +66,8 @@ def describe(errors: list[Any]) -> str:
         return f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}"
     if kind == "extra_forbidden":
         return f"unknown field {where!r}"
-    if kind == "missing":
-        return f"missing field {where!r}"
+    if kind == "missing":  # the whole body missing (an empty POST) is where nothing is named
+        return f"missing field {where!r}" if where else "the request has no body: send a JSON object"
     if kind == "model_attributes_type":
         return "the body must be a JSON object"
     if kind == "value_error" and not where:  # a check on the whole body (e.g. invalid Unicode)
