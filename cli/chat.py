@@ -27,7 +27,7 @@ import click
 
 from fly_cpp.api import Fly
 from fly_cpp.chat_format import BUILTIN, is_builtin
-from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.cli.models_opt import model_options, open_engine, template_fallback
 from fly_cpp.cli.options import max_tokens_option, pick, settings_options
 from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
 from fly_cpp.generation import Generation
@@ -77,7 +77,8 @@ def chat(system: str | None, max_tokens: int | None, stop: tuple[str, ...], chat
             chat_format = f.read()
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
-    with Fly.from_engine(open_engine(options), chat_format=chat_format, spec=spec, sampling=sampling) as fly:
+    with template_fallback(Fly.from_engine(open_engine(options), chat_format=chat_format, spec=spec,
+                                           sampling=sampling), chat_format) as fly:
         Session(fly, system, max_tokens, stop, show_accepts).run()
 
 

@@ -20,6 +20,7 @@ import click
 
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import ModelSettings
+from fly_cpp.api import Fly
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 
@@ -94,3 +95,14 @@ def loading_note(target: ModelSettings, draft: ModelSettings | None) -> None:
         return
     names = " + ".join(f"{os.path.basename(m.path)} ({size_text(n)})" for m, n in zip(models, sizes))
     click.echo(f"fly-cpp: loading {names}", err=True)
+
+
+def template_fallback(fly: Fly, chat_format: str | None) -> Fly:
+    """``fly`` with llama.cpp's fallback where its model has no chat template and none was
+    given: ChatML, as llama-cli and llama-server use (the Python API keeps ``plain``), so that
+    ``chat`` and ``serve`` render a conversation alike."""
+    from fly_cpp.chat_format import builtin
+
+    if chat_format is None and fly.chat_format.name == "plain":
+        fly.chat_format = builtin("chatml", bos_token=fly.info.bos_text, eos_token=fly.info.eos_text)
+    return fly

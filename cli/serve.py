@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from fly_cpp.chat_format import BUILTIN, builtin, is_builtin
-from fly_cpp.cli.models_opt import model_options, model_settings
+from fly_cpp.chat_format import BUILTIN, is_builtin
+from fly_cpp.cli.models_opt import model_options, model_settings, template_fallback
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import AUTO, SamplingSettings, ServerSettings, SpecSettings
 from fly_cpp.errors import FlyError
@@ -79,10 +79,8 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     failure: list[BaseException] = []
 
     def load() -> Fly:
-        fly = Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.unified),
-                              chat_format=chat_format, spec=spec, sampling=sampling)
-        if chat_format is None and fly.chat_format.name == "plain":  # no template in the GGUF
-            fly.chat_format = builtin("chatml", bos_token=fly.info.bos_text, eos_token=fly.info.eos_text)
+        fly = template_fallback(Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.unified),
+                                                chat_format=chat_format, spec=spec, sampling=sampling), chat_format)
         if settings.alias_list:
             fly.model = settings.alias_list[0]
         return fly

@@ -46,7 +46,7 @@ def tail(gen: Generation) -> dict[str, Any]:
     n_prompt, n_out = len(gen.request.prompt), len(gen.tokens)
     finish = gen.finish
     return {"usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
-            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
+            "fly": {**gen.stats.as_dict(pacing=False), "context_full": gen.context_full,
                     "interrupted": finish is not None and finish.interrupted}}
 
 

@@ -205,9 +205,13 @@ class Stats:
         """Time in the loop outside draft and target forward passes (Python bookkeeping)."""
         return max(self.seconds - self.draft_seconds - self.target_seconds, 0.0)
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self, pacing: bool = True) -> dict[str, object]:
+        """The counters by name; ``pacing`` False leaves k auto's controller dump out (what a
+        response's ``fly`` field carries: the answer's counters, not the planner's state)."""
         out = asdict(self)
         out.pop("accepted_lengths")
+        if not pacing:
+            out.pop("pacing")
         out.update(mean_accepted=self.mean_accepted, n_passes=self.n_passes,
                    tokens_per_second=self.tokens_per_second, host_seconds=self.host_seconds)
         return out

@@ -327,4 +327,6 @@ def test_k_auto_measures_the_costs_in_its_own_slot(stories, stories_draft, tmp_p
         decode = seq0.decode
         monkeypatch.setattr(seq0, "decode", lambda *a, **k: calls.append(a) or decode(*a, **k))
         costs = e.steps.call(lambda at: e.drafter(SpecSettings(mode="spd"), slot=at).pacer.costs, slot=1)
-        assert costs.cached is False and calls == []  # measured now, and not on slot 0's sequence
+        assert costs.prior and calls == []  # nothing cached: the prior, and nothing decoded for it
+        measured = e.steps.call(lambda at: e.control.cost_model(refresh=True, slot=at), slot=1)
+        assert measured.cached is False and calls == []  # measured now, and not on slot 0's sequence

@@ -117,7 +117,8 @@ def test_ctrl_c_stops_the_answer_not_the_program(env, tmp_path):
 
 
 def test_piped_stdin(tmp_path):
-    out = subprocess.run(command("-n", "20", "--show-accepts"), input="Tell me a story.\n/stats\nMore!\n",
+    out = subprocess.run(command("-n", "20", "--show-accepts", "--chat-format", "plain"),
+                         input="Tell me a story.\n/stats\nMore!\n",
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "FLY_CPP_HISTORY": str(tmp_path / "history")})
     assert out.returncode == 0, out.stderr

@@ -149,7 +149,7 @@ class _Result:
                                     "n_predict": gen.max_tokens, "stop": list(gen.stop), "n_probs": body.n_probs,
                                     "n_keep": body.n_keep, "n_discard": body.n_discard, "cache_prompt": body.cache_prompt,
                                     "logit_bias": _bias(gen.request.bias)},
-            "fly": {**gen.stats.as_dict(), "context_full": gen.context_full,
+            "fly": {**gen.stats.as_dict(pacing=False), "context_full": gen.context_full,
                     "interrupted": gen.finish is not None and gen.finish.interrupted},
         }
         if body.n_probs:

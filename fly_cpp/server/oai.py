@@ -37,8 +37,9 @@ def router(served: Served, runs: Runs, compat: Compat, aliases: list[str] | None
     r = APIRouter()
 
     def verbosely(body: Any, answer: Chunk, fly: Fly, gen: Generation) -> Chunk:
-        return {**answer, "__verbose": outcome(fly, gen)} if (verbose if body.verbose is None else body.verbose) \
-            else answer
+        if not (verbose if body.verbose is None else body.verbose):
+            return answer
+        return {**answer, "__verbose": {**outcome(fly, gen), "fly_pacing": gen.stats.pacing}}
     created = int(time.time())
 
     def listed(fly: Fly) -> dict[str, Any]:
