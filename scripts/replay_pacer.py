@@ -335,6 +335,8 @@ def replay(rec: Recording, chosen: list[tuple[str, dict]], args: argparse.Namesp
         speedups, tokens, seconds, passes, lengths = {}, 0, 0.0, 0, Counter()
         pacer = Pacer(lambda: costs, K_MAX, steady=how["policy"] == "steady") if how["policy"] in ("auto", "steady") else None
         for t in found:
+            if args.fresh and pacer is not None:  # every prompt a pair's first answer: nothing learned yet
+                pacer = Pacer(lambda: costs, K_MAX, steady=how["policy"] == "steady")
             drafter, oracle = drafter_for(how, t, clock, pacer)  # a paced drafter begins a new text for its pacer
             n, s, p = Replay(t, clock).run(drafter, how.get("k", K_MAX), lengths, oracle)
             speedups[t.id] = (n / s) / alone[t.id]
@@ -360,6 +362,8 @@ def main() -> None:
     ap.add_argument("--no-draft", action="store_true", help="the target with n-gram lookup alone")
     ap.add_argument("--save", type=Path, help="record the traces and curves in this .json.gz file")
     ap.add_argument("--curves", type=Path, help="replay with these curves (JSON: target, draft) instead")
+    ap.add_argument("--fresh", action="store_true",
+                    help="k auto starts anew on every prompt, as a pair's first answer does (nothing learned)")
     args = ap.parse_args()
     chosen = policies(args.policies.split(","))
     if args.no_draft and any(how["policy"] == "oracle" for _, how in chosen):
