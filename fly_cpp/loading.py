@@ -28,7 +28,10 @@ class Loaded:
     """The models and contexts of one engine; ``close`` frees whatever was made, also when
     loading failed half-way (the constructor closes what it made before it raises)."""
 
-    def __init__(self, t: ModelSettings, d: ModelSettings | None, n_ctx: int, n_seq: int, kv_unified: bool) -> None:
+    def __init__(self, t: ModelSettings, d: ModelSettings | None, n_ctx: int, n_seq: int, kv_unified: bool,
+                 n_outputs: int = 0) -> None:
+        """``n_outputs``: rows of logits a sequence's decode may ask for (its longest round's
+        verification: ``Context``'s; 0: n_batch)."""
         self.draft_model: Model | None = None
         self.target: Context | None = None
         self.draft_ctx: Context | None = None
@@ -40,12 +43,12 @@ class Loaded:
             if d is not None:
                 self.draft_model = _load(d)
                 check_compatible(self.target_model, self.draft_model)
-            self.target = _context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified)
+            self.target = _context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified, n_outputs)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
                 threads = d.threads if d.n_threads else t.threads
-                self.draft_ctx = _context(self.draft_model, d, self.target.n_ctx, threads, n_seq, kv_unified)
+                self.draft_ctx = _context(self.draft_model, d, self.target.n_ctx, threads, n_seq, kv_unified, n_outputs)
             if self.target_model.mtp_loaded and n_seq == 1:  # the head drafts for one sequence (-np 1) for now
                 self.mtp_ctx = MtpContext(self.target)
             if self.draft_ctx is not None:  # speculation is the point of a draft model
@@ -73,9 +76,10 @@ def _load(s: ModelSettings, mtp: bool = False) -> Model:
                  tensor_split=s.tensor_split, repack=s.repack, mmap=s.mmap, mlock=s.mlock, rpc=s.rpc, mtp=mtp)
 
 
-def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int, kv_unified: bool) -> Context:
+def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int, kv_unified: bool,
+             n_outputs: int = 0) -> Context:
     # several sequences go back by checkpoints only: nothing to measure
     rollback = pick_rollback(model, s, threads) if n_seq == 1 else s.rollback
     return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                    type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                   rollback=rollback, n_seq=n_seq, kv_unified=kv_unified)
+                   rollback=rollback, n_seq=n_seq, kv_unified=kv_unified, n_outputs=n_outputs)

@@ -48,7 +48,7 @@ def score(ctx: Context, prompt: Sequence[int], output: Sequence[int], top_n: int
     pos = min(common_prefix(ctx.tokens, seq), start)
     ctx.truncate(pos)
     while pos < len(seq) - 1:  # the last token predicts nothing we need
-        chunk = seq[pos : min(pos + ctx.n_batch, len(seq) - 1)]
+        chunk = seq[pos : min(pos + (ctx.n_outputs or ctx.n_batch), len(seq) - 1)]  # rows its buffers hold
         logits = ctx.decode(chunk, logits="all")  # (len(chunk), n_vocab) view, valid until the next decode
         for lo in range(max(start - pos, 0), len(chunk), ROW_BLOCK):
             rows = logits[lo : lo + ROW_BLOCK]  # row i predicts seq[pos + lo + i + 1]

@@ -83,8 +83,10 @@ def main() -> None:
                     argv = [sys.executable, "-m", "fly_cpp.cli.main", "serve", "-m", args.model, "-md", args.draft,
                             "-c", str(args.ctx_size), "-t", str(args.threads), "--port", str(port)]
                 else:
+                    # --spec-type beside -md: without it the vendored llama-server decodes with the target alone
                     argv = [str(args.llama_cpp_bin / "llama-server"), "-m", args.model, "-md", args.draft,
-                            "-c", str(args.ctx_size), "-t", str(args.threads), "--port", str(port)]
+                            "--spec-type", "draft-simple", "-c", str(args.ctx_size), "-t", str(args.threads),
+                            "--port", str(port)]
                 got[name] = first_answer(argv, port, args.prompt, args.n, env)
         for k, v in got.items():
             times[k].append(v)

@@ -175,8 +175,10 @@ def start_llama_server(binary: str, target: str, draft: str | None, parallel: in
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [binary, "-m", target, "--port", str(port), "-t", str(threads), "-np", str(parallel), "--metrics"]
-    if draft:
+    if draft:  # the vendored llama-server drafts only with --spec-type beside -md (without it: the target alone)
         args += ["-md", draft, "-td", str(threads)]
+        if "--spec-type" not in extra:
+            args += ["--spec-type", "draft-simple"]
     args += extra
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)

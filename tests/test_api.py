@@ -367,3 +367,16 @@ def test_bundled_pair_by_default():
         assert f.model == "stories260K.gguf" and f.n_ctx == 512 and f.engine.draft_model is not None
         assert "Fly(target='stories260K.gguf'" in repr(f)
         assert f.create_completion("Once upon a time", 5)["usage"]["completion_tokens"] == 5
+
+
+def test_a_draft_longer_than_the_engine_was_loaded_for_is_refused_not_a_crash(stories, stories_draft):
+    """llama.cpp's buffers hold logits for the longest round the engine was loaded for (as
+    llama-server's --draft-max sizes them; past it llama.cpp asserts and the process dies): a
+    longer k is a clear error, and an engine loaded for it drafts it."""
+    with Fly(stories, stories_draft, n_ctx=256) as fly:
+        with pytest.raises(FlyError, match="drafts more than this engine was loaded for"):
+            fly.create_completion("Once upon a time", max_tokens=8, mode="spd", k=24)
+        assert fly.engine.target.n_outputs == 17
+    with Fly(stories, stories_draft, n_ctx=256, k=24, mode="spd") as fly:
+        out = fly.create_completion("Once upon a time", max_tokens=40, temperature=0)
+        assert out["usage"]["completion_tokens"] == 40 and fly.engine.target.n_outputs == 25

@@ -192,6 +192,7 @@ class Seq(Cache):
     def __init__(self, ctx: Context, shared: Batcher, seq_id: int) -> None:
         self.ctx, self.shared, self.seq_id = ctx, shared, seq_id
         self.model, self.n_batch, self.n_ubatch, self.n_threads = ctx.model, ctx.n_batch, ctx.n_ubatch, ctx.n_threads
+        self.n_outputs = ctx.n_outputs
         self.n_ctx = ctx.n_ctx if ctx.kv_unified else ctx.n_ctx // ctx.n_seq  # the cells this sequence may hold
         self.ptr, self._memory, self._call = ctx.ptr, ctx._memory, ctx._call
         self.n_rs_seq = 0

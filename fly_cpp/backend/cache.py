@@ -47,15 +47,19 @@ def decode_failed(name: str, rc: int, more: dict[int, str] | None = None) -> Fly
     return FlyError(f"llama_decode failed on {name}: {what}")
 
 
-def rows_wanted(held: int, n: int, n_ctx: int, n_batch: int, logits: str | int) -> int:
+def rows_wanted(held: int, n: int, n_ctx: int, n_batch: int, logits: str | int, n_outputs: int = 0) -> int:
     """How many of ``n`` new tokens a decode returns logits for (``logits``: "none", "last",
-    "all" or a number), after checking that they fit the context (``held`` there already) and
-    that the rows asked for fit one batch."""
+    "all" or a number), after checking that they fit the context (``held`` there already), that
+    the rows asked for fit one batch, and that they are no more than the context's buffers hold
+    (``n_outputs``; 0: no bound: llama.cpp asserts, ending the process, past it)."""
     if held + n > n_ctx:
         raise FlyError(f"context full: {held + n} tokens do not fit in n_ctx={n_ctx}")
     want = {"none": 0, "last": 1, "all": n}[logits] if isinstance(logits, str) else min(logits, n)
     if want > n_batch:
         raise ValueError("logits for every row need the tokens to fit one batch")
+    if n_outputs and want > n_outputs:
+        raise FlyError(f"a decode asked for logits of {want} rows where this engine holds {n_outputs} a "
+                       f"sequence (load it for longer drafts: max_draft, the CLI's --k or --k-max)")
     return want
 
 
@@ -86,6 +90,7 @@ class Cache:
     n_rs_seq: int  # tokens a decode can drop natively (snapshots; 0: none kept)
     n_ctx: int
     n_batch: int
+    n_outputs: int  # rows of logits one decode of this sequence may ask for (0: no bound)
     _memory: Any
     _call: Any
 
@@ -125,7 +130,7 @@ class Cache:
         so that one call can both catch up and verify (deferred tokens go first)."""
         if not tokens:
             return None
-        want = rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits)
+        want = rows_wanted(len(self.tokens), len(tokens), self.n_ctx, self.n_batch, logits, self.n_outputs)
         start = len(self.tokens)
         if want > 1 and self._intent is None and self._needs_checkpoint(len(tokens)):
             self._intent = (start, False)  # a decode that checks several rows may be rolled back into

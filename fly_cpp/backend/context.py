@@ -42,7 +42,7 @@ class Context(Cache):
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
                  type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False,
-                 rollback: str = "auto", n_seq: int = 1, kv_unified: bool = False) -> None:
+                 rollback: str = "auto", n_seq: int = 1, kv_unified: bool = False, n_outputs: int = 0) -> None:
         """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
         256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
         ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
@@ -53,7 +53,11 @@ class Context(Cache):
         sequences, used only through their views (``seq``), each with n_ctx / n_seq cells of its
         own (as llama-server's slots), or all sharing the n_ctx cells of one cache
         (``kv_unified``); a recurrent state then goes back by checkpoints, each sequence's own
-        (llama.cpp's snapshots would serve one sequence's rounds only)."""
+        (llama.cpp's snapshots would serve one sequence's rounds only). ``n_outputs``: rows of
+        logits one sequence's decode asks for at most (its longest verification); llama.cpp's
+        compute buffer holds that many for every sequence at once (0: n_batch rows, 300 MiB a
+        context with a 151,936-token vocabulary and n_batch 512, where llama-server sizes its
+        contexts by its draft length: 17 rows a sequence)."""
         self.model = model
         recurrent = model.recurrent
         if recurrent and n_seq > 1 and rollback == rb.SNAPSHOTS:
@@ -68,6 +72,9 @@ class Context(Cache):
         params.n_batch = n_batch
         params.n_ubatch = max(1, min(n_batch, n_ubatch))
         params.n_seq_max = max(1, n_seq)
+        # llama.cpp sizes its compute buffer for a decode with this many rows of logits, and asserts
+        # (ending the process) on a decode that asks for more: ``rows_wanted`` refuses one first
+        params.n_outputs_max = min(n_batch, max(1, n_seq) * n_outputs) if n_outputs > 0 else 0
         params.kv_unified = n_seq > 1 and kv_unified
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -92,6 +99,7 @@ class Context(Cache):
         self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self.ptr)) if n_ctx > 0 else ll.llama_n_ctx(self.ptr)
         self.n_batch = min(n_batch, ll.llama_n_batch(self.ptr))  # llama.cpp caps n_batch at n_ctx
         self.n_ubatch: int = ll.llama_n_ubatch(self.ptr)
+        self.n_outputs = min(n_outputs, self.n_batch) if n_outputs > 0 else 0  # a sequence's (``rows_wanted``)
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)

@@ -60,9 +60,10 @@ def _settings(fields: dict[str, Any]) -> dict[str, Any]:
 def _child() -> None:
     job = json.load(sys.stdin)
     draft = ModelSettings(**_settings(job["draft"])) if job["draft"] is not None else None
-    with Engine(ModelSettings(**_settings(job["target"])), draft) as engine:
+    spec = SpecSettings(**_settings(job["spec"]))
+    with Engine(ModelSettings(**_settings(job["target"])), draft, max_draft=spec.max_draft) as engine:
         engine.prefill(job["tokens"])
-        gen = engine.generate(job["tokens"], spec=SpecSettings(**_settings(job["spec"])),
+        gen = engine.generate(job["tokens"], spec=spec,
                               sampling=SamplingSettings(**_settings(job["sampling"])), max_tokens=job["max_tokens"])
         json.dump(record(gen), sys.stdout)
 
