@@ -78,8 +78,8 @@ def profile(vocabs: str, ks: str, repeats: int, sampled: bool, run_engine: bool,
             say(hostbench.format_shares(shares))
             model = engine.costs(refresh=recalibrate)
             result["engine"]["costs"] = model.as_dict()
-            when = f": {model.measured}" if model.measured else ""
-            say(f"\ncost of one forward pass on this machine ({'cached' if model.cached else 'measured now'}{when}; "
+            # where the curves come from: measured now or before, learned from live decodes, or the prior
+            say(f"\ncost of one forward pass on this machine ({model.measured or 'measured now'}; "
                 "ms by rows decoded; k auto decides with these):")
             shallow = model.target_curve.depth  # and 1024 tokens deeper, within the context
             for depth in dict.fromkeys((shallow, min(shallow + 1024, info.n_ctx))):

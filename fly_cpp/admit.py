@@ -53,7 +53,8 @@ def admit(pair: Loaded, tokens: list[int], n_ctx: int, spec: SpecSettings, sampl
         raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
     if drafts and pair.target is not None:
         check_rollback(pair.target)
-        if pair.target.n_outputs and spec.max_draft + 1 > pair.target.n_outputs:
+        # a round verifies at most n_batch rows (the loop's limit): those fit whatever the buffers
+        if pair.target.n_outputs and min(spec.max_draft, pair.target.n_batch - 1) + 1 > pair.target.n_outputs:
             raise FlyError(f"k {spec.max_draft} drafts more than this engine was loaded for (at most "
                            f"{pair.target.n_outputs - 1} a round: load it with a longer max_draft, the CLI's "
                            "--k or --k-max, as llama-server's --draft-max sizes its contexts)")

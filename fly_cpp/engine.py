@@ -48,10 +48,7 @@ class Engine:
                  n_seq: int = 1, kv_unified: bool = False, max_draft: int = 0) -> None:
         """``n_seq`` > 1: that many slots (``fly_cpp.batchloop``), generating at once, each
         with n_ctx / n_seq positions of its own, or all sharing n_ctx (``kv_unified``);
-        ``generate(slot=i)`` picks one. ``max_draft``: the longest draft a round of this
-        engine's requests may make (at least k auto's default longest, 16): llama.cpp's buffers
-        hold logits for that many rows and one more a slot, as llama-server sizes its contexts
-        by its --draft-max (a buffer for every row of a batch took 300 MiB a context)."""
+        ``generate(slot=i)`` picks one. ``max_draft``: the longest draft its rounds may make (``Loaded``)."""
         if n_seq < 1:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
@@ -61,9 +58,7 @@ class Engine:
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.target_settings = t = placed(target)
         self.draft_settings = d = placed(draft) if draft is not None else None
-        n_outputs = max(max_draft, SpecSettings().k_max) + 1
-        # the context checked before any weights load
-        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified, n_outputs)
+        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified, max_draft)  # the context checked first
         assert pair.target is not None
         self.target_model, self.draft_model = pair.target_model, pair.draft_model
         self.target, self.draft_ctx, self.mtp_ctx = pair.target, pair.draft_ctx, pair.mtp_ctx

@@ -11,7 +11,7 @@ from fly_cpp.backend.batch import Batcher, Seq
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.backend.mtp import MtpContext
-from fly_cpp.config import ModelSettings
+from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.errors import FlyError
 from fly_cpp.rollback_costs import pick_rollback
 from fly_cpp.vocab import check_compatible
@@ -29,9 +29,12 @@ class Loaded:
     loading failed half-way (the constructor closes what it made before it raises)."""
 
     def __init__(self, t: ModelSettings, d: ModelSettings | None, n_ctx: int, n_seq: int, kv_unified: bool,
-                 n_outputs: int = 0) -> None:
-        """``n_outputs``: rows of logits a sequence's decode may ask for (its longest round's
-        verification: ``Context``'s; 0: n_batch)."""
+                 max_draft: int = 0) -> None:
+        """``max_draft``: the longest draft a round may make (at least k auto's default longest):
+        llama.cpp's buffers hold logits for that many rows and one more a sequence (``Context``'s
+        ``n_outputs``), as llama-server sizes its contexts by its --draft-max (a buffer for every
+        row of a batch took 300 MiB a context on the Qwen pair)."""
+        n_outputs = max(max_draft, SpecSettings().k_max) + 1
         self.draft_model: Model | None = None
         self.target: Context | None = None
         self.draft_ctx: Context | None = None

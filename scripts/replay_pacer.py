@@ -301,9 +301,12 @@ def record(args: argparse.Namespace) -> Recording:
     if args.dataset is None:
         sys.exit("error: --dataset is needed to replay a bench run (the JSONL file or dataset name it used)")
     try:
-        with Engine(*settings) as engine:
+        # the traces read the draft's row at every position of an answer in one decode
+        with Engine(*settings, max_draft=meta["max_tokens"] + 1) as engine:
             found = traces(engine, results, args.dataset)
-            calibrated = engine.costs()
+            calibrated = engine.costs()  # the curves this machine learned for the pair, else measured now
+            if calibrated.prior:
+                calibrated = engine.costs(refresh=True)
     except FlyError as e:
         sys.exit(f"error: {e}")
     if not found:
