@@ -58,7 +58,7 @@ class Engine:
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.target_settings = t = placed(target)
         self.draft_settings = d = placed(draft) if draft is not None else None
-        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified, max_draft)  # the context checked first
+        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified, max_draft)  # context checked 1st
         assert pair.target is not None
         self.target_model, self.draft_model = pair.target_model, pair.draft_model
         self.target, self.draft_ctx, self.mtp_ctx = pair.target, pair.draft_ctx, pair.mtp_ctx
@@ -236,10 +236,9 @@ class Engine:
             steps, pacer = start(at)
             if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
                 self._control().cost_model(slot=at)
-            if fresh:  # cache_prompt off: nothing carried over from earlier generations
-                for ctx in (*self._pair(at), self.mtp_ctx):
-                    if ctx is not None:
-                        ctx.truncate(0)
+            for ctx in (*self._pair(at), self.mtp_ctx) if fresh else ():  # cache_prompt off: nothing carried over
+                if ctx is not None:
+                    ctx.truncate(0)
             target, draft = self._pair(at)
             marks = rollback.marks({"target": target, "draft": draft})
             try:
@@ -248,6 +247,9 @@ class Engine:
                 if pacer is not None:
                     self._control().finish(pacer, stats)
                 stats.rollback = rollback.spent(marks)
+                for cache in (target, draft) if stats.cache_full else ():  # its cells to the running slots
+                    if cache is not None:
+                        cache.truncate(0)
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Bring both caches to ``prompt`` now (the next generation of it then starts decoding

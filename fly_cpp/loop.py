@@ -40,6 +40,7 @@ from fly_cpp.backend.context import Context
 from fly_cpp.constrain import Constraint, Rules
 from fly_cpp.crossround import Window
 from fly_cpp.drafters import Draft, Drafter, Report
+from fly_cpp.errors import CacheFull
 from fly_cpp.output import Output
 from fly_cpp.prefill import prefill
 from fly_cpp.request import Request
@@ -87,7 +88,10 @@ class _Loop:
             first = None  # else: the prompt decoded through its last token, the first token picked
         # under a loosening rule the row may leave the first token to the first round (``Runs.start``)
         open_at = self._open_first if drafter is not None and self.verify.policy.loosens else None
-        taken = yield from prefill(committed, target, first, out, begin, open_at)
+        try:
+            taken = yield from prefill(committed, target, first, out, begin, open_at)
+        except CacheFull:
+            taken = self._cache_full()
         waited = 0.0  # time spent by the consumer on the first token, not ours to count
         if taken:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
             t3 = perf_counter()
@@ -110,18 +114,28 @@ class _Loop:
                         break
                     room = target.n_ctx - len(committed)
                 assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
-                if runs is not None and drafter is None:  # target-only greedy: several tokens per return to Python (fly_cpp.runs)
-                    runs.run(committed, out)
-                elif (decoded := self.round(room, prompt_left)) is not None and prompt_left:
-                    prompt_left = False  # this round's decode finished the prompt's last batch
-                    stats.first_seconds = decoded - start
-                    yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), decoded - begin)
+                try:
+                    if runs is not None and drafter is None:  # target-only greedy, several tokens a return (``runs``)
+                        runs.run(committed, out)
+                    elif (decoded := self.round(room, prompt_left)) is not None and prompt_left:
+                        prompt_left = False  # this round's decode finished the prompt's last batch
+                        stats.first_seconds = decoded - start
+                        yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), decoded - begin)
+                except CacheFull:
+                    self._cache_full()
                 t3 = perf_counter()
                 yield from out.take()
                 paused += perf_counter() - t3
             yield from out.take()
         finally:
             stats.seconds = perf_counter() - start - paused
+
+    def _cache_full(self) -> bool:
+        """A cache shared by slots had no room for this slot's decode: the text ends as at a
+        full context (what was committed stays), its caches are emptied by the engine after."""
+        self.stats.cache_full = True
+        self.out.end("length", "limit", context_full=True)
+        return False
 
     def round(self, room: int, prompt_left: bool) -> float | None:
         """One round: draft, verify the draft in one target decode, keep what the verdict keeps,

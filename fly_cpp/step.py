@@ -126,6 +126,9 @@ class Stats:
     n_from_prompt: int = 0  # 1: the first token came from the prompt's last row (``from_prompt``)
     n_asked: int = 0
     n_shifts: int = 0  # context shifts (``fly_cpp.shift``)
+    # a cache shared by slots had no room for this slot's next decode: the generation ended there, as
+    # at a full context, and its cells were freed for the other slots (``fly_cpp.backend.batch``)
+    cache_full: bool = False
     prompt_seconds: float = 0.0
     first_seconds: float = 0.0  # of ``seconds``, until the decode that finished the prompt (the first round's, with a draft)
     draft_seconds: float = 0.0

@@ -330,3 +330,30 @@ def test_k_auto_measures_the_costs_in_its_own_slot(stories, stories_draft, tmp_p
         assert costs.prior and calls == []  # nothing cached: the prior, and nothing decoded for it
         measured = e.steps.call(lambda at: e.control.cost_model(refresh=True, slot=at), slot=1)
         assert measured.cached is False and calls == []  # measured now, and not on slot 0's sequence
+
+
+@pytest.mark.parametrize("mode", ["target", "spd"])
+def test_a_full_shared_cache_ends_only_the_largest_answer(stories, stories_draft, mode):
+    """Four slots in one 512-cell cache, two answers of 300 tokens at once (together past the
+    cache): the slot holding most when the cache fills ends as a full context ends (its text
+    kept, ``context_full``, its cells freed), the other writes all its tokens; nothing raises
+    (llama-server ends every slot there, and the server answered HTTP 500)."""
+    from fly_cpp.config import SamplingSettings
+    endless = SamplingSettings(temperature=0, ignore_eos=True)
+    with Engine(ModelSettings(str(stories), n_ctx=512, n_threads=1),
+                ModelSettings(str(stories_draft), n_threads=1) if mode != "target" else None,
+                n_seq=4, kv_unified=True) as e:
+        gens = [e.generate(p, spec=SpecSettings(mode=mode, k=4), sampling=endless, max_tokens=300, slot=i)
+                for i, p in enumerate(["Once upon a time", "Lily and Ben went to the park"])]
+        runs = [threading.Thread(target=g.run) for g in gens]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join()
+        ended = sorted(gens, key=lambda g: len(g.tokens))
+        assert ended[0].context_full and ended[0].stats.cache_full and ended[0].finish_reason == "length"
+        assert len(ended[1].tokens) == 300 and not ended[1].stats.cache_full
+        assert 0 < len(ended[0].tokens) < 300
+        again = e.generate("Once upon a time", spec=SpecSettings(mode=mode, k=4), sampling=endless, max_tokens=40,
+                           slot=ended[0].stats.slot).run()  # the freed slot answers again
+        assert len(again.tokens) == 40

@@ -147,12 +147,26 @@ class Batcher:
         self.rows += sum(map(len, got))
         self.shared += steps
         self.seqs += sum(map(len, got))
+        evicted = self._evict(jobs) if status == 1 and len(jobs) > 1 else None
         for j, tokens in zip(jobs, got):
             j.got = tokens
+            if evicted is not None and j is not evicted:
+                continue  # cut short by the sequence the shared cache could not hold: a shorter run
             if status != 0 and len(tokens) < j.run and not (tokens and stop is not None and stop[tokens[-1]]):
                 # a run that the failed decode cut: what it left past its tokens is dropped
                 ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos + len(tokens), -1)
                 j.error = decode_failed(ctx.model.name, status, {-1: "no logits"})
+
+    def _evict(self, jobs: list[Job]) -> Job:
+        """The job of the sequence holding the most of a full shared cache: it fails (its
+        generation ends as a full context ends, ``CacheFull``) and its cells are freed now, so
+        that the others go on (llama-server ends every slot there). Its caller's ``Seq`` holds
+        nothing after (the generation's end empties it)."""
+        ctx = self.ctx
+        evicted = max(jobs, key=lambda j: j.pos + len(j.tokens))
+        ctx._call(ll.llama_memory_seq_rm, ctx._memory, evicted.seq, 0, -1)
+        evicted.error = decode_failed(ctx.model.name, 1)
+        return evicted
 
     def _run_one(self, jobs: list[Job]) -> None:
         ctx, i = self.ctx, 0
@@ -164,6 +178,11 @@ class Batcher:
         if rc != 0:
             for j in jobs:  # a failed decode may leave part of the batch behind
                 ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos, -1)
+            if rc == 1 and len(jobs) > 1:  # the shared cache is full: the largest sequence gives way
+                evicted = self._evict(jobs)
+                self._run_one([j for j in jobs if j is not evicted])
+                return
+            for j in jobs:
                 j.error = decode_failed(ctx.model.name, rc)
             return
         n_out = sum(1 if j.run else j.want for j in jobs)
