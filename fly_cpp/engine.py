@@ -233,9 +233,7 @@ class Engine:
         with self._ledger.run(at, stats, request.max_tokens):
             if self.n_seq > 1:
                 stats.slot = at
-            steps, pacer = start(at)
-            if pacer is not None:  # once per pair and machine (cached on disk), before the clock starts
-                self._control().cost_model(slot=at)
+            steps, pacer = start(at)  # k auto's costs: cached, else the prior (nothing is measured)
             for ctx in (*self._pair(at), self.mtp_ctx) if fresh else ():  # cache_prompt off: nothing carried over
                 if ctx is not None:
                     ctx.truncate(0)
