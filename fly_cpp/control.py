@@ -257,15 +257,23 @@ class Control:
 
     def slower_note(self, stats: Stats, spec: SpecSettings) -> str | None:
         """One line when a finished generation ran slower than the target alone would have
-        here, with the measured reason and what to try; None otherwise (or when it was too
-        short to tell). Never measures: a note must not cost more than the answer, so it reads
-        the costs k auto used, else the cached ones, else says nothing."""
-        if spec.mode == "target" or stats.n_drafted == 0 or stats.n_tokens < 16:
+        here, with the measured reason and what to try, or where k auto drafted nothing, why;
+        None otherwise (or when it was too short to tell). Never measures: a note must not cost
+        more than the answer, so it reads the costs k auto used, else the cached ones, else says
+        nothing."""
+        if spec.mode == "target" or stats.n_tokens < 16:
             return None
         p = self.pair
         model = self._costs or cached(p.target, p.target_settings, p.draft, p.draft_settings, p.mtp)
         if model is None:
             return None
+        if stats.n_drafted == 0:  # what k auto decided, in words (a first run on the bundled pair shows this)
+            if not spec.auto:
+                return None
+            step = f", a draft step {model.draft(1) / model.target(1):.2f} of one" if model.draft_curve else ""
+            return (f"k auto drafted nothing: the target alone is fastest here ({model.target(1) * 1e3:.2f} ms a "
+                    f"token{step}); speculation pays where a target decode is dear beside the draft's "
+                    "(a real pair: docs/models.md)")
         return slower_note(stats.tokens_per_second, stats.n_drafted / stats.n_rounds, stats.mean_accepted, model, spec.auto)
 
     # -- what persists ---------------------------------------------------------------------

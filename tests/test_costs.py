@@ -183,6 +183,24 @@ def test_slower_note_says_why_and_what_to_try():
     assert "exploring" in (slower_note(14.0, 5.0, 3.0, c, auto=True) or "")
 
 
+def test_k_auto_says_in_words_why_it_drafted_nothing(stories, stories_draft, tmp_path, monkeypatch):
+    """Where k auto drafted nothing (a draft step as dear as a target decode: nothing pays), the
+    note says so and why, in one line; a fixed k or the target mode say nothing of it."""
+    monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
+    from fly_cpp import SamplingSettings, SpecSettings
+    rows = (1, 2, 4, 8, 16, 32)
+    dear = Costs(Curve(rows, tuple(1e-3 * r for r in rows)), Curve(rows, tuple(2e-3 * r for r in rows)))
+    with Engine(*_pair(stories, stories_draft)) as e:
+        e.control.use(dear)
+        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=SamplingSettings(temperature=0),
+                         max_tokens=32).run()
+        note = e.slower_note(gen)
+    assert gen.stats.n_drafted == 0
+    assert note is not None and note.startswith("k auto drafted nothing: the target alone is fastest here")
+    assert "ms a token, a draft step " in note and "docs/models.md" in note  # the prices as the live decodes set them
+
+
 def test_the_slower_note_never_measures(stories, stories_draft, tmp_path, monkeypatch):
     """A note must not cost more than the answer: with a fixed k nothing calibrated, and with
     nothing cached the note stays silent instead of measuring (minutes on a large pair); k auto's
