@@ -99,7 +99,8 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
             peer = Peer(llama_cpp_bin, info.target.path, info.draft.path if info.draft is not None else None,
                         n_ctx=info.n_ctx, n_threads=info.n_threads, repack=info.target.repack,
                         gpu_layers=info.target.offloaded_layers,
-                        draft_gpu_layers=info.draft.offloaded_layers if info.draft is not None else 0)
+                        draft_gpu_layers=info.draft.offloaded_layers if info.draft is not None else 0,
+                        sampling=sampling)  # llama.cpp's binaries sample as fly-cpp's modes do
         from tqdm import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress

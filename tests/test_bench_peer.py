@@ -121,3 +121,21 @@ def test_peer_chains_the_ngram_lookup_in_front_of_the_draft_model(tmp_path: Path
         assert argv[argv.index("--spec-type") + 1] == spec_type
         assert argv[argv.index("--spec-draft-n-max") + 1] == "5"
         assert argv[argv.index("--spec-draft-p-min") + 1] == f"{p_min:g}"
+
+
+def test_peer_samples_as_the_bench_does(tmp_path: Path) -> None:
+    """``fly-cpp bench --temperature T`` runs llama.cpp's binaries at the same sampling (its
+    spellings), so that sampled runs compare side by side; greedy stays --temp 0."""
+    from fly_cpp.config import SamplingSettings
+    target, draft = str(bundled.TARGET), str(bundled.DRAFT)
+    for name in ("llama-speculative-simple", "llama-completion"):
+        (tmp_path / name).write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/{name}.argv\nexit 3\n')
+        (tmp_path / name).chmod(0o755)
+    sampled = SamplingSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    for sampling, want in ((sampled, "--temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --seed 7"),
+                           (SamplingSettings(temperature=0), "--temp 0 --seed 0")):
+        peer = Peer(tmp_path, target, draft, n_ctx=512, n_threads=1, repack=False, sampling=sampling)
+        for kind, name in (("speculative", "llama-speculative-simple"), ("target", "llama-completion")):
+            with pytest.raises(FlyError):
+                peer.run(kind, "Once upon a time", 8, 4)
+            assert want in (tmp_path / f"{name}.argv").read_text()

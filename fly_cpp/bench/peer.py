@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fly_cpp.backend.lib import cpu_has_amx
+from fly_cpp.config import SamplingSettings
 from fly_cpp.errors import FlyError
 
 SPECULATIVE = "llama-speculative-simple"
@@ -117,7 +118,9 @@ class Peer:
 
     def __init__(self, bin_dir: str | os.PathLike[str], target: str, draft: str | None, *, n_ctx: int,
                  n_threads: int, repack: bool | None = None, gpu_layers: int = 0, draft_gpu_layers: int = 0,
-                 timeout: float = TIMEOUT_SECONDS) -> None:
+                 timeout: float = TIMEOUT_SECONDS, sampling: SamplingSettings | None = None) -> None:
+        """``sampling``: the sampling the binaries run at, as llama.cpp spells it (--temp,
+        --top-k, --top-p, --min-p, --seed); None: greedy, seed 0."""
         self.dir = Path(bin_dir)
         if not self.dir.is_dir():
             raise FlyError(f"--llama-cpp-bin: no such directory: {self.dir}")
@@ -133,10 +136,14 @@ class Peer:
         self.repack = repack if repack is not None else not cpu_has_amx()  # AMX repacking crashes
         # fly-cpp's offload, said explicitly: on a GPU build the binaries offload all by default
         self.gpu_layers, self.draft_gpu_layers = _layers(gpu_layers), _layers(draft_gpu_layers)
+        s = sampling if sampling is not None and sampling.temperature > 0 else None
+        self.sampling = (["--temp", "0", "--seed", "0"] if s is None else
+                         ["--temp", f"{s.temperature:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}",
+                          "--min-p", f"{s.min_p:g}", "--seed", str(s.seed if s.seed is not None else 0)])
 
     def _common(self, prompt_file: str, max_tokens: int) -> list[str]:
         args = ["-m", self.target, "-f", prompt_file, "-n", str(max_tokens), "-c", str(self.n_ctx),
-                "-t", str(self.n_threads), "--temp", "0", "--seed", "0", "-ngl", self.gpu_layers]
+                "-t", str(self.n_threads), *self.sampling, "-ngl", self.gpu_layers]
         return args if self.repack else [*args, "--no-repack"]
 
     def _run(self, argv: list[str], parse: Callable[[str], PeerRun], prompt: str) -> PeerRun:
@@ -177,4 +184,5 @@ class Peer:
 
     def describe(self) -> dict[str, Any]:
         return {"bin": str(self.dir), "repack": self.repack, "gpu_layers": self.gpu_layers,
-                "draft_gpu_layers": self.draft_gpu_layers, "speculative": SPECULATIVE, "target_only": COMPLETION}
+                "draft_gpu_layers": self.draft_gpu_layers, "speculative": SPECULATIVE, "target_only": COMPLETION,
+                "sampling": self.sampling}
