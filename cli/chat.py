@@ -36,6 +36,7 @@ from fly_cpp.step import Stats, Step, plural
 
 HELP = """commands:
   /reset            forget the conversation (the system prompt stays)
+  /regen            write the last answer again (another one where sampling: /set temp 0.8)
   /stats            counters of the last answer and of the session
   /set NAME VALUE   change a setting, e.g. /set temp 0.7, /set k 8, /set max_tokens 200
   /set              show the settings
@@ -276,6 +277,12 @@ class Session:
                     click.echo(f"  {key} = {value}")
         elif name == "save":
             self.save(arg)
+        elif name == "regen":
+            if len(self.messages) >= 2 and self.messages[-1]["role"] == "assistant":
+                self.messages.pop()  # the answer, then its question, asked again
+                self.answer(self.messages.pop()["content"])
+            else:
+                note("no answer to write again yet")
         else:
             note(f"unknown command /{name}; /help lists the commands")
         return True

@@ -130,6 +130,20 @@ def test_piped_stdin(tmp_path):
     assert "> " not in out.stdout and not (tmp_path / "history").exists()
 
 
+def test_regen_writes_the_last_answer_again(tmp_path):
+    """/regen asks the last question again in place of its answer: greedy, the same text; sampled
+    (no seed), a fresh draw; with nothing answered yet it says so."""
+    env = {**os.environ, "FLY_CPP_HISTORY": str(tmp_path / "history")}
+    greedy = subprocess.run(command("-n", "12", "--chat-format", "plain", "--temp", "0"),
+                            input="/regen\nTell me a story.\n/regen\n/save " + str(tmp_path / "c.json") + "\n",
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert greedy.returncode == 0, greedy.stderr
+    first, again = greedy.stdout.splitlines()[:2]
+    assert first == again and "no answer to write again yet" in greedy.stderr
+    saved = json.loads((tmp_path / "c.json").read_text())["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"]  # the answer replaced, not added
+
+
 def test_bad_options_fail_with_one_line():
     out = subprocess.run(command("--temperature", "-1"), input="", capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stderr.strip() == "fly-cpp: error: temperature must be >= 0, got -1.0"
