@@ -121,6 +121,15 @@ def test_chat_in_a_browser(server, browser):
     assert drafted.value_of_css_property("color") != loose.value_of_css_property("color") or \
         loose.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
     assert len(browser.find_elements(By.CSS_SELECTOR, ".msg.user")) == 3
+    # Regenerate: the last answer written again in its place, the conversation no longer
+    regen = browser.find_element(By.ID, "regen")
+    assert regen.is_displayed()
+    regen.click()
+    wait(lambda: (a := browser.find_elements(By.CSS_SELECTOR, ".msg.assistant"))
+         and a[-1].get_attribute("data-state") == "done" and a[-1].find_elements(By.CSS_SELECTOR, ".stats"),
+         "the regenerated answer")
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".msg.user")) == 3
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 3
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "web-chat.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -184,10 +184,10 @@ async function send(text) {
     answer.appendChild(err);
     if (e.message && e.message.toLowerCase().includes("api key")) $("api_key").focus();
   } finally {
-    setBusy(false);
-    answer.dataset.state = "done";
     if (written) state.messages.push({ role: "assistant", content: written });
     else state.messages.pop(); // nothing came back: the question is not part of the conversation
+    setBusy(false);
+    answer.dataset.state = "done";
   }
 }
 
@@ -195,6 +195,20 @@ function setBusy(busy) {
   state.busy = busy;
   $("send").disabled = busy;
   $("stop").hidden = !busy;
+  const last = state.messages[state.messages.length - 1];
+  $("regen").hidden = busy || !last || last.role !== "assistant";
+}
+
+// the last answer written again in its place (a fresh draw where the request samples), as
+// llama-server's web UI regenerates: its question is asked again, the old answer dropped
+function regenerate() {
+  const n = state.messages.length;
+  if (state.busy || n < 2 || state.messages[n - 1].role !== "assistant") return;
+  state.messages.pop();
+  const question = state.messages.pop().content;
+  const list = $("messages");
+  for (let i = 0; i < 2 && list.lastChild; i++) list.removeChild(list.lastChild);
+  send(question);
 }
 
 function main() {
@@ -213,10 +227,12 @@ function main() {
     }
   });
   $("stop").addEventListener("click", () => state.abort && state.abort.abort());
+  $("regen").addEventListener("click", regenerate);
   $("new_chat").addEventListener("click", () => {
     if (state.busy) return;
     state.messages = [];
     $("messages").textContent = "";
+    setBusy(false);
   });
   $("api_key").addEventListener("change", showModel);
   watchHealth();
