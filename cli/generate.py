@@ -40,8 +40,9 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
 
     With no -m/-d, the bundled tiny story model and its draft are used.
     """
-    text = _read_prompt(prompt if prompt is None or prompt == "-" or not escape else process_escapes(prompt),
-                        prompt_file)
+    if escape and prompt not in (None, "-"):
+        prompt = process_escapes(prompt)
+    text = _read_prompt(prompt, prompt_file)
     echo = echo and not hide_prompt
     read_constraint_files(options)
     spec = SpecSettings(**pick(options, SpecSettings))

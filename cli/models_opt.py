@@ -18,9 +18,9 @@ from typing import Any
 
 import click
 
+from fly_cpp.api import Fly
 from fly_cpp.cli.options import pick, settings_options
 from fly_cpp.config import ModelSettings
-from fly_cpp.api import Fly
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 

@@ -244,7 +244,7 @@ def prior(target: Context, target_settings: ModelSettings, draft: Context | None
     elif mtp is not None:
         m = target.model
         d = priors.curve(priors.head(shape(target), m.n_vocab, m.n_embd),
-                         priors.machine([(s, c) for _, n, s, c in known if n == target.n_threads], target.n_threads),
+                         priors.machine(known, target.n_threads),
                          DRAFT_ROWS)
     return Costs(t, d, rollbacks=Rollbacks.of(target, draft), measured="prior (nothing timed yet)", prior=True)
 

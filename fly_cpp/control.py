@@ -236,7 +236,7 @@ class Control:
         if self._costs is None and not refresh:
             self._costs = (cached(p.target, p.target_settings, p.draft, p.draft_settings, p.mtp)
                            or prior(p.target, p.target_settings, p.draft, p.draft_settings, p.mtp))
-        if self._costs is None or refresh:
+        if refresh:
             model = p.target.model
             token = model.bos if model.bos >= 0 else 0
             target, draft = p.views[slot]

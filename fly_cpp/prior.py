@@ -6,10 +6,11 @@ calibration (45-75 s on the Qwen pair on a 2-core CPU, for a 3-s answer).
 A decode of n rows reads the model's weights once and does each row's arithmetic: on a CPU a
 one-row decode is the read (``per_byte`` seconds a byte of the file), a batch reads again beyond it
 (``SECOND_ROW``: the batched kernels, ~0.4 of a one-row decode) and pays ``per_param`` seconds a
-parameter for each row. Fitted on this project's 2-core CPU at 2 threads (``REFERENCE``) to the
+parameter for each row; every decode pays ``Machine.per_layer`` a layer besides (a tiny model's
+whole cost). Fitted on this project's 2-core CPU at 2 threads (``REFERENCE``) to the
 F16 and Q4_K_M Qwen2.5-Coder targets and their 0.5B Q4_K_M draft, measured by the calibration
-this replaces (tests/data/replays): within 10% of the measured curves at 1 to 17 rows for both
-targets, the draft's one-row decode 0.7x (its output matrix dominates). Each further token of
+this replaces (tests/data/replays): within 8% of both targets' measured curves at 1, 2, 4 and 17
+rows, the draft's one-row decode 0.85x and its batches about 0.7x. Each further token of
 context adds ``PER_DEPTH`` of a parameter-row a row (a decode attends over the cache).
 
 Where the machine has already learned a model's curve (the same file loaded alike, in another
@@ -105,7 +106,8 @@ class Shape:
 def curve(shape: Shape, machine: Machine, rows: Sequence[int]) -> Curve:
     """The prior curve of a model of ``shape`` on ``machine``: a one-row decode reads the
     weights, a batch reads ``SECOND_ROW`` more and pays each row's arithmetic; offloaded layers
-    read at ``GPU_SHARE`` of the CPU's price and their rows cost a hundredth as much."""
+    read at ``GPU_SHARE`` of the CPU's price and their rows a twentieth of that (a GPU computes
+    ~1000x a CPU-2 core pair)."""
     cpu, gpu = 1 - shape.gpu, shape.gpu
     read = shape.bytes * machine.per_byte * (cpu + gpu * GPU_SHARE)
     row = shape.params * machine.per_param * (cpu + gpu * GPU_SHARE / 20)
@@ -129,11 +131,11 @@ def learned(shape: Shape, curve_: Curve, per_layer: float) -> tuple[float, float
     return read / shape.bytes, slope / shape.params
 
 
-def machine(known: Sequence[tuple[Shape, Curve]], threads: int) -> Machine:
-    """This machine's prices at ``threads``: the medians of what its learned curves of other
-    models say (``known``, each at these threads), else the reference machine's."""
+def machine(known: Sequence[tuple[str, int, Shape, Curve]], threads: int) -> Machine:
+    """This machine's prices at ``threads``: the medians of what the curves it learned at these
+    threads say (``known``, as ``known_curves`` reads them), else the reference machine's."""
     base = REFERENCE.at(threads)
-    fits = [f for s, c in known if (f := learned(s, c, base.per_layer)) is not None]
+    fits = [f for _, t, s, c in known if t == threads and (f := learned(s, c, base.per_layer)) is not None]
     if not fits:
         return base
     return Machine(statistics.median(f[0] for f in fits), statistics.median(f[1] for f in fits), base.per_layer,
@@ -177,4 +179,4 @@ def of_model(model_id: str, shape: Shape, threads: int, rows: Sequence[int],
     for kid, kthreads, _, c in known:
         if kid == model_id and kthreads == threads:
             return c
-    return curve(shape, machine([(s, c) for _, t, s, c in known if t == threads], threads), rows)
+    return curve(shape, machine(known, threads), rows)

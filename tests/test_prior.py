@@ -53,7 +53,7 @@ def test_curves_learned_for_other_models_set_the_machines_prices():
     rows = prior.TARGET_ROWS
     seen = prior.curve(Q4_K_M, slow, rows)
     known = [("q4", 2, Q4_K_M, seen)]
-    fitted = prior.machine([(s, c) for _, _, s, c in known], 2)
+    fitted = prior.machine(known, 2)
     assert fitted.per_byte == pytest.approx(slow.per_byte) and fitted.per_param == pytest.approx(slow.per_param)
     assert prior.of_model("f16", F16, 2, rows, known)(1) == pytest.approx(prior.curve(F16, slow, rows)(1))
     assert prior.of_model("q4", Q4_K_M, 2, rows, known) is seen

@@ -150,12 +150,11 @@ class Batcher:
         evicted = self._evict(jobs) if status == 1 and len(jobs) > 1 else None
         for j, tokens in zip(jobs, got):
             j.got = tokens
-            if evicted is not None and j is not evicted:
-                continue  # cut short by the sequence the shared cache could not hold: a shorter run
             if status != 0 and len(tokens) < j.run and not (tokens and stop is not None and stop[tokens[-1]]):
                 # a run that the failed decode cut: what it left past its tokens is dropped
                 ctx._call(ll.llama_memory_seq_rm, ctx._memory, j.seq, j.pos + len(tokens), -1)
-                j.error = decode_failed(ctx.model.name, status, {-1: "no logits"})
+                if evicted is None:  # else a shorter run beside the sequence that gave way (its own error set)
+                    j.error = decode_failed(ctx.model.name, status, {-1: "no logits"})
 
     def _evict(self, jobs: list[Job]) -> Job:
         """The job of the sequence holding the most of a full shared cache: it fails (its
