@@ -403,8 +403,9 @@ def test_a_contradicted_calibration_is_cached_rescaled_and_the_next_process_meas
 
 
 def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, stories_draft, tmp_path, monkeypatch):
-    """A draft curve cached 5x too dear, by which no round could pay to draft: one check times
-    the draft's steps, its scale jumps to the live price, the entry is cached again as they
+    """A draft curve cached 10x too dear, by which no round could pay to draft: one check times
+    the draft's steps, its scale jumps to the live price (under half the cached one even where
+    a busy machine makes the live steps 3x dearer than the calibration found), the entry is cached again as they
     priced it and says so; the next process trusts it and checks nothing."""
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
     monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
@@ -412,7 +413,7 @@ def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, storie
     from fly_cpp.costcache import load, store
     with Engine(*_pair(stories, stories_draft)) as e:
         key, real = e.control.cost_key(), e.costs(refresh=True)
-    one = real.draft_curve.seconds[0] * 5  # batches dearer by a plausible shape: the rescaled curve is fit to cache
+    one = real.draft_curve.seconds[0] * 10  # batches dearer by a plausible shape: the rescaled curve is fit to cache
     draft = {"rows": [1, 2, 4, 8], "seconds": [one, 1.5 * one, 2.5 * one, 4.5 * one], "depth": 0, "per_token": [0.0] * 4}
     store(key, {"target": _entry(real.target_curve, 1.0), "draft": draft, "measured": "then"})
     greedy = SamplingSettings(temperature=0)
@@ -421,7 +422,7 @@ def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, storie
     costs = gen.stats.pacing["costs"]
     assert gen.stats.pacing["plans"]["check"] == 2 and costs["draft_scale"] < 0.5
     entry = load()[key]
-    assert entry["draft_checked"] is True and entry["draft"]["seconds"][0] < 2.5 * real.draft_curve.seconds[0]
+    assert entry["draft_checked"] is True and entry["draft"]["seconds"][0] < 5 * real.draft_curve.seconds[0]
     with Engine(*_pair(stories, stories_draft)) as e:
         again = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=greedy, max_tokens=64).run()
     assert again.stats.pacing["plans"]["check"] == 0
