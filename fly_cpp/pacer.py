@@ -14,7 +14,7 @@
   tokens were kept by their depth in the round (``Evidence.depths``), as they stand then. There a decode costs more when the batch's shape changes
   (llama.cpp builds a new graph), and rounds planned one by one change it: on an H100 (costly
   pair) planned rounds ran 0.69-0.92x llama.cpp's best fixed k, a fixed k 6 1.15-1.18x
-  (docs/benchmarks.md, 2026-11-25). Where drafting cannot pay at that acceptance, the
+  (docs/benchmarks-log.md, 2026-11-25). Where drafting cannot pay at that acceptance, the
   generation's rounds are planned as anywhere else.
 
 What the drafting rounds realized overrules the models: while they have been slower, all told,

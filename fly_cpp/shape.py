@@ -3,7 +3,7 @@
 On a GPU a decode of the same shape as the one before is much cheaper than one of another
 shape: llama.cpp reuses its graph only for a batch of the same size, and the CUDA backend
 replays a captured graph only for the shape it captured (anything else runs kernel by kernel).
-Measured on an H100 (docs/benchmarks.md): k auto's rounds, whose batches change size from round to round,
+Measured on an H100 (docs/benchmarks-log.md): k auto's rounds, whose batches change size from round to round,
 took 3.4-3.6 ms of target decode where a fixed k of about as many rows took 2.5-2.6 ms.
 
 ``Steady`` pads each round's batch to the widest of the last ``SPAN`` rounds (the padded rows
