@@ -28,7 +28,8 @@ from fly_cpp.evidence import AGREE_PRIOR
 from fly_cpp.mtp import MtpDrafter
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
-from fly_cpp.sampling import LogitBias
+from fly_cpp.request import Request
+from fly_cpp.sampling import LogitBias, Sampler
 from fly_cpp.scheduler import Scheduler
 from fly_cpp.shape import Steady
 from fly_cpp.step import Stats
@@ -139,14 +140,16 @@ class Control:
 
     # -- drafters --------------------------------------------------------------------------
 
-    def drafting(self, spec: SpecSettings, bias: LogitBias, slot: int, given: Drafter | None) -> Drafting:
-        """How a generation of ``spec`` drafts in ``slot``: with ``given`` (a caller's drafter)
-        or the pair's own (``base_drafter``, paced under k auto); with several slots, in step
-        with the others' rounds (``fly_cpp.batchloop.Throttled``)."""
+    def drafting(self, spec: SpecSettings, request: Request, slot: int, given: Drafter | None) -> Drafting:
+        """How a generation of ``spec`` (``request``'s, as settled) drafts in ``slot``: with
+        ``given`` (a caller's drafter) or the pair's own (``base_drafter``, drawing as
+        ``Request.draft_sampler`` says; paced under k auto, sampled rounds learned apart from
+        greedy ones); with several slots, in step with the others' rounds
+        (``fly_cpp.batchloop.Throttled``)."""
         if spec.mode == "target":
             return Drafting()
-        base = self.base_drafter(spec, bias, slot) if given is None else None
-        made = self.paced(base, spec, slot) if base is not None else given
+        base = self.base_drafter(spec, request.bias, slot, request.draft_sampler()) if given is None else None
+        made = self.paced(base, spec, slot, not request.sampling.greedy) if base is not None else given
         assert made is not None
         pacer = made.pacer if isinstance(made, PacedDrafter) else None  # a pacer of this pair's, or the caller's own
         if len(self.pair.views) > 1:  # under load the draft model's fixed-k rounds, in step with the others'
@@ -162,22 +165,25 @@ class Control:
         (the head's steps priced by its own measured curve, its evidence its own)."""
         return self.paced(self.base_drafter(spec, bias, slot), spec, slot)
 
-    def base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> ModelDrafter | MtpDrafter | NgramDrafter:
-        """Who drafts for ``spec`` in ``slot``, before any pacing."""
+    def base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
+                     draws: Sampler | None = None) -> ModelDrafter | MtpDrafter | NgramDrafter:
+        """Who drafts for ``spec`` in ``slot``, before any pacing (``draws``: ``drafting``'s)."""
         draft_ctx = self.pair.views[slot][1]
         if self.pair.mtp is not None and draft_ctx is None:
-            return MtpDrafter(self.pair.mtp, spec, bias)
+            return MtpDrafter(self.pair.mtp, spec, bias, draws)
         if draft_ctx is not None:
             n_vocab = min(self.pair.target.model.n_vocab, draft_ctx.model.n_vocab)
-            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias), spec,  # type: ignore[arg-type]
+            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias, draws), spec,  # type: ignore[arg-type]
                                 None if spec.auto else self._guess_checks(spec))
         return NgramDrafter(spec, bias)
 
-    def paced(self, base: ModelDrafter | MtpDrafter | NgramDrafter, spec: SpecSettings, slot: int) -> Drafter:
-        """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k)."""
+    def paced(self, base: ModelDrafter | MtpDrafter | NgramDrafter, spec: SpecSettings, slot: int,
+              sampled: bool = False) -> Drafter:
+        """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k);
+        ``sampled``: for a generation at T > 0 (its drafts keep at other rates)."""
         if not spec.auto:
             return base
-        key = self._key(base, spec, slot)
+        key = (*self._key(base, spec, slot), *(("sampled",) if sampled else ()))
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
             # the costs are measured where the pacer first needs them, on the step loop in the

@@ -14,7 +14,7 @@ from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.context import Context
 from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import Draft, Report
-from fly_cpp.sampling import NO_BIAS, LogitBias
+from fly_cpp.sampling import NO_BIAS, LogitBias, Sampler
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,13 @@ class DraftModel:
 
     checks_guesses = True
 
-    def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS) -> None:
+    def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS, draws: Sampler | None = None) -> None:
+        """``draws``: the target's sampler, which the draft draws its tokens with (None: its argmax)."""
         self.ctx = ctx
         self.n_batch = ctx.n_batch
         self.n_vocab = n_vocab  # argmax only over ids the target knows
         self.bias = bias
+        self.draws = draws
         self.path: list[int] = []
         self._own = 0  # path[_own:] are the model's own choices
         self._hist = np.zeros(0, dtype=np.int32)  # (capacity,) int32: the text of the last native run, then its drafts
@@ -83,9 +85,12 @@ class DraftModel:
         draft's top probability at the rows that matter."""
         batch = [*catchup, history[-1], *guess]
         logits = self.ctx.decode(batch, logits=len(guess) + 1)
+        if self.draws is not None:
+            best = self.draws.drafts(logits[:, : self.n_vocab], history, guess)  # (len(guess)+1,)
         if self.bias:
             logits = self.bias.apply(logits[:, : self.n_vocab])
-        best = rows.argmax(logits[:, : self.n_vocab])  # (len(guess)+1,)
+        if self.draws is None:
+            best = rows.argmax(logits[:, : self.n_vocab])
         agree = 0
         while agree < len(guess) and guess[agree] == best[agree]:
             agree += 1
@@ -101,10 +106,10 @@ class DraftModel:
         """``ModelDrafter.draft``'s steps inside the native library, after ``start``: the same
         tokens and confidences, without returning to Python per step (``checks``: the most
         n-gram guess tokens a step checks; None: ``spec.ngram_tokens``). None where the library
-        cannot run them (no library, a logit bias, a context it cannot drive, a longer n-gram
-        than it looks up, no room in the cache); the caller then steps in Python."""
+        cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
+        longer n-gram than it looks up, no room in the cache); the caller then steps in Python."""
         n = len(committed)
-        if (not getattr(self.ctx, "drafts_natively", False) or self.bias
+        if (not getattr(self.ctx, "drafts_natively", False) or self.bias or self.draws is not None
                 or (spec.ngram and spec.ngram_max > native.MAX_NGRAM) or n + limit - 1 > self.ctx.n_ctx):
             return None
         if len(self._hist) < n + limit:

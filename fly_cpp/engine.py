@@ -155,7 +155,7 @@ class Engine:
             may share with a running generation), under the settings settled there."""
             settled = control.loosening(spec, at)
             run = request if settled == spec else dataclasses.replace(request, spec=settled)
-            how, stats = control.drafting(settled, request.bias, at, given), out.stats
+            how, stats = control.drafting(settled, request, at, given), out.stats
             if how.name:
                 stats.drafter = how.name
             stats.loosens = settled.policy().loosens

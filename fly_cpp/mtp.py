@@ -33,7 +33,7 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.draft_model import Stepped, cut_at_end
 from fly_cpp.drafters import Draft, Report
 from fly_cpp.errors import FlyError
-from fly_cpp.sampling import NO_BIAS, LogitBias
+from fly_cpp.sampling import NO_BIAS, LogitBias, Sampler
 
 
 class MtpHead:
@@ -44,11 +44,13 @@ class MtpHead:
 
     checks_guesses = False
 
-    def __init__(self, ctx: MtpContext, bias: LogitBias = NO_BIAS) -> None:
+    def __init__(self, ctx: MtpContext, bias: LogitBias = NO_BIAS, draws: Sampler | None = None) -> None:
+        """``draws``: the target's sampler, which the head draws its tokens with (None: its argmax)."""
         self.ctx = ctx
         self.n_batch = ctx.n_batch
         self.n_vocab = ctx.model.n_vocab
         self.bias = bias
+        self.draws = draws
         self.decodes = 0
         self._state: np.ndarray | None = None  # the head's state after its last row (None: catch up first)
 
@@ -80,10 +82,11 @@ class MtpHead:
             decoded = 1
         self.decodes += 1
         row = logits[None, : self.n_vocab]
+        best = self.draws.drafts(row, history) if self.draws is not None else None
         if self.bias:
             row = self.bias.apply(row)
         sure = [float(rows.top_probability(row)[0])] if confident else []
-        return Stepped(rows.argmax(row), 0, sure, decoded)
+        return Stepped(rows.argmax(row) if best is None else best, 0, sure, decoded)
 
     def _catch_up(self, committed: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
         """Bring the head's cache to ``committed`` (token p with the target's state after p - 1),
@@ -110,10 +113,11 @@ class MtpDrafter:
     token, or where the head's top probability falls under ``p_min`` once ``need`` tokens are
     drafted. The head's choices see the generation's logit bias."""
 
-    def __init__(self, ctx: MtpContext, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
+    def __init__(self, ctx: MtpContext, spec: SpecSettings, bias: LogitBias = NO_BIAS,
+                 draws: Sampler | None = None) -> None:
         self.ctx = ctx
         self.spec = spec
-        self.draft_model = MtpHead(ctx, bias)  # the name k auto's drafter drives a model's steps by
+        self.draft_model = MtpHead(ctx, bias, draws)  # the name k auto's drafter drives a model's steps by
         self.index = ngram.Index(spec.ngram_max)
 
     @property

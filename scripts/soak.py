@@ -9,6 +9,8 @@ memory is sampled over time.
     nice -n 5 python scripts/soak.py --clients 4 --minutes 5 --prompts 8 --max-tokens 32 \\
         -- -m target.gguf -d draft.gguf
     python scripts/soak.py --url http://127.0.0.1:8080 --pid 1234 --api-key KEY
+    nice -n 5 python scripts/soak.py --clients 4 --minutes 10 --parallel 4 --long 0.5 --long-tokens 300 \
+        -- -c 512 --kv-unified        # long answers overflow the slots' one shared cache
 
 Greedy decoding makes every answer a function of its request; the reference answers are made
 first, one request at a time (``--prompts`` prompts x the two prompt shapes x ``--modes``),
@@ -76,6 +78,7 @@ class Tally:
     mismatched: int = 0
     mismatched_by_mode: collections.Counter[str] = field(default_factory=collections.Counter)
     mixed: int = 0
+    cut_short: int = 0  # long answers a full shared cache ended early (a prefix of their reference)
     tokens: int = 0
 
     def error(self, kind: str, detail: str) -> None:
@@ -88,6 +91,8 @@ def body(kind: str, prompt: str, mode: str, max_tokens: int, cold: bool, k: str)
                               "k": k if k == "auto" else int(k)}
     if cold:
         common["cache_prompt"] = False
+    if kind.startswith("long"):  # runs on past its end of text: several at once overflow a shared cache
+        return "/completion", {**common, "prompt": prompt, "n_predict": max_tokens, "ignore_eos": True}
     if kind.startswith("completion"):
         return "/completion", {**common, "prompt": prompt, "n_predict": max_tokens}
     if kind.startswith("oai_text"):
@@ -96,8 +101,9 @@ def body(kind: str, prompt: str, mode: str, max_tokens: int, cold: bool, k: str)
 
 
 def shape(kind: str) -> str:
-    """Requests whose answers must be equal share a shape: the same prompt as text, or as chat."""
-    return "chat" if kind.startswith("chat") else "text"
+    """Requests whose answers must be equal share a shape: the same prompt as text, or as chat,
+    or a long answer (which a full shared cache may cut short: then a prefix of its reference)."""
+    return "chat" if kind.startswith("chat") else "long" if kind.startswith("long") else "text"
 
 
 async def ask(http: httpx.AsyncClient, kind: str, path: str, payload: dict[str, Any],
@@ -146,7 +152,7 @@ def normalise(kind: str, text: str) -> str:
 
 
 async def references(http: httpx.AsyncClient, pool: list[str], modes: list[str], max_tokens: int,
-                     cold: bool, k: str) -> dict[tuple[str, int, str], str]:
+                     cold: bool, k: str, long_tokens: int = 0) -> dict[tuple[str, int, str], str]:
     refs = {}
     for i, prompt in enumerate(pool):
         for mode in modes:
@@ -156,6 +162,12 @@ async def references(http: httpx.AsyncClient, pool: list[str], modes: list[str],
                 if outcome != "ok" or text is None:
                     sys.exit(f"reference request failed: {outcome}: {text}")
                 refs[(shape(kind), i, mode)] = normalise(kind, text)
+            if long_tokens:
+                path, payload = body("long", prompt, mode, long_tokens, cold, k)
+                outcome, text = await ask(http, "long", path, payload, None)
+                if outcome != "ok" or text is None:
+                    sys.exit(f"reference request failed: {outcome}: {text}")
+                refs[("long", i, mode)] = text
     return refs
 
 
@@ -175,9 +187,10 @@ async def client(http: httpx.AsyncClient, rng: random.Random, deadline: float, p
             else:
                 tally.error(f"malformed_answered_{r.status_code}", f"{path} {raw!r}: {r.text}")
             continue
-        kind = rng.choice(KINDS)
+        kind = "long" if args.long_tokens and rng.random() < args.long else rng.choice(KINDS)
         i, mode = rng.randrange(len(pool)), rng.choice(modes)
-        path, payload = body(kind, pool[i], mode, args.max_tokens, args.cold, args.k)
+        path, payload = body(kind, pool[i], mode, args.long_tokens if kind == "long" else args.max_tokens,
+                             args.cold, args.k)
         leave = rng.random() < args.disconnects
         tally.requests[kind] += 1
         try:
@@ -202,7 +215,9 @@ async def client(http: httpx.AsyncClient, rng: random.Random, deadline: float, p
             tally.completed[kind] += 1
             tally.checked += 1
             got, want = normalise(kind, text), refs[(shape(kind), i, mode)]
-            if got != want:
+            if kind == "long" and got != want and want.startswith(got):
+                tally.cut_short += 1  # the shared cache was full: ended there, as a full context ends
+            elif got != want:
                 tally.mismatched += 1
                 tally.mismatched_by_mode[mode] += 1
                 own = _common(got, want)
@@ -272,7 +287,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
     limits = httpx.Limits(max_connections=args.clients * 2 + 4)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=args.timeout, limits=limits) as http:
         t0 = time.monotonic()
-        refs = await references(http, pool, modes, args.max_tokens, args.cold, args.k)
+        refs = await references(http, pool, modes, args.max_tokens, args.cold, args.k, args.long_tokens)
         ref_seconds = time.monotonic() - t0
         before = (await http.get("/metrics")).text
         tally = Tally()
@@ -288,7 +303,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         wall = time.monotonic() - start
         rss.append((round(time.monotonic() - start, 1), round(rss_mb(pid) or 0.0, 1)))
         # after the storm: the same references again, one at a time (nothing left behind)
-        again = await references(http, pool, modes, args.max_tokens, args.cold, args.k)
+        again = await references(http, pool, modes, args.max_tokens, args.cold, args.k, args.long_tokens)
         after = (await http.get("/metrics")).text
         health = (await http.get("/health")).status_code
         r = await http.get("/slots")
@@ -302,6 +317,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         "completed": done, "completed_by_kind": dict(tally.completed), "deliberate_disconnects": sum(tally.disconnects.values()),
         "deliberate_malformed_by_status": dict(tally.malformed), "errors_by_kind": dict(tally.errors),
         "answers_checked": tally.checked, "answers_mismatched": tally.mismatched,
+        "long_answers_cut_short_by_a_full_cache": tally.cut_short,
         "answers_mismatched_by_mode": dict(tally.mismatched_by_mode), "answers_mixed": tally.mixed,
         "references_changed_after": drift, "health_after": health,
         "rss_mb": {"start": rss[0][1] if rss else None, "end": rss[-1][1] if rss else None,
@@ -353,6 +369,11 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="cache_prompt: false on every request")
     p.add_argument("--k", default="8", help="k on every request; 'auto' adapts to measured timings, so fly "
                                             "answers are then not a function of the request alone")
+    p.add_argument("--long", type=float, default=0.0,
+                   help="share of requests that run --long-tokens past their end of text (ignore_eos), so that "
+                        "several at once overflow a shared cache (-np N): each must finish, a cut one as a prefix "
+                        "of its reference")
+    p.add_argument("--long-tokens", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--rss-every", type=float, default=15)

@@ -9,6 +9,7 @@ from fly_cpp.config.checks import (
     AUTO,
     AUTO_SLOTS,
     CACHE_TYPES,
+    DRAWS,
     FLASH_ATTN,
     FLY_RULES,
     LOOSEN,
@@ -29,6 +30,6 @@ from fly_cpp.config.sampling import SamplingSettings
 from fly_cpp.config.server import ServerSettings
 from fly_cpp.config.spec import SpecSettings
 
-__all__ = ["AUTO", "AUTO_SLOTS", "CACHE_TYPES", "FLASH_ATTN", "FLY_RULES", "LOOSEN", "MAX_CTX", "MAX_SEED",
+__all__ = ["AUTO", "AUTO_SLOTS", "CACHE_TYPES", "DRAWS", "FLASH_ATTN", "FLY_RULES", "LOOSEN", "MAX_CTX", "MAX_SEED",
            "MAX_THREADS", "MODES", "ROLLBACK", "SPEC_TYPES", "SPLIT_MODES", "STEADY", "THREADS_PER_CPU",
            "ModelSettings", "SamplingSettings", "ServerSettings", "SpecSettings", "cpu_cores", "max_threads"]

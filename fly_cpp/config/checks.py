@@ -15,6 +15,7 @@ AUTO_SLOTS = 4  # -np auto, llama-server's choice
 AUTO = "auto"  # k: the cost-aware controller picks each round's draft length
 FLY_RULES = ("guarded", "paper")
 LOOSEN = ("auto", "on", "off")
+DRAWS = ("shared", "llama")  # SamplingSettings.draw
 SPLIT_MODES = ("none", "layer", "row")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's KV cache types
 FLASH_ATTN = ("auto", "on", "off")

@@ -5,18 +5,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fly_cpp.config.checks import MAX_SEED, _help, _integer, _number, _require
+from fly_cpp.config.checks import DRAWS, MAX_SEED, _help, _integer, _number, _require
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
     """llama.cpp's sampling chain: penalties, top-k, top-p, min-p, temperature.
 
-    Temperature 0 is greedy decoding (the default). The entropy gate always reads the raw,
-    untempered target logits.
+    The defaults are llama.cpp's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, a fresh
+    seed per generation); temperature 0 is greedy decoding. The entropy gate always reads the
+    raw, untempered target logits.
     """
 
-    temperature: float = field(default=0.0, metadata=_help("0 = greedy", aliases=("--temp",)))
+    temperature: float = field(default=0.8, metadata=_help("0 = greedy (llama.cpp's default 0.8)", aliases=("--temp",)))
     top_k: int = field(default=40, metadata=_help("keep the k most likely tokens; 0 = all"))
     top_p: float = field(default=0.95, metadata=_help("nucleus sampling; 1 = off"))
     min_p: float = field(default=0.05, metadata=_help("drop tokens below min_p times the top probability; 0 = off"))
@@ -26,6 +27,10 @@ class SamplingSettings:
     frequency_penalty: float = field(default=0.0, metadata=_help("subtract per occurrence of a recent token; 0 = off"))
     seed: int | None = field(default=None, metadata=_help("random seed; unset = a fresh one per generation",
                                                           aliases=("-s",)))
+    draw: str = field(default="shared", metadata=_help(
+        "how a sampled token is drawn: shared (noise keyed by seed, position and token, which the draft "
+        "draws with too, so its drafts match more often) or llama (llama.cpp's sampler: a seed writes "
+        "llama-server's text; the draft then drafts its argmax)"))
     logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_help(
         "add to token logits, target and draft alike: TOKEN+BIAS or TOKEN-BIAS, comma-separated "
         "(e.g. 15043+1.5,2-inf; -inf bans the token)", aliases=("-l",)))
@@ -51,6 +56,7 @@ class SamplingSettings:
                  "grammar_trigger needs a grammar or json_schema, and at least 2 characters")
         _require(isinstance(self.preserved_tokens, tuple) and all(isinstance(t, str) and t for t in self.preserved_tokens),
                  f"preserved_tokens must be a list of token texts, got {self.preserved_tokens!r}")
+        _require(self.draw in DRAWS, f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
         _number("temperature", self.temperature, 0)
         _integer("top_k", self.top_k, 0)
         _number("top_p", self.top_p, 0.0, 1.0, above=True)
@@ -71,6 +77,12 @@ class SamplingSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shares_draws(self) -> bool:
+        """Whether the draft draws its tokens with the target's own chain and noise (``draw``
+        shared at T > 0), instead of drafting its argmax."""
+        return self.temperature > 0 and self.draw == "shared"
 
     @property
     def biased(self) -> bool:
