@@ -11,7 +11,7 @@ import copy
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, native
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, native
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.models import bundled
 from fly_cpp.runs import Runs
@@ -26,6 +26,7 @@ NO_PAY = Costs(Curve((1, 2, 4, 6, 9, 16), (34 * MS, 58 * MS, 93 * MS, 133 * MS, 
 PAYS = Costs(Curve((1, 2, 4, 8, 17), (1.0,) * 5), Curve((1, 32), (1e-3, 1e-3)))
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]
 SPD = SpecSettings(mode="spd", ngram=False)
+GREEDY = SamplingSettings(temperature=0)  # native runs decode greedy rounds
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +63,7 @@ def fresh_pacer(e: Engine, costs: Costs) -> None:
 
 def generate(e: Engine, prompt: str, spec: SpecSettings, costs: Costs, n: int, **kw):
     fresh_pacer(e, costs)
-    return e.generate(prompt, spec=spec, max_tokens=n, **kw).run()
+    return e.generate(prompt, spec=spec, sampling=GREEDY, max_tokens=n, **kw).run()
 
 
 def token_by_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +73,7 @@ def token_by_token(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("spec", [SPD, SpecSettings(mode="fly", loosen="off", ngram=False), SpecSettings(mode="spd")])
 def test_rounds_left_to_the_target_run_and_write_the_targets_text(pair, runs, spec):
     for prompt in PROMPTS:
-        want = pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=150).run()
+        want = pair.generate(prompt, spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=150).run()
         runs.clear()
         got = generate(pair, prompt, spec, NO_PAY, 150)
         assert got.tokens == want.tokens, prompt
@@ -99,8 +100,8 @@ def test_the_pacer_and_the_stats_end_as_with_the_rounds_one_by_one(pair, runs, m
 def test_streaming_yields_every_token_of_a_run(pair, runs):
     e = pair
     fresh_pacer(e, NO_PAY)
-    steps = list(e.generate(PROMPTS[0], spec=SPD, max_tokens=90))
-    want = e.generate(PROMPTS[0], spec=SpecSettings(mode="target"), max_tokens=90).run()
+    steps = list(e.generate(PROMPTS[0], spec=SPD, sampling=GREEDY, max_tokens=90))
+    want = e.generate(PROMPTS[0], spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=90).run()
     assert runs and [s.token for s in steps] == want.tokens
     assert "".join(s.text for s in steps) == want.text
 
@@ -108,19 +109,19 @@ def test_streaming_yields_every_token_of_a_run(pair, runs):
 @pytest.mark.parametrize("n", [1, 2, 5, 33, 34, 100])
 def test_max_tokens_lands_exactly(pair, runs, n):
     got = generate(pair, PROMPTS[2], SPD, NO_PAY, n)
-    want = pair.generate(PROMPTS[2], spec=SpecSettings(mode="target"), max_tokens=n).run()
+    want = pair.generate(PROMPTS[2], spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=n).run()
     assert got.tokens == want.tokens and len(got.tokens) == n and got.finish_reason == "length"
 
 
 def test_a_stop_string_inside_a_run_ends_the_text_there(pair, runs):
-    full = pair.generate(PROMPTS[0], spec=SpecSettings(mode="target"), max_tokens=120).run().text
+    full = pair.generate(PROMPTS[0], spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=120).run().text
     word = full.split()[15]
     got = generate(pair, PROMPTS[0], SPD, NO_PAY, 120, stop=[word])
     assert runs and got.text == full[: full.index(word)] and got.finish_reason == "stop"
     # the tokens a run decoded past the stop are rolled back: the next request reuses the cache
     again = generate(pair, PROMPTS[0] + " there", SPD, NO_PAY, 40)
     assert again.tokens == pair.generate(PROMPTS[0] + " there", spec=SpecSettings(mode="target"),
-                                         max_tokens=40, cache_prompt=False).run().tokens
+                                         sampling=GREEDY, max_tokens=40, cache_prompt=False).run().tokens
 
 
 def test_the_draft_model_catches_up_after_a_run(pair, runs):
@@ -132,10 +133,11 @@ def test_the_draft_model_catches_up_after_a_run(pair, runs):
     pacer.evidence.drafted_long.sums = [1.0, 100.0, 40.0]  # drafting never paid over a long run: the rest is kept
     pacer.drafted.sums = [100.0, 1.0, 10.0]  # ... but it pays lately
     pacer.rest = 40
-    got = e.generate(PROMPTS[1], spec=SPD, max_tokens=120).run()
+    got = e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=120).run()
     assert runs[0] == 40  # the 40 rounds of the rest, this one the first
     assert got.stats.n_drafted > 0 and got.stats.pacing["plans"]["draft"] > 0
-    assert got.tokens == e.generate(PROMPTS[1], spec=SpecSettings(mode="target"), max_tokens=120).run().tokens
+    want = e.generate(PROMPTS[1], spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=120).run()
+    assert got.tokens == want.tokens
 
 
 def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
@@ -147,18 +149,18 @@ def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
     pacer = e.drafter(SPD).pacer  # type: ignore[attr-defined]
     pacer.evidence.drafted_long.sums = [1.0, 100.0, 40.0]
     pacer.rest = 10_000
-    got = e.generate(PROMPTS[1], spec=SPD, max_tokens=40, cache_prompt=False).run()
+    got = e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=40, cache_prompt=False).run()
     assert got.stats.n_drafted == 0 and len(e.draft_ctx.tokens) == 0
     prompt = len(e.target_model.tokenize(PROMPTS[1])) - 1
     pacer.evidence.drafted_long.sums = [100.0, 1.0, 40.0]
-    e.generate(PROMPTS[1], spec=SPD, max_tokens=40, cache_prompt=False).run()
+    e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=40, cache_prompt=False).run()
     assert len(e.draft_ctx.tokens) >= prompt
     # a loosening rule asks the draft model for its token where the target was unsure: it needs the prompt
     loose = SpecSettings(mode="fly", loosen="on")
     fly = e.drafter(loose).pacer  # type: ignore[attr-defined]
     fly.evidence.drafted_long.sums, fly.rest = [1.0, 100.0, 40.0], 10_000
     # (two tokens: the first may come from the prompt's row, before the rounds and the draft's prompt)
-    e.generate(PROMPTS[1], spec=loose, max_tokens=2, cache_prompt=False).run()
+    e.generate(PROMPTS[1], spec=loose, sampling=GREEDY, max_tokens=2, cache_prompt=False).run()
     assert len(e.draft_ctx.tokens) >= prompt
 
 
@@ -176,7 +178,7 @@ def test_the_fast_pair_runs_its_rest(runs):
     if fast is None:
         pytest.skip("the kit's fast pair is not built (fly-cpp models make-pair fast)")
     with Engine(ModelSettings(str(fast.target), n_ctx=256, n_ubatch=1), ModelSettings(str(fast.draft))) as e:
-        want = e.generate(PROMPTS[1], spec=SpecSettings(mode="target"), max_tokens=80).run()
+        want = e.generate(PROMPTS[1], spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=80).run()
         got = generate(e, PROMPTS[1], SpecSettings(mode="spd"), NO_PAY, 80)
         assert got.tokens == want.tokens and runs
         assert got.stats.n_rounds == len(got.stats.accepted_lengths) and got.stats.draft_lengths.get(0, 0) > 40

@@ -15,7 +15,7 @@ from fly_cpp.errors import FlyError
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)*'
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because", "Mom said,"]
 MODES = ("target", "spd", "fly")
-WORDS_ONLY = SamplingSettings(grammar=WORDS)
+WORDS_ONLY = SamplingSettings(temperature=0, grammar=WORDS)  # greedy
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,9 @@ def test_span_is_llama_servers():
 
 def test_a_shift_goes_on_past_the_full_context(fly):
     prompt = fly.engine.tokenize(PROMPT)
-    ended = fly.generate(prompt, max_tokens=150).run()
+    ended = fly.generate(prompt, max_tokens=150, temperature=0).run()
     assert ended.context_full and len(prompt) + len(ended.tokens) == 64 and ended.stats.n_shifts == 0
-    gen = fly.generate(prompt, max_tokens=150, shift=Shift(3)).run()
+    gen = fly.generate(prompt, max_tokens=150, shift=Shift(3), temperature=0).run()
     assert len(gen.tokens) == 150 and not gen.context_full and gen.stats.n_shifts >= 2
     held = fly.engine.target.tokens
     assert held[:3] == prompt[:3] and len(held) < 64 and held[-8:] == (prompt + gen.tokens)[-9:-1]
@@ -43,9 +43,9 @@ def test_a_shift_goes_on_past_the_full_context(fly):
 
 def test_exact_modes_stay_the_targets_text_across_shifts(fly):
     prompt = fly.engine.tokenize(PROMPT)
-    want = fly.generate(prompt, max_tokens=150, mode="target", shift=Shift()).run().tokens
+    want = fly.generate(prompt, max_tokens=150, mode="target", shift=Shift(), temperature=0).run().tokens
     for k in (1, 4):
-        assert fly.generate(prompt, max_tokens=150, mode="spd", k=k, shift=Shift()).run().tokens == want
+        assert fly.generate(prompt, max_tokens=150, mode="spd", k=k, shift=Shift(), temperature=0).run().tokens == want
     sampled = {mode: fly.generate(prompt, max_tokens=150, mode=mode, k=3, shift=Shift(), temperature=0.8,
                                   seed=5).run().tokens for mode in ("target", "spd")}
     assert sampled["target"] == sampled["spd"]  # draws keep counting from where they were
@@ -53,16 +53,17 @@ def test_exact_modes_stay_the_targets_text_across_shifts(fly):
 
 def test_a_shift_in_a_slot_is_the_same_text(stories, stories_draft, fly):
     prompt = fly.engine.tokenize(PROMPT)
-    want = fly.generate(prompt, max_tokens=120, mode="target", shift=Shift()).run().tokens
+    want = fly.generate(prompt, max_tokens=120, mode="target", shift=Shift(), temperature=0).run().tokens
     engine = Engine(ModelSettings(str(stories), n_ctx=128, n_threads=1),
                     ModelSettings(str(stories_draft), n_threads=1), n_seq=2)  # 64 positions per slot
     with Fly.from_engine(engine) as slots:
-        gen = slots.generate(prompt, max_tokens=120, mode="spd", shift=Shift(), slot=1).run()
+        gen = slots.generate(prompt, max_tokens=120, mode="spd", shift=Shift(), slot=1, temperature=0).run()
         assert gen.stats.n_shifts >= 1 and gen.tokens == want
 
 
 def test_the_grammar_holds_across_shifts(fly):
-    gen = fly.generate(PROMPT, max_tokens=150, mode="spd", shift=Shift(), grammar="root ::= [a-z ]+").run()
+    gen = fly.generate(PROMPT, max_tokens=150, mode="spd", shift=Shift(), grammar="root ::= [a-z ]+",
+                       temperature=0).run()
     assert gen.stats.n_shifts >= 2 and len(gen.tokens) == 150 and re.fullmatch(r"[a-z ]+", gen.text)
 
 
@@ -70,9 +71,9 @@ def test_the_grammar_holds_across_shifts(fly):
 def test_server_reports_the_full_context_as_llama_server(fly, shift):
     with TestClient(create_app(fly, settings=ServerSettings(context_shift=shift))) as client:
         n_prompt = len(fly.engine.tokenize(PROMPT))
-        short = client.post("/completion", json={"prompt": PROMPT, "n_predict": 8}).json()
+        short = client.post("/completion", json={"prompt": PROMPT, "n_predict": 8, "temperature": 0}).json()
         assert short["timings"]["predicted_n"] == 8 and short["truncated"] is False
-        out = client.post("/completion", json={"prompt": PROMPT, "n_predict": 100}).json()
+        out = client.post("/completion", json={"prompt": PROMPT, "n_predict": 100, "temperature": 0}).json()
         assert out["truncated"] is True and out["timings"]["prompt_n"] + out["timings"]["cache_n"] == n_prompt
         assert out["timings"]["predicted_n"] == (100 if shift else 64 - n_prompt)
         assert out["generation_settings"]["n_discard"] == 0

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp.config import ModelSettings, SpecSettings
+from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.control import Control
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.engine import Engine
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park"]
 MS = 1e-3
+GREEDY = SamplingSettings(temperature=0)
 # a GPU's shape: verification nearly free, a draft step 1/17 of a decode (this pair's own costs
 # on a CPU are nearly flat: no draft pays beside them)
 GPU_SHAPED = Costs(Curve((1, 2, 4, 8, 16, 32), (3.4 * MS, 3.42 * MS, 3.46 * MS, 3.55 * MS, 3.75 * MS, 4.3 * MS)),
@@ -31,8 +32,9 @@ def test_k_auto_on_a_gpu_drafts_steady_rounds_of_the_target_own_text(on_gpu):
     assert on_gpu.control is not None
     on_gpu.control.use(GPU_SHAPED)
     for prompt in PROMPTS:
-        expected = on_gpu.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=64).run().tokens
-        gen = on_gpu.generate(prompt, spec=SpecSettings(mode="spd"), max_tokens=64).run()
+        expected = on_gpu.generate(prompt, spec=SpecSettings(mode="target"), sampling=GREEDY,
+                                   max_tokens=64).run().tokens
+        gen = on_gpu.generate(prompt, spec=SpecSettings(mode="spd"), sampling=GREEDY, max_tokens=64).run()
         assert gen.tokens == expected
         plans = gen.stats.pacing["plans"]
         assert plans["steady"] > 0 and plans["draft"] == plans["explore"] == 0, plans

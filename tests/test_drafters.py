@@ -11,12 +11,14 @@ from fly_cpp import control as control_module
 from fly_cpp import native
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.config import SpecSettings
+from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import NgramDrafter, Report
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
+
+GREEDY = SamplingSettings(temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +179,8 @@ def test_a_callers_own_paced_drafter_runs_in_a_generation(stories, stories_draft
     with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
         costs = Costs(Curve((1, 2, 4, 8), (1e-3, 1.1e-3, 1.3e-3, 1.8e-3)), Curve((1, 2, 4), (1e-4, 1.2e-4, 1.5e-4)))
         own = PacedDrafter(NgramDrafter(spec), Pacer(lambda: costs, k_max=16), 4, 6, use_ngram=True)
-        alone = engine.generate("Once upon a time", spec=SpecSettings(mode="target"), max_tokens=24).run()
-        gen = engine.generate("Once upon a time", spec=spec, max_tokens=24, drafter=own).run()
+        alone = engine.generate("Once upon a time", spec=SpecSettings(mode="target"), sampling=GREEDY,
+                                max_tokens=24).run()
+        gen = engine.generate("Once upon a time", spec=spec, sampling=GREEDY, max_tokens=24, drafter=own).run()
     assert gen.tokens == alone.tokens
     assert gen.stats.pacing is not None and sum(gen.stats.pacing["plans"].values()) > 0

@@ -36,10 +36,11 @@ TEXT_PROMPTS = [
     "import numpy as np\n",
     "1, 2, 3, 4,",
 ]
+GREEDY = SamplingSettings(temperature=0)
 
 
-def greedy(engine: Engine, prompt: str, mode: str, k: int = 15, n: int = 48, **spec) -> list[int]:
-    return engine.generate(prompt, spec=SpecSettings(mode=mode, k=k, **spec), max_tokens=n).run().tokens
+def greedy(engine: Engine, prompt: str, mode: str, k: int | str = 15, n: int = 48, **spec) -> list[int]:
+    return engine.generate(prompt, spec=SpecSettings(mode=mode, k=k, **spec), sampling=GREEDY, max_tokens=n).run().tokens
 
 
 def exact_target(path) -> ModelSettings:
@@ -77,7 +78,7 @@ def test_target_as_its_own_draft_accepts_everything(stories):
     with Engine(exact_target(stories), ModelSettings(str(stories))) as e:
         for prompt in STORY_PROMPTS[:4]:
             expected = greedy(e, prompt, "target", n=60)
-            gen = e.generate(prompt, spec=SpecSettings(mode="spd", k=5), max_tokens=60).run()
+            gen = e.generate(prompt, spec=SpecSettings(mode="spd", k=5), sampling=GREEDY, max_tokens=60).run()
             assert gen.tokens == expected
             s = gen.stats
             assert s.n_exact == s.n_drafted  # every drafted token accepted
@@ -90,7 +91,7 @@ def test_target_as_its_own_draft_accepts_everything(stories):
 def test_target_as_its_own_draft_on_llama3_vocab(llama3_target):
     with Engine(exact_target(llama3_target), ModelSettings(str(llama3_target))) as e:
         for prompt in TEXT_PROMPTS[:3]:
-            gen = e.generate(prompt, spec=SpecSettings(mode="fly", k=7), max_tokens=40).run()
+            gen = e.generate(prompt, spec=SpecSettings(mode="fly", k=7), sampling=GREEDY, max_tokens=40).run()
             assert gen.tokens == greedy(e, prompt, "target", n=40)
             assert gen.stats.n_exact == gen.stats.n_drafted and gen.stats.n_loose == 0
             # the first token comes from the prompt's row where the target is sure there, else a round verifies it
@@ -109,7 +110,7 @@ def test_fly_takes_its_first_token_from_the_prompt_row_where_nothing_else_could_
     with Engine(ModelSettings(str(stories_draft), n_ctx=512)) as draft_alone:
         for prompt in STORY_PROMPTS:
             gen = stories_pair.generate(prompt, spec=SpecSettings(mode="fly", k=6, loosen="on", **spec),
-                                        max_tokens=24).run()
+                                        sampling=GREEDY, max_tokens=24).run()
             s = gen.stats
             if rule == "shut":  # then FLy is exact matching, and so is its text
                 assert s.n_from_prompt == 1 and gen.tokens == greedy(stories_pair, prompt, "spd", k=6, n=24), prompt
@@ -130,8 +131,9 @@ def test_fly_accepts_at_least_as_much_as_spd(stories_pair):
     fly = spd = 0.0
     loose = 0
     for prompt in STORY_PROMPTS:
-        a = stories_pair.generate(prompt, spec=SpecSettings(mode="fly", k=15), max_tokens=96).run().stats
-        b = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k=15), max_tokens=96).run().stats
+        a = stories_pair.generate(prompt, spec=SpecSettings(mode="fly", k=15), sampling=GREEDY, max_tokens=96)
+        b = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k=15), sampling=GREEDY, max_tokens=96)
+        a, b = a.run().stats, b.run().stats
         assert b.n_loose == 0 and b.n_exact <= b.n_drafted  # spd keeps exact matches only
         loose += a.n_loose
         fly, spd = fly + a.mean_accepted, spd + b.mean_accepted
@@ -149,7 +151,7 @@ def test_spd_output_does_not_depend_on_k_or_drafter(stories, stories_draft):
                 assert greedy(alone, prompt, "spd", k=k, n=64) == expected, (prompt, "n-gram", k)
                 assert greedy(pair, prompt, "spd", k=k, n=64) == expected, (prompt, "draft model", k)
                 assert greedy(pair, prompt, "spd", k=k, n=64, ngram=False) == expected, (prompt, "draft alone", k)
-            auto = pair.generate(prompt, spec=SpecSettings(mode="spd"), max_tokens=64).run().tokens
+            auto = pair.generate(prompt, spec=SpecSettings(mode="spd"), sampling=GREEDY, max_tokens=64).run().tokens
             assert auto == expected, (prompt, "k auto")
 
 
@@ -173,7 +175,8 @@ def test_batched_verification_diverges_only_at_near_ties(stories, stories_draft)
 
 @pytest.mark.parametrize("mode", ["spd", "fly"])
 def test_k_auto_runs_and_reports_its_draft_lengths(stories_pair, mode):
-    gen = stories_pair.generate("Once upon a time", spec=SpecSettings(mode=mode, k="auto"), max_tokens=64).run()
+    gen = stories_pair.generate("Once upon a time", spec=SpecSettings(mode=mode, k="auto"), sampling=GREEDY,
+                                max_tokens=64).run()
     s = gen.stats
     assert len(gen.tokens) == 64 and sum(s.draft_lengths.values()) == s.n_rounds
     assert sum(n * r for n, r in s.draft_lengths.items()) == s.n_drafted and max(s.draft_lengths) <= 16
@@ -186,9 +189,7 @@ def test_spd_with_k_auto_is_still_the_target_greedy_and_seeded(stories_pair):
     target's own tokens: greedy, and sampled with the same seed (draws depend on seed and
     position only)."""
     for prompt in STORY_PROMPTS[:4]:
-        target = stories_pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=48).run().tokens
-        auto = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k="auto"), max_tokens=48).run().tokens
-        assert auto == target, prompt
+        assert greedy(stories_pair, prompt, "spd", k="auto") == greedy(stories_pair, prompt, "target"), prompt
         sampling = SamplingSettings(temperature=0.9, seed=11)
         target = stories_pair.generate(prompt, spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=48)
         spd = stories_pair.generate(prompt, spec=SpecSettings(mode="spd", k="auto"), sampling=sampling, max_tokens=48)
@@ -197,7 +198,7 @@ def test_spd_with_k_auto_is_still_the_target_greedy_and_seeded(stories_pair):
 
 
 def run_fly(engine: Engine, prompt: str, n: int = 64, **spec):
-    gen = engine.generate(prompt, spec=SpecSettings(mode="fly", k=15, **spec), max_tokens=n)
+    gen = engine.generate(prompt, spec=SpecSettings(mode="fly", k=15, **spec), sampling=GREEDY, max_tokens=n)
     loose = [i for i, step in enumerate(gen) if step.loose]
     return gen, loose
 

@@ -8,10 +8,11 @@ import threading
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, loosening, worth
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, loosening, worth
 from fly_cpp.costs import Costs, Curve
 
 ROWS = (1, 2, 4, 8, 16, 32)
+GREEDY = SamplingSettings(temperature=0)
 
 
 def costs(target: tuple[float, ...], draft: tuple[float, ...]) -> Costs:
@@ -94,18 +95,18 @@ def test_the_verdict_is_priced_without_a_probe_and_kept(stories, stories_draft, 
     with engine(stories, stories_draft) as first:
         tokens = first.tokenize("Once upon a time")
         first.prefill(tokens)
-        gen = first.generate(tokens, max_tokens=24).run()
+        gen = first.generate(tokens, sampling=GREEDY, max_tokens=24).run()
         assert gen.stats.n_cached >= len(tokens) - 1  # nothing decoded before the rounds
         verdict = first.steps.call(lambda at: first.control.verdict(SpecSettings(), at))
         assert not verdict.learned and "prior" in verdict.why
     assert loosening.recall(loosening.key(first.control.cost_key(), SpecSettings())) == verdict
     with engine(stories, stories_draft) as second:
-        second.generate(tokens, max_tokens=24).run()
+        second.generate(tokens, sampling=GREEDY, max_tokens=24).run()
         learned = second.steps.call(lambda at: second.control.verdict(SpecSettings(), at))
         assert learned.learned and "learned" in learned.why
-        now = second.generate(tokens, max_tokens=24).run()
+        now = second.generate(tokens, sampling=GREEDY, max_tokens=24).run()
     with engine(stories, stories_draft) as third:
-        again = third.generate(tokens, max_tokens=24).run()
+        again = third.generate(tokens, sampling=GREEDY, max_tokens=24).run()
         assert third.steps.call(lambda at: third.control.verdict(SpecSettings(), at)) == learned
     assert again.tokens == now.tokens and again.stats.loosens == now.stats.loosens == learned.loosen
 
@@ -116,8 +117,8 @@ def test_k_auto_fly_loosens_as_the_kept_verdict_says(stories, stories_draft, kep
     with engine(stories, stories_draft) as e:
         spec = SpecSettings(entropy_threshold=0.0, loose_min_ratio=0.0)
         loosening.keep(loosening.key(e.control.cost_key(), spec), loosening.Verdict(loosen, "kept by the test"))
-        fly = e.generate("Once upon a time", spec=spec, max_tokens=48).run()
-        spd = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), max_tokens=48).run()
+        fly = e.generate("Once upon a time", spec=spec, sampling=GREEDY, max_tokens=48).run()
+        spd = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=GREEDY, max_tokens=48).run()
     assert fly.stats.loosens is loosen
     if not loosen:
         assert fly.tokens == spd.tokens and fly.stats.n_loose == 0

@@ -152,7 +152,7 @@ def test_fallback_generation_without_native() -> None:
         from fly_cpp import native
         from fly_cpp.cli.main import main
         runs = []
-        for extra in ([], ["--temperature", "0.8", "--seed", "3"]):
+        for extra in (["--temperature", "0"], ["--temperature", "0.8", "--seed", "3"]):
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 assert main(["generate", "-p", "Once upon a time", "-n", "20", "-t", "1", "--k", "15", "--json",

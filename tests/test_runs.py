@@ -13,6 +13,7 @@ from fly_cpp.runs import Runs
 
 pytestmark = pytest.mark.skipif(not native.has_greedy_run(), reason=f"no native greedy runs: {native.status()}")
 TARGET = SpecSettings(mode="target")
+GREEDY = SamplingSettings(temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +24,22 @@ def engine(stories):
 
 def _both(engine, prompt, **kw):
     """The generation with runs, and token by token (the library switched off)."""
-    fast = engine.generate(prompt, spec=TARGET, **kw).run()
+    fast = engine.generate(prompt, spec=TARGET, sampling=GREEDY, **kw).run()
     with native.enabled(False):
         assert not engine.target.runs_natively
-        slow = engine.generate(prompt, spec=TARGET, **kw).run()
+        slow = engine.generate(prompt, spec=TARGET, sampling=GREEDY, **kw).run()
     return fast, slow
 
 
 def test_the_engine_runs_target_only_greedy_natively(engine):
     assert engine.target.runs_natively
-    request = Request(tuple(engine.tokenize("Once")), TARGET, SamplingSettings(), 8, (), 0)
+    request = Request(tuple(engine.tokenize("Once")), TARGET, GREEDY, 8, (), 0)
     assert Runs.make(request, engine.target, drafting=False, constrained=False) is not None
-    for changed in (SamplingSettings(temperature=0.7), SamplingSettings(repeat_penalty=1.1)):
+    for changed in (SamplingSettings(temperature=0.7), SamplingSettings(temperature=0, repeat_penalty=1.1)):
         assert Runs.make(Request(request.prompt, TARGET, changed, 8, (), 0), engine.target, False, False) is None
     # with a drafter, the rounds it leaves to the target alone run where verification is exact
     assert Runs.make(request, engine.target, drafting=True, constrained=False) is not None
-    loose = Request(request.prompt, SpecSettings(mode="fly", loosen="on"), SamplingSettings(), 8, (), 0)
+    loose = Request(request.prompt, SpecSettings(mode="fly", loosen="on"), GREEDY, 8, (), 0)
     assert Runs.make(loose, engine.target, drafting=True, constrained=False) is None
     assert Runs.make(request, engine.target, drafting=False, constrained=True) is None
 
@@ -52,7 +53,7 @@ def test_runs_write_the_token_by_token_text(engine, n):
 
 
 def test_a_stop_string_inside_a_run_ends_the_text_there(engine):
-    full = engine.generate("Once upon a time", spec=TARGET, max_tokens=120).run().text
+    full = engine.generate("Once upon a time", spec=TARGET, sampling=GREEDY, max_tokens=120).run().text
     word = full.split()[12]
     fast, slow = _both(engine, "Once upon a time", max_tokens=120, stop=[word])
     assert fast.text == slow.text == full[: full.index(word)] and fast.finish_reason == "stop"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.context import Context
 from fly_cpp.shape import Steady, padded
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]
+GREEDY = SamplingSettings(temperature=0)
 
 
 def test_the_width_is_the_widest_recent_round_within_the_room() -> None:
@@ -46,8 +47,9 @@ def widths(monkeypatch):
 @pytest.mark.parametrize("k", [3, "auto"])
 def test_padded_rounds_write_the_targets_own_tokens_and_leave_no_row_behind(pair, k) -> None:
     for prompt in PROMPTS:
-        target = pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=48).run().tokens
-        gen = pair.generate(prompt, spec=SpecSettings(mode="spd", k=k, steady_batches="on"), max_tokens=48)
+        target = pair.generate(prompt, spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=48).run().tokens
+        gen = pair.generate(prompt, spec=SpecSettings(mode="spd", k=k, steady_batches="on"), sampling=GREEDY,
+                            max_tokens=48)
         out = gen.run()
         assert out.tokens == target, prompt
         assert pair.target.tokens == list(pair.tokenize(prompt)) + out.tokens[:-1]  # the pads were rolled back
@@ -69,11 +71,11 @@ class Cycling:
 @pytest.mark.parametrize("steady", ["on", "off"])
 def test_padding_holds_the_width_of_the_widest_recent_round(pair, widths, steady) -> None:
     prompt = PROMPTS[0]
-    target = pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=24).run().tokens
+    target = pair.generate(prompt, spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=24).run().tokens
     widths.clear()
     drafter = Cycling()
-    out = pair.generate(prompt, spec=SpecSettings(mode="spd", k=6, steady_batches=steady), max_tokens=24,
-                        drafter=drafter).run()
+    out = pair.generate(prompt, spec=SpecSettings(mode="spd", k=6, steady_batches=steady), sampling=GREEDY,
+                        max_tokens=24, drafter=drafter).run()
     assert out.tokens == target
     started = steady == "off"  # unpadded, the first token comes from the prompt's last row, a round of its own
     assert out.stats.n_from_prompt == started and out.stats.n_passes == out.stats.n_rounds - started

@@ -12,6 +12,7 @@ from fly_cpp.request import Request
 from fly_cpp.verify import Verifier
 
 V = 8
+GREEDY = SamplingSettings(temperature=0)
 
 
 def logits(best: list[int], flat: list[bool]) -> np.ndarray:
@@ -25,9 +26,10 @@ def logits(best: list[int], flat: list[bool]) -> np.ndarray:
     return rows
 
 
-def verifier(mode: str = "fly", **sampling) -> Verifier:
+def verifier(mode: str = "fly", temperature: float = 0.0, **sampling) -> Verifier:
+    """Greedy unless a temperature is given."""
     spec = SpecSettings(mode=mode, k=8, window=2, entropy_threshold=0.3, fly_rule="paper")  # window and gate alone
-    return Verifier(Request((1,), spec, SamplingSettings(**sampling), 16, (), seed=0))
+    return Verifier(Request((1,), spec, SamplingSettings(temperature=temperature, **sampling), 16, (), seed=0))
 
 
 def test_greedy_exact_loose_and_gate():
@@ -80,7 +82,7 @@ def guarded(**spec) -> Verifier:
     draft model's own tokens: ``own=True`` below); token 7 spells a code fence."""
     settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded",
                             **{"loose_min_ratio": 0.0, "cross_round": False, **spec})
-    return Verifier(Request((1,), settings, SamplingSettings(), 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
+    return Verifier(Request((1,), settings, GREEDY, 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
 
 
 PIECES = {7: b"```", 6: b" 80", 5: b"5"}  # token 7 spells a code fence; every other token "a"
@@ -114,7 +116,7 @@ def test_guarded_facts_ratio_rank_and_support():
     v, _ = guarded()(rows, drafted, [0])
     assert (v.accepted, v.guard_rejected) == (1, True)
     paper = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="paper")
-    v, _ = Verifier(Request((1,), paper, SamplingSettings(), 16, (), seed=0))(rows, drafted, [0])
+    v, _ = Verifier(Request((1,), paper, GREEDY, 16, (), seed=0))(rows, drafted, [0])
     assert v.loose == (1,)  # the paper's rule keeps it
 
 
