@@ -7,12 +7,13 @@ import threading
 
 import pytest
 
-from fly_cpp import Fly, FlyError, SpecSettings, Step
+from fly_cpp import Fly, FlyError, SamplingSettings, SpecSettings, Step
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.context import Context
 from fly_cpp.models import make
 
 ONE_THREAD = {"n_threads": 1, "draft_n_threads": 1}  # the test machines are shared and busy
+GREEDY = SamplingSettings(temperature=0)
 LLAMA3_STYLE = (
     "{{ bos_token }}"
     "{% for m in messages %}"
@@ -34,8 +35,8 @@ def templated(stories, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fly(stories, stories_draft):
-    # a fixed k: FLy's text then does not depend on the draft lengths a busy machine makes k auto pick
-    with Fly(stories, stories_draft, n_ctx=512, k=15, **ONE_THREAD) as f:
+    # a fixed k: FLy's text then does not depend on the draft lengths a busy machine makes k auto pick; greedy
+    with Fly(stories, stories_draft, n_ctx=512, k=15, temperature=0, **ONE_THREAD) as f:
         yield f
 
 
@@ -164,7 +165,7 @@ def test_multi_turn_reuses_the_cache_and_equals_a_fresh_run(which, stories, temp
     # rounds then give the same bits (llama.cpp's kernels differ between batch sizes), so that
     # FLy's gate and safeguards see the same numbers in both runs
     exact = {**ONE_THREAD, "n_ubatch": 1, "draft_n_ubatch": 1}
-    with Fly(path, stories_draft, n_ctx=512, k=15, **exact) as f:  # a fixed k: the draft drafts every round
+    with Fly(path, stories_draft, n_ctx=512, k=15, temperature=0, **exact) as f:  # a fixed k: the draft drafts every round
         first = f.create_chat_completion(CHAT, max_tokens=40)["choices"][0]["message"]["content"]
         conversation = [*CHAT, {"role": "assistant", "content": first.strip()},
                         {"role": "user", "content": "What happened next?"}]
@@ -185,7 +186,7 @@ def test_multi_turn_reuses_the_cache_and_equals_a_fresh_run(which, stories, temp
             assert prompt_decode == new if name == "target" else prompt_decode in (new - 1, new)
         monkeypatch.undo()
 
-    with Fly(path, stories_draft, n_ctx=512, k=15, **exact) as fresh:
+    with Fly(path, stories_draft, n_ctx=512, k=15, temperature=0, **exact) as fresh:
         again = fresh.generate(fresh.chat_tokens(conversation), max_tokens=40).run()
         assert again.tokens == second.tokens
         assert fresh.create_chat_completion(conversation, max_tokens=40)["choices"][0]["message"]["content"] == \
@@ -193,7 +194,7 @@ def test_multi_turn_reuses_the_cache_and_equals_a_fresh_run(which, stories, temp
 
 
 def test_defaults_and_per_call_settings(stories, stories_draft):
-    with Fly(stories, stories_draft, n_ctx=512, mode="spd", k=4, **ONE_THREAD) as f:
+    with Fly(stories, stories_draft, n_ctx=512, mode="spd", k=4, temperature=0, **ONE_THREAD) as f:
         assert f.spec == SpecSettings(mode="spd", k=4)
         assert f.create_completion("Sam liked to eat", 20)["fly"]["mode"] == "spd"
         out = f.create_completion("Sam liked to eat", 20, mode="target")["fly"]
@@ -343,11 +344,11 @@ def test_draft_min_drops_short_drafts(fly):
 
     prompt = fly.tokenize("Once upon a time")
     spec = SpecSettings(mode="spd", k=4, n_min=3)
-    dropped = fly.engine.generate(prompt, spec=spec, max_tokens=12, drafter=TwoTokens()).run()
+    dropped = fly.engine.generate(prompt, spec=spec, sampling=GREEDY, max_tokens=12, drafter=TwoTokens()).run()
     # every draft is too short, except in the last two rounds: there the token budget leaves room for only
     # 2 and 1 drafted tokens, and a draft as long as the round allows is kept
     assert dropped.stats.n_drafted == 2 + 1 and dropped.stats.n_rounds == 12
-    kept = fly.engine.generate(prompt, spec=SpecSettings(mode="spd", k=4, n_min=2), max_tokens=12,
+    kept = fly.engine.generate(prompt, spec=SpecSettings(mode="spd", k=4, n_min=2), sampling=GREEDY, max_tokens=12,
                                drafter=TwoTokens()).run()
     assert kept.stats.n_drafted > 0 and kept.tokens == dropped.tokens  # spd: the target's text either way
     with pytest.raises(FlyError, match=r"n_min \(5\) must be <= k \(4\)"):

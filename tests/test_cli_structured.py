@@ -21,10 +21,10 @@ def text(*args: str) -> str:
 
 
 def test_grammar_and_json_schema_options(tmp_path):
-    assert re.fullmatch(r"[a-z]+( [a-z]+)*", text("--grammar", WORDS, "-n", "30"))
+    assert re.fullmatch(r"[a-z]+( [a-z]+)*", text("--grammar", WORDS, "-n", "30", "--temp", "0"))
     (tmp_path / "words.gbnf").write_text(WORDS)
-    assert re.fullmatch(r"[a-z]+( [a-z]+)*", text("--grammar-file", str(tmp_path / "words.gbnf"), "-n", "30"))
-    jsonschema.validate(json.loads(text("--json-schema", json.dumps(SCHEMA), "--mode", "spd")), SCHEMA)
+    assert re.fullmatch(r"[a-z]+( [a-z]+)*", text("--grammar-file", str(tmp_path / "words.gbnf"), "-n", "30", "--temp", "0"))
+    jsonschema.validate(json.loads(text("--json-schema", json.dumps(SCHEMA), "--mode", "spd", "--temp", "0")), SCHEMA)
     (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
     jsonschema.validate(json.loads(text("-jf", str(tmp_path / "s.json"), "--temp", "0.8", "-s", "3")), SCHEMA)
 

@@ -110,7 +110,7 @@ def test_cli_pull(offline_cache: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_generate_with_hf_options(offline_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    common = ["-p", "Once upon a time", "-n", "10", "--json", "-c", "256", "-t", "1"]
+    common = ["-p", "Once upon a time", "-n", "10", "--json", "-c", "256", "-t", "1", "--temp", "0"]  # greedy
     assert main(["generate", "--hf-repo", "karpathy/tinyllamas-gguf", "--hf-file", "stories260K.gguf",
                  "--hf-draft-file", "draft/stories260K-q4_0.gguf", *common]) == 0
     with_hf = json.loads(capsys.readouterr().out)
@@ -159,7 +159,7 @@ def test_choose_file_as_llama_cpp_does() -> None:
 def test_hf_repo_with_a_quant_from_the_cache(offline_cache: Path, capsys: pytest.CaptureFixture[str],
                                              stories_draft: Path) -> None:
     fill_cache(offline_cache, "someone/Stories-GGUF", {"stories-Q8_0.gguf": STORIES, "stories-Q4_0.gguf": stories_draft})
-    common = ["-p", "Once upon a time", "-n", "8", "--json", "-c", "256", "-t", "1", "--mode", "spd"]
+    common = ["-p", "Once upon a time", "-n", "8", "--json", "-c", "256", "-t", "1", "--temp", "0", "--mode", "spd"]
     assert main(["generate", "-hf", "someone/Stories-GGUF:q8_0", "-hfd", "someone/Stories-GGUF:Q4_0", *common]) == 0
     tagged = json.loads(capsys.readouterr().out)
     assert main(["generate", "-m", str(STORIES), *common, "--mode", "target"]) == 0

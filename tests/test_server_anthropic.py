@@ -18,7 +18,7 @@ USER = [{"role": "user", "content": "Once upon a time"}]
 
 @pytest.fixture(scope="module")
 def client(stories, stories_draft):
-    with Fly(stories, stories_draft, n_ctx=256) as fly, TestClient(create_app(fly)) as c:
+    with Fly(stories, stories_draft, n_ctx=256, temperature=0) as fly, TestClient(create_app(fly)) as c:  # greedy
         yield c
 
 

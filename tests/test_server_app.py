@@ -15,7 +15,7 @@ from fly_cpp.server import create_app
 @pytest.fixture(scope="module")
 def fly(stories, stories_draft):
     # n_ubatch=1: batched verification equals one-token decoding, so greedy spd == target exactly
-    with Fly(stories, stories_draft, n_ctx=256, n_ubatch=1) as llm:
+    with Fly(stories, stories_draft, n_ctx=256, n_ubatch=1, temperature=0) as llm:
         yield llm
 
 

@@ -78,8 +78,8 @@ def test_max_tokens_is_n_predict_on_completion(client):
 
 
 def test_cache_prompt_off_gives_the_same_text(client):
-    warm = completion(client, mode="target")
-    cold = completion(client, mode="target", cache_prompt=False)
+    warm = completion(client, mode="target", temperature=0)  # greedy: the same text, cached or not
+    cold = completion(client, mode="target", temperature=0, cache_prompt=False)
     assert cold["content"] == warm["content"] and cold["timings"]["cache_n"] == 0
 
 
@@ -117,12 +117,13 @@ def test_n_keep_truncates_like_llama_server(client):
 
 
 def test_n_probs_stream_per_token(client):
-    r = client.post("/completion", json={"prompt": PROMPT, "n_predict": 12, "n_probs": 3, "stream": True, "mode": "target"})
+    r = client.post("/completion", json={"prompt": PROMPT, "n_predict": 12, "n_probs": 3, "stream": True, "mode": "target",
+                                         "temperature": 0})
     events = [json.loads(e) for e in sse(r.text)]
     per_token = [p for e in events[:-1] for p in e["completion_probabilities"]]
     assert len(per_token) + len(events[-1].get("completion_probabilities", [])) == 12
     assert all(len(e["completion_probabilities"]) >= 1 for e in events[:-1])  # every event carries its own
-    whole = completion(client, n_predict=12, n_probs=3, mode="target")["completion_probabilities"]
+    whole = completion(client, n_predict=12, n_probs=3, mode="target", temperature=0)["completion_probabilities"]
     assert [p["id"] for p in per_token] == [p["id"] for p in whole][: len(per_token)]
     assert all(p["top_logprobs"][0]["id"] == p["id"] for p in whole)  # greedy target: the top token is written
 

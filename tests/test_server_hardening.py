@@ -199,7 +199,7 @@ def test_waiting_requests_start_in_arrival_order(tmp_path, slots):
 def test_a_request_for_a_busy_slot_waits_for_it(tmp_path):
     s = Server(tmp_path, "-t", "1", "-np", "2", "-c", str(SLOT_CTX * 2), "--metrics")
     try:
-        short = {"prompt": "The cat", "n_predict": 16, "mode": "target", "id_slot": 0}
+        short = {"prompt": "The cat", "n_predict": 16, "mode": "target", "id_slot": 0, "temperature": 0}  # greedy
         alone = httpx.post(s.url + "/completion", json=short, timeout=60).json()["content"]
         answer: dict[str, httpx.Response] = {}
         with ExitStack() as stack:

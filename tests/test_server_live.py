@@ -25,8 +25,8 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    # -c 2048: greedy stories260K loops without an end-of-text token, so long streams are possible
-    s = Server(tmp_path_factory.mktemp("serve"), "-t", "1", "-c", "2048", "--api-key", KEY, "--metrics")
+    # -c 2048 --temp 0: greedy stories260K loops without an end-of-text token, so long streams are possible
+    s = Server(tmp_path_factory.mktemp("serve"), "-t", "1", "-c", "2048", "--temp", "0", "--api-key", KEY, "--metrics")
     yield s
     assert s.stop() == 0, s.stderr()
 

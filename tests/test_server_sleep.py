@@ -14,7 +14,7 @@ from fly_cpp.config import ServerSettings
 from fly_cpp.errors import FlyError
 from fly_cpp.server import create_app
 
-BODY = {"prompt": "Once upon a time", "n_predict": 8, "mode": "target"}
+BODY = {"prompt": "Once upon a time", "n_predict": 8, "mode": "target", "temperature": 0}  # greedy: the same text
 
 
 def asleep(c: TestClient, want: bool = True) -> bool:

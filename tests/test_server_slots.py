@@ -27,7 +27,8 @@ def client(stories, stories_draft):
 
 
 def complete(client, prompt: str, **body) -> dict:
-    r = client.post("/completion", json={"prompt": prompt, "n_predict": 24, "mode": "spd", "k": 4, **body})
+    r = client.post("/completion", json={"prompt": prompt, "n_predict": 24, "mode": "spd", "k": 4, "temperature": 0,
+                                         **body})  # greedy: each request's text is compared with another's
     assert r.status_code == 200, r.text
     return r.json()
 
