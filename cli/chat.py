@@ -36,7 +36,7 @@ from fly_cpp.step import Stats, Step, plural
 
 HELP = """commands:
   /reset            forget the conversation (the system prompt stays)
-  /regen            write the last answer again (another one where sampling: /set temp 0.8)
+  /regen            write the last answer again (a new draw, unless greedy or seeded)
   /stats            counters of the last answer and of the session
   /set NAME VALUE   change a setting, e.g. /set temp 0.7, /set k 8, /set max_tokens 200
   /set              show the settings

@@ -50,6 +50,8 @@ class Batcher(Protocol):
 
     def flush(self, halt: np.ndarray | None = None) -> list[Any]: ...  # decode what fits one batch (halt: end runs early)
 
+    def serve(self, parking: Any) -> None: ...  # its decodes inside this loop's tasks park (``LoopParking``)
+
 
 class _TaskGreenlet(greenlet):
     """A task's greenlet (its parent is the step loop's)."""
@@ -135,6 +137,15 @@ class Task(Generic[T]):
         self.done.set()
 
 
+class LoopParking:
+    """How a shared batch's decodes park in this module's step loops (``backend.batch.Parking``)."""
+
+    in_task = staticmethod(in_task)
+    alone = staticmethod(alone)
+    current = staticmethod(current)
+    park = staticmethod(park)
+
+
 class Scheduler:
     """The step loop over ``n`` slots (see the module's docstring). ``target`` / ``draft``: the
     batchers of the contexts the slots share (None with one slot, or no draft model);
@@ -144,6 +155,9 @@ class Scheduler:
                  cached: Callable[[int], Sequence[int]]) -> None:
         self.n = n
         self.target, self.draft, self.cached = target, draft, cached
+        for shared in (target, draft):
+            if shared is not None:
+                shared.serve(LoopParking())  # their decodes inside this loop's tasks park until it flushes them
         self.busy: list[Task[Any] | None] = [None] * n
         self._inbox: queue.SimpleQueue[Task[Any] | None] = queue.SimpleQueue()  # tasks; None: a wake-up
         self._queued: dict[int, Task[Any]] = {}  # submitted, not admitted nor ended (single dict operations)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fly_cpp import native
 from fly_cpp import rollback as rb
-from fly_cpp import scheduler
 from fly_cpp.backend.cache import Cache, chunks, decode_failed
 from fly_cpp.backend.lib import BATCH_MATCHES, ll, run_entry_points
 from fly_cpp.errors import FlyError
@@ -44,9 +43,35 @@ class Job:
         return 1 if self.run else len(self.tokens)
 
 
+class Parking(Protocol):
+    """How a decode inside a step loop's task waits for the shared batch: the loop that takes a
+    batcher gives it its own (``Batcher.serve``; ``fly_cpp.scheduler``'s)."""
+
+    def in_task(self) -> bool: ...  # whether the caller is a task of the loop (a decode then parks)
+    def alone(self) -> bool: ...  # whether the caller's task is the only one the loop runs now
+    def current(self) -> Any: ...  # the calling task (what the loop resumes once its decode is done)
+    def park(self) -> None: ...  # hand the thread back to the loop until it resumes the caller
+
+
+class _NoLoop:
+    """No step loop: every decode runs at once."""
+
+    def in_task(self) -> bool:
+        return False
+
+    def alone(self) -> bool:
+        return False
+
+    def current(self) -> Any:
+        return None
+
+    def park(self) -> None:
+        raise RuntimeError("no step loop to park in")
+
+
 class Batcher:
     """Decodes for several sequences of one context in shared batches. A sequence's decode,
-    inside a task of the engine's step loop (``fly_cpp.scheduler``), parks its job here until
+    inside a task of the engine's step loop (the one it ``serve``s), parks its job here until
     the loop ``flush``es every parked job that fits one batch in ONE llama_decode (the slots'
     verification rows share the batch, and a long prompt, asked for in n_batch chunks,
     interleaves with the other slots' rounds); outside a task it decodes at once. A step whose
@@ -62,6 +87,11 @@ class Batcher:
         self.shared = 0  # shared decodes (one per batch: a llama_decode per sequence at n_ubatch 1)
         self.seqs = 0  # ... and the sequences they held
         self._runs: tuple[int, ...] | None = None  # what native runs need, once looked up
+        self.parking: Parking = _NoLoop()
+
+    def serve(self, parking: Parking) -> None:
+        """From now on the decodes of ``parking``'s tasks park until the loop flushes them."""
+        self.parking = parking
 
     def seq(self, seq_id: int) -> Seq:
         """Sequence ``seq_id``'s view of the context (made with ``n_seq`` > 1)."""
@@ -80,13 +110,13 @@ class Batcher:
     def decode(self, job: Job) -> None:
         """Decode ``job`` (with the other slots' jobs, inside a task); its ``rows`` / ``got``
         are set after, or its error raised."""
-        if not scheduler.in_task():
+        if not self.parking.in_task():
             self._run([job])
         else:
-            job.glet = scheduler.current()
+            job.glet = self.parking.current()
             self.jobs.append(job)
             try:
-                scheduler.park()
+                self.parking.park()
             finally:
                 if job in self.jobs:  # cancelled while it waited: never decoded
                     self.jobs.remove(job)
@@ -246,7 +276,7 @@ class Seq(Cache):
         """Whether ``draft_run`` drafts here: as for runs, and only while this sequence's task is
         the only one of the step loop (else its drafting steps share the draft model's batches
         with the other slots' steps)."""
-        return self.runs_natively and native.has_draft_run() and scheduler.alone()
+        return self.runs_natively and native.has_draft_run() and self.shared.parking.alone()
 
     def draft_run(self, hist: np.ndarray, n_hist: int, rules: native.DraftRules, n_vocab: int,
                   text: Sequence[int] | None = None) -> tuple[list[int], list[float], int]:
