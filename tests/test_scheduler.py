@@ -41,6 +41,9 @@ class Recorder:
             j.done = True
         return taken
 
+    def serve(self, parking: Any) -> None:  # the loop that takes it (it parks by the module's functions)
+        pass
+
     def decode(self, job: Job) -> None:  # what a sequence view does (``_Batcher.decode``)
         job.glet = scheduler.current()
         self.jobs.append(job)
