@@ -43,6 +43,7 @@ _CALL_FIELDS = _SPEC_FIELDS + _SAMPLING_FIELDS
 
 # a request's own arguments, not settings: a misspelt one (Fly(max_tokns=3)) is named as such, not
 # matched to the closest setting (it suggested ngram_tokens)
+CHAT_TEMPERATURE = 0.2  # llama-cpp-python's create_chat_completion default (its create_completion: 0.8)
 _REQUEST_ARGUMENTS = ("max_tokens", "stop", "stream", "prompt", "messages", "logprobs", "echo", "suffix")
 
 
@@ -139,6 +140,7 @@ class Fly:
         spec, sampling = _split_call_settings("Fly()", call)
         self.spec = SpecSettings(**spec)  # defaults for every call; validated now
         self.sampling = SamplingSettings(**sampling)
+        self._chat_temperature = None if "temperature" in sampling else CHAT_TEMPERATURE
         if model_path is not None:
             if target is not None:
                 raise TypeError("give the target model as target or model_path, not both")
@@ -164,6 +166,7 @@ class Fly:
         closes it, and so does a failure here)."""
         self = cls.__new__(cls)
         self.spec, self.sampling = spec or SpecSettings(), sampling or SamplingSettings()
+        self._chat_temperature = None if sampling is not None else CHAT_TEMPERATURE
         self._init(engine, chat_format)
         return self
 
@@ -340,6 +343,8 @@ class Fly:
                                              parallel_tool_calls=parallel_tool_calls,
                                              reasoning_format=reasoning_format, **dict(chat_template_kwargs or {}))
         settings = with_tool_grammar(settings, extra)
+        if temperature is None and "temperature" not in settings:
+            temperature = self._chat_temperature  # llama-cpp-python's chat default, unless the instance set one
         gen = self.generate(tokens, max_tokens=max_tokens, stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly,
                             **settings, **_given(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
