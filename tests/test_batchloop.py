@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 import slot_runs
+from slot_runs import GREEDY
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
 from fly_cpp.batchloop import LOAD_RUN, Throttled
@@ -50,7 +51,7 @@ def together(engine: Engine, mode: str, prompts=PROMPTS, max_tokens: int = N) ->
 
 @pytest.mark.parametrize("mode", ["target", "spd", "fly"])
 def test_slots_return_what_each_returns_alone(alone, slots, mode):
-    expected = [alone.generate(p, spec=spec(mode), max_tokens=N).run().tokens for p in PROMPTS]
+    expected = [alone.generate(p, spec=spec(mode), sampling=GREEDY, max_tokens=N).run().tokens for p in PROMPTS]
     before = slots.batchers["target"].decodes
     assert together(slots, mode) == expected
     shared = slots.batchers["target"]
@@ -62,7 +63,7 @@ def test_fly_loosening_in_slots_gives_the_text_it_gives_alone(alone, slots):
     """FLy's loose acceptance runs in every slot (each its own cross-round window, the draft
     model's own token asked for through the shared draft batches): the text is the one alone."""
     loose = SpecSettings(mode="fly", k=6, loosen="on", entropy_threshold=0.5)
-    expected = [alone.generate(p, spec=loose, max_tokens=N).run() for p in PROMPTS]
+    expected = [alone.generate(p, spec=loose, sampling=GREEDY, max_tokens=N).run() for p in PROMPTS]
     assert sum(g.stats.n_loose for g in expected) > 0  # the rule did loosen here
     gens = slot_runs.together(slots, loose, PROMPTS, N)
     assert [g.tokens for g in gens] == [g.tokens for g in expected]
@@ -72,7 +73,7 @@ def test_the_defaults_in_slots_write_the_targets_text_even_beside_a_cpu_hog(alon
     """k auto's plans follow the timings (drafting together or not, runs under load), and a busy
     machine moves the timings; the text never follows them: greedy, the defaults in four slots at
     once write what the target writes alone."""
-    expected = [alone.generate(p, spec=spec("target"), max_tokens=N).run().tokens for p in PROMPTS]
+    expected = [alone.generate(p, spec=spec("target"), sampling=GREEDY, max_tokens=N).run().tokens for p in PROMPTS]
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         gens = slot_runs.together(slots, SpecSettings(), PROMPTS, N)
@@ -94,8 +95,8 @@ def test_a_slot_outside_the_engine_is_refused(slots):
 
 
 def test_generations_without_a_slot_take_the_free_ones(alone, slots):
-    expected = [alone.generate(p, spec=spec("fly"), max_tokens=N).run().tokens for p in PROMPTS]
-    gens = [slots.generate(p, spec=spec("fly"), max_tokens=N) for p in PROMPTS]
+    expected = [alone.generate(p, spec=spec("fly"), sampling=GREEDY, max_tokens=N).run().tokens for p in PROMPTS]
+    gens = [slots.generate(p, spec=spec("fly"), sampling=GREEDY, max_tokens=N) for p in PROMPTS]
     out: list[list[int]] = [[] for _ in gens]
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, gens[i].run().tokens)) for i in range(4)]
     for t in threads:
@@ -108,16 +109,16 @@ def test_generations_without_a_slot_take_the_free_ones(alone, slots):
 
 def test_scoring_and_prefill_run_in_a_free_slot(alone, slots):
     prompt = alone.tokenize(PROMPTS[0])
-    output = alone.generate(prompt, spec=spec("target"), max_tokens=8).run().tokens
+    output = alone.generate(prompt, spec=spec("target"), sampling=GREEDY, max_tokens=8).run().tokens
     assert slots.score(prompt, output).nll == pytest.approx(alone.score(prompt, output).nll, abs=1e-4)
     slots.prefill(prompt)
-    assert slots.generate(prompt, spec=spec("target"), max_tokens=8, slot=0).run().tokens == output
+    assert slots.generate(prompt, spec=spec("target"), sampling=GREEDY, max_tokens=8, slot=0).run().tokens == output
 
 
 def test_several_active_slots_draft_together(alone, slots):
     """Under load the slots' rounds draft together, as llama-server's do: a draft-model decode
     holds a step of several slots, and each slot returns what it returns alone."""
-    expected = [alone.generate(p, spec=spec("spd"), max_tokens=N).run().tokens for p in PROMPTS]
+    expected = [alone.generate(p, spec=spec("spd"), sampling=GREEDY, max_tokens=N).run().tokens for p in PROMPTS]
     draft = slots.batchers["draft"]
     shared, seqs = draft.shared, draft.seqs
     gens = slot_runs.together(slots, spec("spd"), PROMPTS, N)
@@ -186,9 +187,9 @@ def test_recurrent_models_go_back_by_checkpoints_with_several_slots(qwen35_pair)
 
 def test_busy_slots_follow_running_generations(slots):
     gate = slot_runs.Gate()
-    gen = slots.generate(PROMPTS[1], spec=spec("spd"), max_tokens=N, slot=1, drafter=gate)
+    gen = slots.generate(PROMPTS[1], spec=spec("spd"), sampling=GREEDY, max_tokens=N, slot=1, drafter=gate)
     it = iter(gen)
-    next(it)  # the first token comes from the prompt's row, before the rounds
+    next(it)  # greedy, the first token comes from the prompt's row, before the rounds
     gate.wait_for_round()  # the generation is in its rounds (the step loop waits in its drafter)
     assert slots.busy_slots() == [False, True, False, False] and slots.steps.active == 1
     gate.open()
@@ -217,14 +218,14 @@ def test_each_slot_counts_its_generations(slots):
     life; a generation pinned to a busy slot counts as waiting until the slot frees."""
     before = slots.slot_views()[2].totals
     gate = slot_runs.Gate()
-    gen = slots.generate(PROMPTS[2], spec=spec("spd"), max_tokens=N, slot=2, drafter=gate)
+    gen = slots.generate(PROMPTS[2], spec=spec("spd"), sampling=GREEDY, max_tokens=N, slot=2, drafter=gate)
     it = iter(gen)
-    next(it)
+    next(it)  # greedy, the first token comes from the prompt's row, before the rounds
     gate.wait_for_round()
     view = slots.slot_views()[2]
     assert view.running and view.limit == N and view.last is not None
     assert slots.generations_running == 1
-    pinned = slots.generate(PROMPTS[0], spec=spec("target"), max_tokens=4, slot=2)
+    pinned = slots.generate(PROMPTS[0], spec=spec("target"), sampling=GREEDY, max_tokens=4, slot=2)
     waiter = threading.Thread(target=pinned.run)
     waiter.start()
     while slots.generations_waiting == 0:

@@ -25,6 +25,7 @@ from fly_cpp.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 WAYS = {SNAPSHOTS: {}, CHECKPOINTS: {"n_ubatch": 1}}
+GREEDY = SamplingSettings(temperature=0)
 
 
 def settings(path, way: str, **extra) -> ModelSettings:
@@ -40,8 +41,10 @@ def pair(request, qwen35_pair):
 
 
 def target_tokens(engine: Engine, prompt: str, n: int = 48, **sampling) -> list[int]:
+    """The target's own tokens: greedy unless ``sampling`` says otherwise."""
     return engine.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=n,
-                           sampling=SamplingSettings(**sampling), cache_prompt=False).run().tokens
+                           sampling=SamplingSettings(**{"temperature": 0, **sampling}),
+                           cache_prompt=False).run().tokens
 
 
 # -- the context's rollback -------------------------------------------------------------------
@@ -132,7 +135,7 @@ def test_snapshots_never_drop_the_state_before_a_decode(qwen35_pair):
 def test_greedy_spd_is_the_target_token_for_token(pair, k):
     for prompt in PROMPTS:
         want = target_tokens(pair, prompt)
-        got = pair.generate(prompt, spec=SpecSettings(mode="spd", k=k), max_tokens=48).run()
+        got = pair.generate(prompt, spec=SpecSettings(mode="spd", k=k), max_tokens=48, sampling=GREEDY).run()
         assert got.tokens == want
     assert got.stats.n_drafted > 0 or k == "auto"
 
@@ -167,7 +170,8 @@ def self_pair(request, qwen35_pair):
 
 def test_a_full_accept_keeps_every_drafted_token(self_pair):
     want = target_tokens(self_pair, PROMPTS[0], n=40)
-    got = self_pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd", k=4, ngram=False), max_tokens=40).run()
+    got = self_pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd", k=4, ngram=False), max_tokens=40,
+                             sampling=GREEDY).run()
     assert got.tokens == want
     assert got.stats.n_drafted == got.stats.n_exact and got.stats.mean_accepted == pytest.approx(5.0, abs=0.3)
 
@@ -176,7 +180,7 @@ def test_a_rejection_mid_draft_rolls_back_to_the_target_text(self_pair):
     want = target_tokens(self_pair, PROMPTS[0], n=40)
     spec = SpecSettings(mode="spd", k=6, ngram=False)
     mark = dataclasses.replace(self_pair.target.rollbacks)
-    gen = self_pair.generate(PROMPTS[0], spec=spec, max_tokens=40,
+    gen = self_pair.generate(PROMPTS[0], spec=spec, max_tokens=40, sampling=GREEDY,
                              drafter=Scripted(self_pair.drafter(spec), {(1, 2): other, (3, 4): other, (4, 0): other}))
     got = gen.run()
     assert got.tokens == want
@@ -192,14 +196,14 @@ def test_the_cross_round_window_refutes_through_a_rollback(self_pair):
     want = target_tokens(self_pair, PROMPTS[0], n=40)
     spec = SpecSettings(mode="fly", k=8, window=6, entropy_threshold=0.0, cross_round=True,
                         cross_round_confidence=0, fly_rule="paper", ngram=False)
-    gen = self_pair.generate(PROMPTS[0], spec=spec, max_tokens=40,
+    gen = self_pair.generate(PROMPTS[0], spec=spec, max_tokens=40, sampling=GREEDY,
                              drafter=Scripted(self_pair.drafter(spec), {(2, 7): other, (3, 0): other}))
     got = gen.run()
     assert (got.stats.n_provisional, got.stats.n_refuted) == (1, 1)
     assert got.tokens == want
     # the caches are right after it: the next generation is the target's text again
-    assert self_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd", k=5), max_tokens=40).run().tokens \
-        == target_tokens(self_pair, PROMPTS[1], n=40)
+    again = self_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd", k=5), max_tokens=40, sampling=GREEDY).run()
+    assert again.tokens == target_tokens(self_pair, PROMPTS[1], n=40)
 
 
 def test_sampled_spd_is_the_sampled_target_for_a_seed(pair):
@@ -217,7 +221,7 @@ def test_a_multi_turn_chat_reuses_the_prompt_cache(pair):
     conversation = PROMPTS[0]
     spec = SpecSettings(mode="spd", k=4)
     for turn in range(3):
-        gen = pair.generate(conversation, spec=spec, max_tokens=24)
+        gen = pair.generate(conversation, spec=spec, max_tokens=24, sampling=GREEDY)
         answer = gen.run()
         if turn:
             assert answer.stats.n_cached > len(pair.tokenize(PROMPTS[0]))
@@ -242,7 +246,7 @@ def test_a_hybrid_pairs_with_a_transformer_either_way(qwen35_pair, qwen35_transf
     with Engine(target, draft) as e:
         for prompt in PROMPTS[:2]:
             want = target_tokens(e, prompt, n=32)
-            got = e.generate(prompt, spec=SpecSettings(mode="spd", k=4), max_tokens=32).run()
+            got = e.generate(prompt, spec=SpecSettings(mode="spd", k=4), max_tokens=32, sampling=GREEDY).run()
             assert got.tokens == want and got.stats.n_drafted > 0
 
 

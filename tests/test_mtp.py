@@ -21,6 +21,7 @@ from fly_cpp.rollback import CHECKPOINTS, SNAPSHOTS
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 WAYS = {SNAPSHOTS: {}, CHECKPOINTS: {"n_ubatch": 1}}
+GREEDY = SamplingSettings(temperature=0)
 
 
 def settings(path, way: str) -> ModelSettings:
@@ -35,8 +36,10 @@ def engine(request, qwen35_mtp):
 
 
 def target_tokens(engine: Engine, prompt: str, n: int = 48, **sampling) -> list[int]:
+    """The target's own tokens: greedy unless ``sampling`` says otherwise."""
     return engine.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=n,
-                           sampling=SamplingSettings(**sampling), cache_prompt=False).run().tokens
+                           sampling=SamplingSettings(**{"temperature": 0, **sampling}),
+                           cache_prompt=False).run().tokens
 
 
 def test_the_head_reads_the_targets_states(qwen35_mtp):
@@ -68,7 +71,7 @@ def test_greedy_spd_with_mtp_drafts_is_the_target_token_for_token(engine, k):
     for prompt in PROMPTS:
         want = target_tokens(engine, prompt)
         gen = engine.generate(prompt, spec=SpecSettings(mode="spd", k=k, spec_type="draft-mtp", ngram=False),
-                              max_tokens=48)
+                              max_tokens=48, sampling=GREEDY)
         got = gen.run()
         assert got.tokens == want
         assert got.stats.drafter == "mtp" and "drafted by the model's MTP head" in got.stats.summary()
@@ -86,9 +89,10 @@ def test_sampled_spd_with_mtp_drafts_is_the_sampled_target(engine):
 
 
 def test_fly_with_mtp_drafts_is_reproducible(engine):
+    """Greedy: the same request gives the same text."""
     spec = SpecSettings(mode="fly", k=3, entropy_threshold=0.0, loose_min_ratio=0.0)
-    first = engine.generate(PROMPTS[1], spec=spec, max_tokens=48, cache_prompt=False).run()
-    again = engine.generate(PROMPTS[1], spec=spec, max_tokens=48).run()
+    first = engine.generate(PROMPTS[1], spec=spec, max_tokens=48, sampling=GREEDY, cache_prompt=False).run()
+    again = engine.generate(PROMPTS[1], spec=spec, max_tokens=48, sampling=GREEDY).run()
     assert first.tokens == again.tokens and first.stats.n_drafted > 0
 
 
@@ -112,7 +116,8 @@ def test_a_rejection_rolls_the_hybrid_back_and_the_head_follows(engine):
     spec = SpecSettings(mode="spd", k=4, ngram=False, spec_type="draft-mtp")
     mark = dataclasses.replace(engine.target.rollbacks)
     drafter = MtpDrafter(engine.mtp_ctx, spec)
-    got = engine.generate(PROMPTS[0], spec=spec, max_tokens=40, drafter=Altered(drafter, {2, 3, 5})).run()
+    got = engine.generate(PROMPTS[0], spec=spec, max_tokens=40, sampling=GREEDY,
+                          drafter=Altered(drafter, {2, 3, 5})).run()
     assert got.tokens == want
     spent = engine.target.rollbacks.since(mark)
     assert (spent.native if engine.target.rollback == SNAPSHOTS else spent.restores) >= 2
@@ -125,14 +130,15 @@ def test_multi_turn_reuses_both_caches(engine):
     """A second turn that extends the first decodes only what is new, in the target and in the
     head alike, and is still the target's text."""
     spec = SpecSettings(mode="spd", k=3, spec_type="draft-mtp", ngram=False)
-    first = engine.generate(PROMPTS[2], spec=spec, max_tokens=24).run()
+    first = engine.generate(PROMPTS[2], spec=spec, max_tokens=24, sampling=GREEDY).run()
     turn2 = engine.tokenize(PROMPTS[2]) + first.tokens + engine.tokenize(" And then", add_special=False)
     exact = engine.mtp_ctx.exact
     steps = MtpDrafter(engine.mtp_ctx, spec)
-    got = engine.generate(turn2, spec=spec, max_tokens=24, drafter=steps).run()
+    got = engine.generate(turn2, spec=spec, max_tokens=24, sampling=GREEDY, drafter=steps).run()
     assert got.stats.n_cached >= len(turn2) - 8
     assert exact > len(engine.tokenize(PROMPTS[2]))  # the head kept the first turn
-    want = engine.generate(turn2, spec=SpecSettings(mode="target"), max_tokens=24, cache_prompt=False).run()
+    want = engine.generate(turn2, spec=SpecSettings(mode="target"), max_tokens=24, sampling=GREEDY,
+                           cache_prompt=False).run()
     assert got.tokens == want.tokens
 
 

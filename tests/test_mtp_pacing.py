@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, costcache
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, costcache
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.evidence import Evidence
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 ROWS = (1, 2, 4, 8, 17)
+GREEDY = SamplingSettings(temperature=0)
 
 
 def engine(path, **extra) -> Engine:
@@ -33,7 +34,8 @@ def own_evidence(tmp_path, monkeypatch):
 
 
 def run(e: Engine, spec: SpecSettings, prompt: str, n: int = 40):
-    return e.generate(prompt, spec=spec, max_tokens=n, cache_prompt=False).run()
+    """A greedy generation of ``prompt``."""
+    return e.generate(prompt, spec=spec, max_tokens=n, sampling=GREEDY, cache_prompt=False).run()
 
 
 def test_k_auto_prices_the_head_by_its_own_measured_curve_cached_under_the_pairs_key(qwen35_mtp, tmp_path,

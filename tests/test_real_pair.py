@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from fly_cpp import Engine, Fly, ModelSettings, SpecSettings
+from fly_cpp import Engine, Fly, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.model import Model
 from fly_cpp.server import create_app
 from fly_cpp.vocab import check_compatible
@@ -18,6 +18,7 @@ PROMPTS = ["def fib(n):",
            "Question: A train covers 120 km in 2 hours. What is its average speed?\nAnswer:",
            "# Python: reverse the words of a sentence\n"]
 IM_START, IM_END = 151644, 151645
+GREEDY = SamplingSettings(temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,9 @@ def test_greedy_spd_equals_target(qwen_pair) -> None:
     target = ModelSettings(str(qwen_pair.target), n_ctx=512, n_ubatch=1)
     with Engine(target, ModelSettings(str(qwen_pair.draft), n_ctx=512)) as engine:
         for prompt in PROMPTS:
-            want = engine.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=32).run()
-            got = engine.generate(prompt, spec=SpecSettings(mode="spd", k=8), max_tokens=32).run()  # a fixed k drafts
+            want = engine.generate(prompt, spec=SpecSettings(mode="target"), sampling=GREEDY, max_tokens=32).run()
+            got = engine.generate(prompt, spec=SpecSettings(mode="spd", k=8), sampling=GREEDY,
+                                  max_tokens=32).run()  # a fixed k drafts
             assert got.tokens == want.tokens, prompt
             assert len(want.tokens) == 32 and got.stats.n_rounds < 32 and got.stats.n_loose == 0
 

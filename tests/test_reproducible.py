@@ -16,6 +16,7 @@ from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.drafters import Draft, NgramDrafter
 
 PROMPTS = ["Once upon a time", "The little dog ran to the", "Lily wanted to", "One day, a big bird"]
+GREEDY = SamplingSettings(temperature=0)
 
 
 class OtherPlans:
@@ -83,7 +84,8 @@ def _generate(stories, stories_draft, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("sampling", [(), ("--temperature", "0.9", "--seed", "7"), ("--loosen", "on")])
+@pytest.mark.parametrize("sampling", [("--temp", "0"), ("--temperature", "0.9", "--seed", "7"),
+                                      ("--temp", "0", "--loosen", "on")])
 def test_the_same_request_in_another_process_on_a_busy_machine(stories, stories_draft, sampling, tmp_path,
                                                                monkeypatch):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))  # each process calibrates, busy or not
@@ -103,9 +105,9 @@ def test_k_auto_matches_exactly_where_loosening_does_not_pay(pair):
     less than their windows cost (``fly_cpp.loosening``), so k auto's fly matches exactly (the
     text of spd) and asks nothing; a fixed k still loosens."""
     assert pair.draft_ctx.model.n_params >= 0.5 * pair.target_model.n_params
-    fly = pair.generate(PROMPTS[0], spec=SpecSettings(), max_tokens=60).run()
-    spd = pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd"), max_tokens=60).run()
+    fly = pair.generate(PROMPTS[0], spec=SpecSettings(), sampling=GREEDY, max_tokens=60).run()
+    spd = pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd"), sampling=GREEDY, max_tokens=60).run()
     assert not pair.steps.call(lambda at: pair.control.verdict(SpecSettings(), at)).loosen
     assert not fly.stats.loosens and fly.stats.n_asked == 0 and fly.stats.n_loose == 0
     assert fly.tokens == spd.tokens
-    assert pair.generate(PROMPTS[0], spec=SpecSettings(k=4), max_tokens=8).run().stats.loosens
+    assert pair.generate(PROMPTS[0], spec=SpecSettings(k=4), sampling=GREEDY, max_tokens=8).run().stats.loosens

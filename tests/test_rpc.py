@@ -26,7 +26,7 @@ import pytest
 
 from fly_cpp import rpc
 from fly_cpp.backend.lib import library
-from fly_cpp.config import ModelSettings, SpecSettings
+from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.engine import Engine
 from fly_cpp.errors import FlyError
 from fly_cpp.models import bundled
@@ -35,6 +35,7 @@ FLY = [sys.executable, "-m", "fly_cpp.cli.main"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "FLY_CPP_THREADS": "1"}
 LLAMA_BIN = os.environ.get("FLY_CPP_LLAMA_BIN")
 PROMPTS = ("Once upon a time", "The little dog ran to the park and", "Lily and Ben")
+GREEDY = SamplingSettings(temperature=0)
 
 pytestmark = pytest.mark.skipif(not rpc.supported(library()),
                                 reason="llama-cpp-python was built without RPC (CMAKE_ARGS=-DGGML_RPC=ON)")
@@ -105,7 +106,7 @@ def greedy_runs(target: ModelSettings, draft: ModelSettings | None = None, n: in
             # a fixed k for FLy: its text then does not depend on the draft lengths k auto picks
             # from timings, which a remote target changes (spd and target are exact at any k)
             spec = SpecSettings(mode=mode, k=4) if mode == "fly" else SpecSettings(mode=mode)
-            out[mode] = [engine.generate(p, spec=spec, max_tokens=n).run().tokens for p in PROMPTS]
+            out[mode] = [engine.generate(p, spec=spec, sampling=GREEDY, max_tokens=n).run().tokens for p in PROMPTS]
     return out
 
 
@@ -235,9 +236,10 @@ def test_rpc_server_command_refuses_a_public_address_and_a_busy_port():
 
 
 def test_generate_over_rpc_from_the_command_line(servers):
-    r = fly("generate", "-p", "Once upon a time", "-n", "24", "--json", "--rpc", ",".join(servers), "--rpc-draft")
+    r = fly("generate", "-p", "Once upon a time", "-n", "24", "--temp", "0", "--json", "--rpc", ",".join(servers),
+            "--rpc-draft")
     assert r.returncode == 0, r.stderr
-    local = fly("generate", "-p", "Once upon a time", "-n", "24", "--json")
+    local = fly("generate", "-p", "Once upon a time", "-n", "24", "--temp", "0", "--json")
     assert json.loads(r.stdout)["tokens"] == json.loads(local.stdout)["tokens"]
 
 
