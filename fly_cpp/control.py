@@ -20,7 +20,7 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.batchloop import Throttled
 from fly_cpp.calibrate import basis, cached, calibrate, pair_key, prior, store_draft_checked, store_live
-from fly_cpp.config import AUTO, ModelSettings, SpecSettings
+from fly_cpp.config import AUTO, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.costs import Costs, slower_note
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Drafter, NgramDrafter
@@ -158,12 +158,19 @@ class Control:
         return Drafting(made, pacer, Steady() if self.steady_batches(spec) else None,
                         "mtp" if isinstance(base, MtpDrafter) else "")
 
-    def drafter(self, spec: SpecSettings, bias: LogitBias, slot: int) -> Drafter:
+    def drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
+                sampling: SamplingSettings | None = None) -> Drafter:
         """The default drafter for ``spec``: the draft model (with n-gram lookup when
         ``spec.ngram``), else the target's MTP head (draft-mtp, or a model with one and no -d),
         else n-gram lookup alone; with k auto, paced by this pair's controller for this mode
-        (the head's steps priced by its own measured curve, its evidence its own)."""
-        return self.paced(self.base_drafter(spec, bias, slot), spec, slot)
+        (the head's steps priced by its own measured curve, its evidence its own). With
+        ``sampling`` (and its seed), it draws as a request of those settings drafts
+        (``Request.draft_sampler``): given to ``generate``, it drafts what the engine's own would."""
+        draws = None
+        if sampling is not None and sampling.shares_draws and sampling.seed is not None:
+            draws = Sampler(sampling, sampling.seed, bias)
+        return self.paced(self.base_drafter(spec, bias, slot, draws), spec, slot,
+                          sampling is not None and not sampling.greedy)
 
     def base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
                      draws: Sampler | None = None) -> ModelDrafter | MtpDrafter | NgramDrafter:

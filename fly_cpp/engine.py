@@ -206,9 +206,10 @@ class Engine:
         assert self.control is not None  # made with the contexts
         return self.control
 
-    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0) -> Drafter:
-        """The default drafter for ``spec`` in ``slot`` (``Control.drafter``)."""
-        return self._control().drafter(spec, bias, slot)
+    def drafter(self, spec: SpecSettings, bias: LogitBias = NO_BIAS, slot: int = 0,
+                sampling: SamplingSettings | None = None) -> Drafter:
+        """The default drafter for ``spec`` in ``slot``, drawing as ``sampling`` would (``Control.drafter``)."""
+        return self._control().drafter(spec, bias, slot, sampling)
 
     def costs(self, *, refresh: bool = False) -> Costs:
         """The pair's measured cost model (``fly_cpp.costs``): from the cache, or measured on

@@ -62,7 +62,7 @@ def test_fly_text_does_not_depend_on_the_plans(pair, temperature):
         for name, spec, plans in [("auto", SpecSettings(loosen="on"), None), ("k2", SpecSettings(k=2), None),
                                   ("k12", SpecSettings(k=12), None), ("other1", SpecSettings(k=10), 1),
                                   ("other2", SpecSettings(k=10), 2)]:
-            drafter = OtherPlans(pair.drafter(spec), plans) if plans is not None else None
+            drafter = OtherPlans(pair.drafter(spec, sampling=sampling), plans) if plans is not None else None
             gen = pair.generate(prompt, spec=spec, sampling=sampling, max_tokens=80, drafter=drafter).run()
             texts[name] = gen.text
             loose += gen.stats.n_loose
