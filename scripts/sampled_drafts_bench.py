@@ -1,15 +1,20 @@
-"""How often sampled drafts keep: the draft's argmax (llama.cpp's draw) against the draft drawing
-with the target's own chain and noise (the shared draw), at fixed k and several temperatures.
+"""How often sampled drafts keep: the draft's argmax (under llama.cpp's draw, as llama.cpp drafts)
+against the draft drawing with the target's own chain and noise (the shared draw), at fixed k
+and several temperatures.
 
-No clock: per configuration, tokens per target pass (what a pass yields, the gain where a
-pass's rows are nearly free, as on a GPU) and the share of drafted tokens the target kept.
-Lossless (``--mode spd``), so every emitted token is the target's own draw; ``--check N`` also
-runs the first N prompts with ``--mode target`` under n_ubatch 1 and says whether each text
-equals the speculative one with the same seed. Configurations are interleaved per prompt; each
-prompt's seed is its index.
+No clock. Lossless speculative decoding (``--mode spd``) at a fixed k writes the target's own
+text, and a round keeps the drafted tokens up to the first one that is not the target's draw
+there; a draft's token at a position depends only on the text before it (and, drawn, on the
+seed's noise at that position). So one target-alone generation per prompt, then one pass of
+each model over that text (teacher-forced, logits at every generated position), give whether
+the draft's token equals the target's at each position, and from that every k's rounds: tokens
+per target pass (what a pass yields, the gain where a pass's rows are nearly free, as on a GPU)
+and the share of drafted tokens kept. ``--engine N`` also runs the first N prompts through the
+engine's own ``--mode spd`` at each k under n_ubatch 1 and checks that its text is the target's
+and its passes those counted here. Each prompt's seed is its index.
 
     python scripts/sampled_drafts_bench.py -m target.gguf -md draft.gguf \\
-        --prompts scripts/data/warm40.jsonl -n 128 --k 16 --temps 0.8
+        --prompts scripts/data/warm40.jsonl -n 128 --k 4,8,16 --temps 0.8 --engine 2
 """
 
 from __future__ import annotations
@@ -17,10 +22,58 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.bench.datasets import load
 from fly_cpp.bench.prompting import PromptRenderer
+from fly_cpp.sampling import Sampler
+
+CHUNK = 16  # rows with logits per teacher-forced decode (the contexts' bound)
+
+
+def rows_over(ctx, prompt: Sequence[int], text: Sequence[int]) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """(len(text), V) the logits that predict each token of ``text`` after ``prompt``."""
+    ctx.truncate(0)
+    ctx.decode(list(prompt[:-1]), logits="none")
+    feed = [prompt[-1], *text[:-1]]
+    out = []
+    for lo in range(0, len(feed), CHUNK):
+        out.append(np.array(ctx.decode(feed[lo:lo + CHUNK], logits=len(feed[lo:lo + CHUNK]))))
+    ctx.truncate(0)
+    return np.concatenate(out)
+
+
+def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed: int, n: int
+            ) -> tuple[list[int], np.ndarray]:
+    """The target's text alone, and whether the draft's token equals it at each position."""
+    text = engine.generate(prompt, spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=n).run().tokens
+    if not text:
+        return [], np.zeros(0, dtype=bool)
+    target, draft = engine._pair(0)  # the engine's own contexts, between its generations
+    n_vocab = min(target.model.n_vocab, draft.model.n_vocab)
+    rows = rows_over(draft, prompt, text)[:, :n_vocab]
+    if sampling.shares_draws:
+        drawn = Sampler(sampling, seed).drafts(rows, prompt, text[:-1])
+    else:
+        drawn = rows.argmax(axis=1)
+    return text, drawn == np.asarray(text)
+
+
+def passes(match: np.ndarray, k: int) -> tuple[int, int, int]:
+    """(target passes, tokens drafted, drafted tokens kept) of spd at a fixed k over the text."""
+    i, n, count, drafted, kept = 0, len(match), 0, 0, 0
+    while i < n:
+        run = 0
+        while run < k and i + run < n and match[i + run]:
+            run += 1
+        count += 1
+        drafted += min(k, n - i)  # what the round drafted (fewer where the text ends)
+        kept += run
+        i += run + 1
+    return count, drafted, kept
 
 
 def main() -> None:
@@ -30,41 +83,44 @@ def main() -> None:
     ap.add_argument("--prompts", default="scripts/data/warm40.jsonl")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts of each category (0: all)")
     ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("--k", default="16")
+    ap.add_argument("--k", default="4,8,16")
     ap.add_argument("--temps", default="0.8")
-    ap.add_argument("--check", type=int, default=0)
+    ap.add_argument("--engine", type=int, default=0, help="check the first N prompts against the engine's own spd")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     prompts = load(a.prompts).prompts
     if a.limit:
-        seen: dict[str, int] = defaultdict(int)
-        chosen = []
+        by: dict[str, list] = defaultdict(list)
         for p in prompts:
-            if seen[p.category] < a.limit:
-                seen[p.category] += 1
-                chosen.append(p)
-        prompts = chosen
+            by[p.category].append(p)
+        prompts = [p for p in prompts if p in by[p.category][: a.limit]]
     ks, temps = [int(k) for k in a.k.split(",")], [float(t) for t in a.temps.split(",")]
-    configs = [(t, k, draw) for t in temps for k in ks for draw in ("llama", "shared")]
     sums: dict[tuple[float, int, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    records = []
-    with Engine(ModelSettings(a.m, n_ctx=4096), ModelSettings(a.md, n_ctx=4096)) as e:
+    records, checks = [], []
+    settings = {"n_ctx": 4096, "n_ubatch": 1}  # verification exact (a batch's rows as one-row decodes)
+    with Engine(ModelSettings(a.m, **settings), ModelSettings(a.md, **settings)) as e:
         renderer = PromptRenderer(e)
         for i, p in enumerate(prompts):
             tokens = renderer.render(p.text).tokens
-            for j in range(len(configs)):
-                t, k, draw = configs[(i + j) % len(configs)]  # rotate which runs first
-                s = SamplingSettings(temperature=t, seed=i, draw=draw)
-                g = e.generate(tokens, spec=SpecSettings(mode="spd", k=k), sampling=s, max_tokens=a.n).run()
-                st = g.stats
-                row = sums[(t, k, draw, p.category)]
-                for n, v in enumerate((st.n_tokens, st.n_passes, st.n_drafted, st.n_exact)):
-                    row[n] += v
-                records.append({"prompt": p.id, "category": p.category, "T": t, "k": k, "draw": draw,
-                                "tokens": st.n_tokens, "passes": st.n_passes, "drafted": st.n_drafted,
-                                "kept": st.n_exact, "text": g.text})
+            for t in temps:
+                for draw in ("llama", "shared"):
+                    s = SamplingSettings(temperature=t, seed=i, draw=draw)
+                    text, match = matches(e, tokens, s, i, a.n)
+                    records.append({"prompt": p.id, "category": p.category, "T": t, "draw": draw,
+                                    "match": match.astype(int).tolist()})
+                    for k in ks:
+                        count, drafted, kept = passes(match, k)
+                        row = sums[(t, k, draw, p.category)]
+                        for j, v in enumerate((len(text), count, drafted, kept)):
+                            row[j] += v
+                        if i < a.engine:
+                            g = e.generate(tokens, spec=SpecSettings(mode="spd", k=k, ngram=False), sampling=s,
+                                           max_tokens=a.n).run()
+                            checks.append((g.tokens == text, g.stats.n_passes == count, p.id, t, draw, k,
+                                           g.stats.n_passes, count))
             print(f"{i + 1}/{len(prompts)} {p.id}", flush=True)
-    print("\n| T | k | category | draft's argmax: tokens/pass | kept | shared draw: tokens/pass | kept | ratio |")
+    print("\n| T | k | prompts | draft's argmax: tokens/pass | kept of drafted | shared draw: tokens/pass "
+          "| kept of drafted | ratio |")
     print("|---|---|---|---|---|---|---|---|")
     cats = sorted({p.category for p in prompts}) + ["all"]
     for t in temps:
@@ -72,25 +128,24 @@ def main() -> None:
             for c in cats:
                 def tot(draw: str) -> list[int]:
                     keys = [key for key in sums if key[:3] == (t, k, draw) and (c == "all" or key[3] == c)]
-                    return [sum(sums[key][n] for key in keys) for n in range(4)]
+                    return [sum(sums[key][j] for key in keys) for j in range(4)]
                 lo, sh = tot("llama"), tot("shared")
                 tpp = [x[0] / x[1] for x in (lo, sh)]
                 kept = [x[3] / max(x[2], 1) for x in (lo, sh)]
                 print(f"| {t} | {k} | {c} | {tpp[0]:.3f} | {kept[0]:.3f} | {tpp[1]:.3f} | {kept[1]:.3f} | "
                       f"{tpp[1] / tpp[0]:.3f} |")
-    if a.check:
-        same = []
-        with Engine(ModelSettings(a.m, n_ctx=4096, n_ubatch=1), ModelSettings(a.md, n_ctx=4096, n_ubatch=1)) as e:
-            renderer = PromptRenderer(e)
-            for i, p in enumerate(prompts[: a.check]):
-                tokens = renderer.render(p.text).tokens
-                t, k = temps[0], ks[-1]
-                s = SamplingSettings(temperature=t, seed=i, draw="shared")
-                ref = e.generate(tokens, spec=SpecSettings(mode="target"), sampling=s, max_tokens=a.n).run().text
-                spec = e.generate(tokens, spec=SpecSettings(mode="spd", k=k), sampling=s, max_tokens=a.n).run().text
-                same.append(ref == spec)
-        print(f"\nn_ubatch 1, T {temps[0]}, k {ks[-1]}, shared draw: spd text == target text on "
-              f"{sum(same)}/{len(same)} prompts")
+    for t in temps:
+        agree = {d: [r for r in records if r["T"] == t and r["draw"] == d] for d in ("llama", "shared")}
+        share = {d: sum(sum(r["match"]) for r in rs) / max(sum(len(r["match"]) for r in rs), 1) for d, rs in agree.items()}
+        print(f"\nT {t}: the draft's token is the target's at {share['llama']:.3f} of positions with its argmax, "
+              f"{share['shared']:.3f} drawn with the shared noise")
+    if checks:
+        same, counted = sum(c[0] for c in checks), sum(c[1] for c in checks)
+        print(f"\nengine's spd (n_ubatch 1, no n-gram) on {a.engine} prompts x {len(temps)} T x 2 draws x {len(ks)} k: "
+              f"text == target alone {same}/{len(checks)}, passes == counted here {counted}/{len(checks)}")
+        for c in checks:
+            if not (c[0] and c[1]):
+                print("  differs:", c[2:])
     if a.out:
         with open(a.out, "w") as f:
             json.dump(records, f)
