@@ -98,7 +98,10 @@ class _Loop:
             yield from out.take()
             waited = perf_counter() - t3
         if drafter is not None and out.finish is None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
-            drafter.begin(committed)
+            try:
+                drafter.begin(committed)
+            except CacheFull:  # the draft's shared cache had no room for it
+                self._cache_full()
         prompt_left = first is None  # the prompt's last batch, which the first round's decode finishes
         start = perf_counter()
         stats.prompt_seconds = start - begin - waited

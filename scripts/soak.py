@@ -78,7 +78,7 @@ class Tally:
     mismatched: int = 0
     mismatched_by_mode: collections.Counter[str] = field(default_factory=collections.Counter)
     mixed: int = 0
-    cut_short: int = 0  # long answers a full shared cache ended early (a prefix of their reference)
+    cut_short: int = 0  # answers a full shared cache ended early (a prefix of their reference)
     tokens: int = 0
 
     def error(self, kind: str, detail: str) -> None:
@@ -102,7 +102,8 @@ def body(kind: str, prompt: str, mode: str, max_tokens: int, cold: bool, k: str)
 
 def shape(kind: str) -> str:
     """Requests whose answers must be equal share a shape: the same prompt as text, or as chat,
-    or a long answer (which a full shared cache may cut short: then a prefix of its reference)."""
+    or a long answer. Under long answers a full shared cache may cut any answer short: then it
+    must be a prefix of its reference."""
     return "chat" if kind.startswith("chat") else "long" if kind.startswith("long") else "text"
 
 
@@ -215,8 +216,8 @@ async def client(http: httpx.AsyncClient, rng: random.Random, deadline: float, p
             tally.completed[kind] += 1
             tally.checked += 1
             got, want = normalise(kind, text), refs[(shape(kind), i, mode)]
-            if kind == "long" and got != want and want.startswith(got):
-                tally.cut_short += 1  # the shared cache was full: ended there, as a full context ends
+            if args.long_tokens and got != want and want.startswith(got):
+                tally.cut_short += 1  # the shared cache was full (any answer beside the long ones): ended there, as a full context ends
             elif got != want:
                 tally.mismatched += 1
                 tally.mismatched_by_mode[mode] += 1
@@ -317,7 +318,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace) -> dict[str,
         "completed": done, "completed_by_kind": dict(tally.completed), "deliberate_disconnects": sum(tally.disconnects.values()),
         "deliberate_malformed_by_status": dict(tally.malformed), "errors_by_kind": dict(tally.errors),
         "answers_checked": tally.checked, "answers_mismatched": tally.mismatched,
-        "long_answers_cut_short_by_a_full_cache": tally.cut_short,
+        "answers_cut_short_by_a_full_cache": tally.cut_short,
         "answers_mismatched_by_mode": dict(tally.mismatched_by_mode), "answers_mixed": tally.mixed,
         "references_changed_after": drift, "health_after": health,
         "rss_mb": {"start": rss[0][1] if rss else None, "end": rss[-1][1] if rss else None,
@@ -371,8 +372,8 @@ def main() -> None:
                                             "answers are then not a function of the request alone")
     p.add_argument("--long", type=float, default=0.0,
                    help="share of requests that run --long-tokens past their end of text (ignore_eos), so that "
-                        "several at once overflow a shared cache (-np N): each must finish, a cut one as a prefix "
-                        "of its reference")
+                        "several at once overflow a shared cache: every answer must finish, one the full cache "
+                        "cut short as a prefix of its reference")
     p.add_argument("--long-tokens", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600)

@@ -358,3 +358,27 @@ def test_a_full_shared_cache_ends_only_the_largest_answer(stories, stories_draft
         again = e.generate("Once upon a time", spec=SpecSettings(mode=mode, k=4), sampling=endless, max_tokens=40,
                            slot=ended[0].stats.slot).run()  # the freed slot answers again
         assert len(again.tokens) == 40
+
+
+def test_a_full_draft_cache_at_the_draft_s_prompt_ends_the_answer_cleanly(stories, stories_draft, monkeypatch):
+    """The soak's HTTP 500 (four slots, long answers overflowing one shared cache): the draft's
+    cache met the full cache while it took the prompt, before the rounds. The answer ends there
+    as a full context ends, and the slot answers again after. (The draft's prompt fails as
+    llama.cpp's decode fails there, ``decode_failed(.., 1)``.)"""
+    from fly_cpp.backend.cache import decode_failed
+    from fly_cpp.config import SamplingSettings
+    from fly_cpp.draft_model import DraftModel
+    greedy = SamplingSettings(temperature=0)
+    with Engine(ModelSettings(str(stories), n_ctx=512, n_threads=1), ModelSettings(str(stories_draft), n_threads=1),
+                n_seq=2, kv_unified=True) as e:
+        prefill = DraftModel.prefill
+
+        def full(self, prompt):  # type: ignore[no-untyped-def]
+            raise decode_failed("draft.gguf", 1)
+
+        monkeypatch.setattr(DraftModel, "prefill", full)
+        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd", k=4), sampling=greedy, max_tokens=20).run()
+        assert gen.stats.cache_full and gen.context_full and gen.finish_reason == "length"
+        monkeypatch.setattr(DraftModel, "prefill", prefill)
+        again = e.generate("Once upon a time", spec=SpecSettings(mode="spd", k=4), sampling=greedy, max_tokens=20).run()
+        assert len(again.tokens) == 20
