@@ -342,7 +342,7 @@ class Fly:
         tokens, extra, opts = self.chat_turn(messages, tools=tools, tool_choice=tool_choice,
                                              parallel_tool_calls=parallel_tool_calls,
                                              reasoning_format=reasoning_format, **dict(chat_template_kwargs or {}))
-        settings = with_tool_grammar(settings, extra)
+        settings = tool_calls.with_grammar(settings, extra)
         if temperature is None and "temperature" not in settings:
             temperature = self._chat_temperature  # llama-cpp-python's chat default, unless the instance set one
         gen = self.generate(tokens, max_tokens=max_tokens, stop=(*self.chat_format.stop, *_stop_list(stop)), fly=fly,
@@ -374,18 +374,6 @@ class Fly:
     def __repr__(self) -> str:
         return (f"Fly(target={self.model!r}, draft={self.info.draft_name!r}, n_ctx={self.n_ctx}, "
                 f"chat_format={self.chat_format.name!r})")
-
-
-def with_tool_grammar(settings: dict[str, Any], tool_settings: dict[str, Any]) -> dict[str, Any]:
-    """A request's settings with its tools' grammar; a request that constrains the answer both
-    ways is refused (the two grammars cannot both hold)."""
-    if not tool_settings:
-        return settings
-    if settings.get("grammar") or settings.get("json_schema"):
-        raise FlyError("tools (unless tool_choice is none) and grammar, json_schema or response_format cannot be "
-                       "combined: both constrain the answer")
-    kept = (*(settings.get("preserved_tokens") or ()), *tool_settings.get("preserved_tokens", ()))
-    return {**settings, **tool_settings, "preserved_tokens": tuple(dict.fromkeys(kept))}
 
 
 def _given(**values: Any) -> dict[str, Any]:

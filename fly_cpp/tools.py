@@ -171,3 +171,15 @@ def _call_for_template(c: Any, fmt: Format | None) -> Any:
     if fmt is not None and "id" in c:
         out["id"] = fmt.message_id(c["id"])
     return out
+
+
+def with_grammar(settings: dict[str, Any], tool_settings: dict[str, Any]) -> dict[str, Any]:
+    """A request's settings with its tools' grammar; a request that constrains the answer both
+    ways is refused (the two grammars cannot both hold)."""
+    if not tool_settings:
+        return settings
+    if settings.get("grammar") or settings.get("json_schema"):
+        raise FlyError("tools (unless tool_choice is none) and grammar, json_schema or response_format cannot be "
+                       "combined: both constrain the answer")
+    kept = (*(settings.get("preserved_tokens") or ()), *tool_settings.get("preserved_tokens", ()))
+    return {**settings, **tool_settings, "preserved_tokens": tuple(dict.fromkeys(kept))}

@@ -1,4 +1,4 @@
-"""A seed writes the text llama-server writes with it: the target's draw at the n-th generated
+"""Under ``draw="llama"`` a seed writes the text llama-server writes with it: the target's draw at the n-th generated
 token takes the n-th number of llama.cpp's Mersenne Twister (``fly_cpp.sampling``), target-only
 or speculative, whatever the drafts."""
 
@@ -21,11 +21,11 @@ def test_the_uniforms_are_the_cpp_engines():
 
 
 def test_a_draw_walks_the_chain_most_likely_first():
-    sampler = Sampler(SamplingSettings(temperature=1.0), seed=42, start=10)
+    sampler = Sampler(SamplingSettings(temperature=1.0, draw="llama"), seed=42, start=10)
     ids, probs = np.array([7, 3, 9]), np.array([0.5, 0.3, 0.2])
     u = sampler.uniforms[0]  # about 0.797: inside the second token's share (0.5 to 0.8)
     assert sampler.draw(ids, probs, 10) == ids[int(np.searchsorted(np.cumsum(probs), u))] == 3
-    assert sampler.draw(ids, probs, 10) == Sampler(SamplingSettings(temperature=1.0), 42, start=3).draw(ids, probs, 3)
+    assert sampler.draw(ids, probs, 10) == Sampler(SamplingSettings(temperature=1.0, draw="llama"), 42, start=3).draw(ids, probs, 3)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def pair(stories, stories_draft):
 @pytest.mark.parametrize("spec", [SpecSettings(mode="target"), SpecSettings(), SpecSettings(mode="spd", k=3),
                                   SpecSettings(mode="spd", k=12)])
 def test_the_suites_seed_writes_llama_servers_text(pair, spec):
-    sampling = SamplingSettings(temperature=0.8, seed=42)
+    sampling = SamplingSettings(temperature=0.8, seed=42, draw="llama")
     gen = pair.generate("I believe the meaning of life is", spec=spec, sampling=sampling, max_tokens=8).run()
     assert gen.text == " going to bed. I"
 
@@ -47,7 +47,7 @@ def test_the_suites_seed_writes_llama_servers_text(pair, spec):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_the_default_mode_writes_the_same_text_at_any_batch_size(stories, stories_draft, temperature):
     # llama-server's suite: the same request twice, and at batch sizes 16 and 32, write one text
-    sampling = SamplingSettings(temperature=temperature, seed=42)
+    sampling = SamplingSettings(temperature=temperature, seed=42, draw="llama")
     texts = []
     for n_batch in (16, 32):
         with Engine(ModelSettings(str(stories), n_ctx=256, n_batch=n_batch, n_threads=1),

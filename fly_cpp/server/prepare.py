@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from fly_cpp import reply
-from fly_cpp.api import Fly, with_tool_grammar
+from fly_cpp import reply, tools
+from fly_cpp.api import Fly
 from fly_cpp.errors import FlyError
 from fly_cpp.generation import Generation
 from fly_cpp.request import Shift
@@ -89,7 +89,7 @@ def generation(fly: Fly, body: GenerationBody, *, prompt: Any = None,
     reading = reply.Options()
     if messages is not None:
         tokens, tool_settings, reading = _chat_turn(fly, body, messages, chat)
-        settings = with_tool_grammar(settings, tool_settings)
+        settings = tools.with_grammar(settings, tool_settings)
         stop = (*fly.chat_format.stop, *stop)
     else:
         tokens = prompts.tokens(fly, prompt if prompt is not None else [])
