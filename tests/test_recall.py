@@ -3,7 +3,7 @@ last one learned (the first rounds of a fresh ``fly-cpp generate`` are not a col
 
 from __future__ import annotations
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, recall
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, recall
 from fly_cpp.evidence import Evidence
 
 
@@ -15,13 +15,15 @@ def test_a_new_process_starts_from_what_the_last_one_learned(stories, stories_dr
     monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
     spec = SpecSettings(loosen="on")  # as it is on a pair whose draft is smaller than its target
     with _engine(stories, stories_draft) as e:
-        e.generate("Once upon a time", spec=spec, max_tokens=40).run()
+        e.generate("Once upon a time", spec=spec, sampling=SamplingSettings(temperature=0), max_tokens=40).run()
         learned = e.drafter(spec).pacer.evidence.as_dict()
     assert learned["model"][0][1] > 0  # trials seen
     with _engine(stories, stories_draft) as e:  # as a new process would load it
         assert e.drafter(spec).pacer.evidence.as_dict() == learned
         # other settings learn apart
         assert e.drafter(SpecSettings(mode="spd")).pacer.evidence.as_dict() == Evidence().as_dict()
+        sampled = e.drafter(spec, sampling=SamplingSettings(seed=1)).pacer.evidence.as_dict()
+        assert sampled == Evidence().as_dict()  # sampled answers keep at other rates than greedy ones
 
 
 def test_a_malformed_record_is_ignored(tmp_path, monkeypatch):

@@ -59,9 +59,9 @@ def test_generation_settings_list_the_samplers_fly_cpp_does_not_run_as_off(clien
 
 
 def test_a_seed_writes_llama_servers_text(client):
-    # llama-server's own suite: stories260K at --temp 0.8 --seed 42 writes "going ... bed"
+    # llama-server's own suite: stories260K at --temp 0.8 --seed 42 writes "going ... bed" (drawn as llama.cpp draws)
     out = client.post("/completion", json={"prompt": "I believe the meaning of life is", "n_predict": 8,
-                                           "temperature": 0.8, "seed": 42}).json()
+                                           "temperature": 0.8, "seed": 42, "draw": "llama"}).json()
     assert out["content"] == " going to bed. I"
 
 
