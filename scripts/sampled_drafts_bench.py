@@ -6,8 +6,9 @@ No clock. Lossless speculative decoding (``--mode spd``) at a fixed k writes the
 text, and a round keeps the drafted tokens up to the first one that is not the target's draw
 there; a draft's token at a position depends only on the text before it (and, drawn, on the
 seed's noise at that position). So one target-alone generation per prompt, then one pass of
-each model over that text (teacher-forced, logits at every generated position), give whether
-the draft's token equals the target's at each position, and from that every k's rounds: tokens
+the draft over that text (teacher-forced, logits at every generated position), give whether
+the draft's token equals the target's at each position, for both ways of drafting on the same
+text (paired), and from that every k's rounds: tokens
 per target pass (what a pass yields, the gain where a pass's rows are nearly free, as on a GPU)
 and the share of drafted tokens kept. ``--engine N`` also runs the first N prompts through the
 engine's own ``--mode spd`` at each k under n_ubatch 1 and checks that its text is the target's
@@ -20,6 +21,7 @@ and its passes those counted here. Each prompt's seed is its index.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -47,19 +49,22 @@ def rows_over(ctx, prompt: Sequence[int], text: Sequence[int]) -> np.ndarray:  #
 
 
 def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed: int, n: int
-            ) -> tuple[list[int], np.ndarray]:
-    """The target's text alone, and whether the draft's token equals it at each position."""
+            ) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The target's text alone, and by drafting method ("llama": the draft's argmax; "shared":
+    drawn with the target's chain and noise) whether the draft's token equals it at each
+    position. Both methods are judged on the same text, a sample of the target's own: the
+    argmax's agreement does not depend on how the target drew it, and the pairing takes the
+    texts' variance out of the comparison."""
     text = engine.generate(prompt, spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=n).run().tokens
     if not text:
-        return [], np.zeros(0, dtype=bool)
+        return [], {d: np.zeros(0, dtype=bool) for d in ("llama", "shared")}
     target, draft = engine._pair(0)  # the engine's own contexts, between its generations
     n_vocab = min(target.model.n_vocab, draft.model.n_vocab)
     rows = rows_over(draft, prompt, text)[:, :n_vocab]
-    if sampling.shares_draws:
-        drawn = Sampler(sampling, seed).drafts(rows, prompt, text[:-1])
-    else:
-        drawn = rows.argmax(axis=1)
-    return text, drawn == np.asarray(text)
+    want = np.asarray(text)
+    shared = dataclasses.replace(sampling, draw="shared")
+    return text, {"llama": rows.argmax(axis=1) == want,
+                  "shared": Sampler(shared, seed).drafts(rows, prompt, text[:-1]) == want}
 
 
 def passes(match: np.ndarray, k: int) -> tuple[int, int, int]:
@@ -103,9 +108,9 @@ def main() -> None:
         for i, p in enumerate(prompts):
             tokens = renderer.render(p.text).tokens
             for t in temps:
-                for draw in ("llama", "shared"):
-                    s = SamplingSettings(temperature=t, seed=i, draw=draw)
-                    text, match = matches(e, tokens, s, i, a.n)
+                s = SamplingSettings(temperature=t, seed=i)
+                text, found = matches(e, tokens, s, i, a.n)
+                for draw, match in found.items():
                     records.append({"prompt": p.id, "category": p.category, "T": t, "draw": draw,
                                     "match": match.astype(int).tolist()})
                     for k in ks:
@@ -113,10 +118,15 @@ def main() -> None:
                         row = sums[(t, k, draw, p.category)]
                         for j, v in enumerate((len(text), count, drafted, kept)):
                             row[j] += v
-                        if i < a.engine:
-                            g = e.generate(tokens, spec=SpecSettings(mode="spd", k=k, ngram=False), sampling=s,
+                if i < a.engine:  # the engine drafting each way, on the text it writes that way
+                    for draw in ("llama", "shared"):
+                        own = dataclasses.replace(s, draw=draw)
+                        own_text, own_found = matches(e, tokens, own, i, a.n) if draw == "llama" else (text, found)
+                        for k in ks:
+                            count = passes(own_found[draw], k)[0]
+                            g = e.generate(tokens, spec=SpecSettings(mode="spd", k=k, ngram=False), sampling=own,
                                            max_tokens=a.n).run()
-                            checks.append((g.tokens == text, g.stats.n_passes == count, p.id, t, draw, k,
+                            checks.append((g.tokens == own_text, g.stats.n_passes == count, p.id, t, draw, k,
                                            g.stats.n_passes, count))
             print(f"{i + 1}/{len(prompts)} {p.id}", flush=True)
     print("\n| T | k | prompts | draft's argmax: tokens/pass | kept of drafted | shared draw: tokens/pass "
