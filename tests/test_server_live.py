@@ -250,7 +250,8 @@ def test_sigterm_during_a_stream_exits_cleanly(tmp_path):
     s = Server(tmp_path, "-t", "1", "-c", "2048")
     try:
         with httpx.stream("POST", s.url + "/completion", json={"prompt": "Once upon a time", "n_predict": 1800,
-                                                              "mode": "target", "stream": True}, timeout=60) as r:
+                                                              "mode": "target", "stream": True, "temperature": 0},
+                          timeout=60) as r:
             lines = r.iter_lines()
             next(lines)
             s.proc.send_signal(signal.SIGTERM)
