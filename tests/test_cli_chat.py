@@ -117,7 +117,7 @@ def test_ctrl_c_stops_the_answer_not_the_program(env, tmp_path):
 
 
 def test_piped_stdin(tmp_path):
-    out = subprocess.run(command("-n", "20", "--show-accepts", "--chat-format", "plain"),
+    out = subprocess.run(command("-n", "20", "--show-accepts", "--chat-format", "plain", "--temp", "0"),
                          input="Tell me a story.\n/stats\nMore!\n",
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "FLY_CPP_HISTORY": str(tmp_path / "history")})

@@ -21,8 +21,9 @@ PROMPT = "Once upon a time"
 
 @pytest.fixture(scope="module")
 def fly(stories, stories_draft):
-    # n_ubatch=1: batched verification equals one-token decoding (probabilities comparable exactly)
-    with Fly(stories, stories_draft, n_ctx=256, n_ubatch=1) as llm:
+    # n_ubatch=1: batched verification equals one-token decoding (probabilities comparable exactly);
+    # greedy unless a request says otherwise (a sampled answer may keep nothing loosely, or end early)
+    with Fly(stories, stories_draft, n_ctx=256, n_ubatch=1, temperature=0) as llm:
         yield llm
 
 
