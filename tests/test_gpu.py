@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.lib import gpu_names
+
+GREEDY = SamplingSettings(temperature=0)  # the texts compared are greedy ones
 
 pytestmark = pytest.mark.skipif(not gpu_names(), reason="llama.cpp was built without a GPU backend, or sees no GPU")
 
@@ -26,15 +28,17 @@ def gpu_pair(stories, stories_draft):
 @pytest.mark.parametrize("k", [4, "auto"])
 def test_offloaded_spd_is_the_offloaded_targets_greedy_output(gpu_pair, k) -> None:
     for prompt in PROMPTS:
-        target = gpu_pair.generate(prompt, spec=SpecSettings(mode="target"), max_tokens=48).run().tokens
-        spd = gpu_pair.generate(prompt, spec=SpecSettings(mode="spd", k=k), max_tokens=48).run()
+        target = gpu_pair.generate(prompt, spec=SpecSettings(mode="target"), sampling=GREEDY,
+                                   max_tokens=48).run().tokens
+        spd = gpu_pair.generate(prompt, spec=SpecSettings(mode="spd", k=k), sampling=GREEDY, max_tokens=48).run()
         assert spd.tokens == target, prompt
         assert spd.stats.n_drafted > 0 or k == "auto"  # k auto may find drafting a tiny pair not worth it
 
 
 def test_k_auto_drafts_a_steady_k_on_a_gpu(gpu_pair) -> None:
     assert gpu_pair.control.on_gpu()
-    gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd", k="auto", k_gpu=4), max_tokens=48).run()
+    gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd", k="auto", k_gpu=4), sampling=GREEDY,
+                            max_tokens=48).run()
     lengths = gen.stats.draft_lengths
     assert max(lengths) == 4 and lengths[4] >= sum(lengths.values()) // 2, lengths  # shorter only near the end
     assert not gen.stats.pacing
@@ -43,8 +47,8 @@ def test_k_auto_drafts_a_steady_k_on_a_gpu(gpu_pair) -> None:
 def test_k_auto_drafts_steady_rounds_on_a_gpu_by_default(gpu_pair) -> None:
     """Every round of a generation drafts one length (``Pacer.steady``), or, where drafting
     cannot pay on this tiny pair, the rounds are planned."""
-    first = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd"), max_tokens=48).run()
-    gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd"), max_tokens=48).run()
+    first = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="spd"), sampling=GREEDY, max_tokens=48).run()
+    gen = gpu_pair.generate(PROMPTS[1], spec=SpecSettings(mode="spd"), sampling=GREEDY, max_tokens=48).run()
     before, after = first.stats.pacing["plans"], gen.stats.pacing["plans"]  # the pacer's, over its generations
     plans = {kind: after[kind] - before[kind] for kind in after}  # this generation's
     if plans["steady"]:
@@ -54,7 +58,8 @@ def test_k_auto_drafts_steady_rounds_on_a_gpu_by_default(gpu_pair) -> None:
 
 
 def test_k_auto_prices_offloaded_decodes_when_it_plans_rounds(gpu_pair) -> None:
-    gen = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="fly", k="auto", k_gpu=0), max_tokens=48).run()
+    gen = gpu_pair.generate(PROMPTS[0], spec=SpecSettings(mode="fly", k="auto", k_gpu=0), sampling=GREEDY,
+                            max_tokens=48).run()
     costs = gen.stats.pacing["costs"]
     assert costs["target_ms"] and costs["draft_ms"]
     assert all(ms > 0 for ms in costs["target_ms"].values())

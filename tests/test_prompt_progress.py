@@ -20,7 +20,8 @@ PROMPT = "the quick brown fox jumps over the lazy dog " * 4
 
 @pytest.fixture(scope="module")
 def fly(stories, stories_draft):
-    with Fly(stories, stories_draft, n_ctx=256, n_batch=16, n_threads=1, chat_format="chatml") as llm:
+    with Fly(stories, stories_draft, n_ctx=256, n_batch=16, n_threads=1, chat_format="chatml",
+             temperature=0) as llm:  # greedy: answers of a known length
         yield llm
 
 
