@@ -29,7 +29,7 @@ from fly_cpp.mtp import MtpDrafter
 from fly_cpp.paced import PacedDrafter
 from fly_cpp.pacer import Pacer
 from fly_cpp.request import Request
-from fly_cpp.sampling import LogitBias, Sampler
+from fly_cpp.sampling import LogitBias, Sampler, draft_sampler
 from fly_cpp.scheduler import Scheduler
 from fly_cpp.shape import Steady
 from fly_cpp.step import Stats
@@ -167,8 +167,8 @@ class Control:
         ``sampling`` (and its seed), it draws as a request of those settings drafts
         (``Request.draft_sampler``): given to ``generate``, it drafts what the engine's own would."""
         draws = None
-        if sampling is not None and sampling.shares_draws and sampling.seed is not None:
-            draws = Sampler(sampling, sampling.seed, bias)
+        if sampling is not None and sampling.seed is not None:
+            draws = draft_sampler(sampling, sampling.seed, bias)
         return self.paced(self.base_drafter(spec, bias, slot, draws), spec, slot,
                           sampling is not None and not sampling.greedy)
 

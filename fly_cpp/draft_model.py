@@ -85,12 +85,10 @@ class DraftModel:
         draft's top probability at the rows that matter."""
         batch = [*catchup, history[-1], *guess]
         logits = self.ctx.decode(batch, logits=len(guess) + 1)
-        if self.draws is not None:
-            best = self.draws.drafts(logits[:, : self.n_vocab], history, guess)  # (len(guess)+1,)
+        drawn = self.draws.drafts(logits[:, : self.n_vocab], history, guess) if self.draws is not None else None
         if self.bias:
             logits = self.bias.apply(logits[:, : self.n_vocab])
-        if self.draws is None:
-            best = rows.argmax(logits[:, : self.n_vocab])
+        best = rows.argmax(logits[:, : self.n_vocab]) if drawn is None else drawn  # (len(guess)+1,)
         agree = 0
         while agree < len(guess) and guess[agree] == best[agree]:
             agree += 1

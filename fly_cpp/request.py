@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.sampling import NO_BIAS, LogitBias, Sampler
+from fly_cpp.sampling import NO_BIAS, LogitBias, Sampler, draft_sampler
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,5 @@ class Request:
     shift: Shift | None = None
 
     def draft_sampler(self) -> Sampler | None:
-        """How a draft drafts for this request: with the target's own sampler (its chain, its
-        seed's noise at each position) where the request shares draws (``SamplingSettings.draw``),
-        so that its tokens are the target's draws wherever the two distributions agree enough;
-        None: its argmax (greedy, or llama.cpp's draw)."""
-        if not self.sampling.shares_draws:
-            return None
-        return Sampler(self.sampling, self.seed, self.bias, len(self.prompt))
+        """How a draft drafts for this request (``fly_cpp.sampling.draft_sampler``)."""
+        return draft_sampler(self.sampling, self.seed, self.bias, len(self.prompt))

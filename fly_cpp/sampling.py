@@ -112,6 +112,15 @@ class LogitBias:
 NO_BIAS = LogitBias(())
 
 
+def draft_sampler(settings: SamplingSettings, seed: int, bias: LogitBias = NO_BIAS, start: int = 0) -> Sampler | None:
+    """The sampler a draft drafts with for a generation of ``settings`` and ``seed``: the
+    target's own (its chain, the seed's noise at each position) where the generation shares
+    draws (``SamplingSettings.shares_draws``), so that the draft's tokens are the target's
+    draws wherever the two distributions agree enough; None: the draft's argmax (greedy, or
+    llama.cpp's draw)."""
+    return Sampler(settings, seed, bias, start) if settings.shares_draws else None
+
+
 class Sampler:
     """Target-side token choice for one generation (its seed fixes every draw)."""
 

@@ -58,7 +58,8 @@ def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed:
     text = engine.generate(prompt, spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=n).run().tokens
     if not text:
         return [], {d: np.zeros(0, dtype=bool) for d in ("llama", "shared")}
-    target, draft = engine._pair(0)  # the engine's own contexts, between its generations
+    target, draft = engine.target, engine.draft_ctx  # the engine's own contexts, between its generations
+    assert draft is not None, "a draft model is needed"
     n_vocab = min(target.model.n_vocab, draft.model.n_vocab)
     rows = rows_over(draft, prompt, text)[:, :n_vocab]
     want = np.asarray(text)
