@@ -128,6 +128,7 @@ class Costs:
         decodes priced them are cached when the generation ends (``disagrees``)."""
         self.target_curve, self.draft_curve = target, draft
         self.cached = cached or prior  # the curves came from the cache (or the prior), not from a measurement now
+        self.draft_cached = self.cached  # so did the draft's (kept when the curves are cached again: that checks nothing)
         self.prior = prior
         self.draft_trusted = draft_checked  # the cached draft curve was checked by an earlier process's live decodes
         self.measured = measured  # when and under what load the curves were measured ("" unknown)
@@ -281,7 +282,7 @@ class Costs:
     def draft_checked(self) -> bool:
         """The draft curve needs no live decodes to be trusted: measured by this process, or its
         cached price checked (``observe_draft``), here or by an earlier process."""
-        return self.draft_curve is None or not self.cached or self.draft_trusted or self.draft_checked_live
+        return self.draft_curve is None or not self.draft_cached or self.draft_trusted or self.draft_checked_live
 
     @property
     def draft_checked_live(self) -> bool:
@@ -304,7 +305,7 @@ class Costs:
             return
         ratio = seconds / self.draft_curve(rows, self.depth)
         seen = self._draft_checks
-        if self.cached and not self.draft_trusted and len(seen) < MEDIAN_OF:
+        if self.draft_cached and not self.draft_trusted and len(seen) < MEDIAN_OF:
             mid = _contradicted(seen, ratio, self.prior)
             if mid is not None:
                 self.disagrees, self.draft_scale = True, mid
@@ -322,7 +323,9 @@ class Costs:
                 "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
                 "draft_scale": round(self.draft_scale, 3),
                 "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
-                "cached": self.cached, "prior": self.prior, "measured": self.measured, "disagrees": self.disagrees, "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
+                "cached": self.cached, "prior": self.prior, "measured": self.measured, "disagrees": self.disagrees,
+                "draft_checked": self.draft_checked,
+                "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Costs:

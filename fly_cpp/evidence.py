@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fly_cpp.backend.cache import common_prefix
-from fly_cpp.decayed import Histogram, Rate, Tally
+from fly_cpp.decayed import ROUND, Histogram, Rate, Tally
 
 BINS = 10  # confidence bins of the acceptance model (its resolution, not a tuning)
 # pseudo-observations of the prior in each bin, prior mean the bin's confidence (replays,
@@ -185,6 +185,9 @@ class Evidence:
         # drafting rounds over a long run: the seconds the target alone would have taken for
         # their tokens, their own seconds, rounds (``Pacer._beat_alone``)
         self.drafted_long = Tally(3, PAIR_MEMORY)
+        # speculating rounds of late: the seconds their forecasts gave their tokens, their own seconds,
+        # rounds (``fly_cpp.belief``'s correction; a process's own: the prices it forecast by are too)
+        self.realized = Tally(3, 1 - ROUND)
 
     def guess_checked(self, found: Sequence[int], checked: int, agree: int, own_next: int) -> None:
         """A draft step checked the first ``checked`` tokens of the n-gram guess ``found`` and

@@ -78,7 +78,7 @@ class PacedDrafter:
         model = self.model
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
-                                       lookup if self.use_ngram else lambda: (0, 0), model is not None)
+                                       lookup if self.use_ngram else lambda: (0, 0), model is not None, self.use_ngram)
         if need > 0 and model is not None and self.kind not in DRAFTS:
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind == "steady":
@@ -90,7 +90,7 @@ class PacedDrafter:
             self.confidences = [None] * len(out)
             return Draft(out, list(self.confidences))
         if self.kind in DRAFTS and model is not None:
-            if self.kind == "draft":
+            if self.kind in ("draft", "explore"):
                 found = self._paced(model, committed, n, need)
             else:  # the draft's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
                 checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
@@ -143,7 +143,7 @@ class PacedDrafter:
         while len(chances) < len(out):  # tokens after the last decision (end of text, limit)
             q = confidences[len(chances)] if len(chances) < len(confidences) else None
             chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-        n = max(pacer.trim(chances[: len(out)]), min(need, len(out)))
+        n = max(pacer.trim(chances[: len(out)]), min(need, len(out)), pacer.verifies(len(out)))
         if n < len(out) and n < len(confidences):
             self._unverified = (len(committed), out[:n], out[n], confidences[n])
         return Draft(out[:n], list(confidences[:n]), by_model=True)

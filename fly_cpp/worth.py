@@ -65,15 +65,15 @@ def together(costs: Costs, accept: float, slots: int, h_max: int) -> int:
 
 
 def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
-         lead: Sequence[float] = (), depths: Sequence[float] = ()) -> tuple[float, int]:
+         lead: Sequence[float] = (), depths: Sequence[float] = (), floor: float | None = None) -> tuple[float, int]:
     """(tokens per second, h) of the best draft length h <= h_max for a round whose first draft
     step costs ``first`` seconds and later ones ``step``, each token kept with probability
     ``accept`` given the earlier ones were (or ``depths[i]`` for the i-th drafted token, where
     given). ``lead``: tokens the first step yields before its own (an n-gram guess it checks),
     each kept with its own probability. A batch after one-row decodes also pays for switching
     kinds, there and back (``Costs.entering``), and a recurrent state for going back after a
-    rejection (``Costs.rollback``)."""
-    top, top_h = alone(costs), 0
+    rejection (``Costs.rollback``). ``floor``: the rate to beat (the target alone's by default)."""
+    top, top_h = alone(costs) if floor is None else floor, 0
     own = itertools.chain(depths, itertools.repeat(accept))
     accepts = itertools.chain(lead[:h_max], itertools.islice(own, max(h_max - len(lead), 0)))
     for h, rate in rates(costs, accepts, first, step, len(lead), accept):

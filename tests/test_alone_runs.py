@@ -131,7 +131,6 @@ def test_the_draft_model_catches_up_after_a_run(pair, runs):
     fresh_pacer(e, PAYS)
     pacer = e.drafter(SPD).pacer  # type: ignore[attr-defined]
     pacer.evidence.drafted_long.sums = [1.0, 100.0, 40.0]  # drafting never paid over a long run: the rest is kept
-    pacer.drafted.sums = [100.0, 1.0, 10.0]  # ... but it pays lately
     pacer.rest = 40
     got = e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=120).run()
     assert runs[0] == 40  # the 40 rounds of the rest, this one the first

@@ -403,10 +403,12 @@ def test_a_contradicted_calibration_is_cached_rescaled_and_the_next_process_meas
 
 
 def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, stories_draft, tmp_path, monkeypatch):
-    """A draft curve cached 10x too dear, by which no round could pay to draft: one check times
-    the draft's steps, its scale jumps to the live price (under half the cached one even where
-    a busy machine makes the live steps 3x dearer than the calibration found), the entry is cached again as they
-    priced it and says so; the next process trusts it and checks nothing."""
+    """A draft curve cached 10x too dear, by which no round could pay to draft: while no live
+    decode has checked it, its price is drawn widely (``belief.UNCHECKED_SPREAD``), so a draw
+    cheap enough explores and times the draft's steps; its scale jumps to the live price (under
+    half the cached one even where a busy machine makes the live steps 3x dearer than the
+    calibration found), the entry is cached again as they priced it and says so; the next
+    process trusts it: its price is drawn no more."""
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
     monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
     from fly_cpp import SamplingSettings, SpecSettings
@@ -418,14 +420,17 @@ def test_a_draft_curve_cached_too_dear_is_checked_once_and_noted(stories, storie
     store(key, {"target": _entry(real.target_curve, 1.0), "draft": draft, "measured": "then"})
     greedy = SamplingSettings(temperature=0)
     with Engine(*_pair(stories, stories_draft)) as e:
-        gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=greedy, max_tokens=64).run()
+        for _ in range(20):  # a draw is by chance: a few answers' rounds (a few in a hundred draw that cheap)
+            gen = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=greedy, max_tokens=64).run()
+            if load()[key].get("draft_checked"):
+                break
     costs = gen.stats.pacing["costs"]
-    assert gen.stats.pacing["plans"]["check"] == 2 and costs["draft_scale"] < 0.5
+    assert gen.stats.pacing["plans"]["explore"] + gen.stats.pacing["plans"]["draft"] >= 1 and costs["draft_scale"] < 0.5
     entry = load()[key]
     assert entry["draft_checked"] is True and entry["draft"]["seconds"][0] < 5 * real.draft_curve.seconds[0]
     with Engine(*_pair(stories, stories_draft)) as e:
         again = e.generate("Once upon a time", spec=SpecSettings(mode="spd"), sampling=greedy, max_tokens=64).run()
-    assert again.stats.pacing["plans"]["check"] == 0
+    assert again.stats.pacing["costs"]["draft_checked"]
 
 
 def test_a_draft_curve_the_live_decodes_confirm_is_noted_checked(tmp_path, monkeypatch):

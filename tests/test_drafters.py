@@ -131,14 +131,14 @@ def test_a_paced_draft_learns_its_agreement_with_guesses_it_left_unchecked(model
         assert pacer.agree.all_hits > 0  # the draft went on as the earlier text did
 
 
-def test_an_exploration_checks_the_guess_tokens_that_pay(model, monkeypatch):
-    """k auto's exploration drafts with the draft model's own rounds (``own``): its guess
-    checks are priced by the agreement learned, as the paced steps' are."""
+def test_a_steady_round_checks_the_guess_tokens_that_pay(model, monkeypatch):
+    """k auto's steady rounds (a GPU's) draft with the draft model's own rounds (``own``): their
+    guess checks are priced by the agreement learned, as the paced steps' are."""
     costs = Costs(Curve((1, 2, 4, 8), (0.086, 0.143, 0.161, 0.19)), Curve((1, 2, 4, 8), (0.02, 0.03, 0.045, 0.08)))
     pacer = Pacer(lambda: costs, k_max=16)
     for _ in range(20):
         pacer.agree.observe([None], 0)
-    monkeypatch.setattr(pacer, "plan", lambda *a, **k: ("explore", 4))
+    monkeypatch.setattr(pacer, "plan", lambda *a, **k: ("steady", 4))
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time")
     with Context(model, n_ctx=256, n_threads=1) as ctx:
         inner = drafter_on(ctx, SpecSettings(k=8))

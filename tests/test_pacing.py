@@ -19,12 +19,13 @@ import pytest
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.config import SpecSettings
+from fly_cpp import worth
 from fly_cpp.costs import Costs, Curve
 from fly_cpp.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters import Draft, NgramDrafter, Report
 from fly_cpp.evidence import Acceptance, Guesses
 from fly_cpp.paced import PacedDrafter
-from fly_cpp.pacer import EXPLORE_MAX, PATIENCE, Pacer
+from fly_cpp.pacer import Pacer
 from fly_cpp.request import Shift
 
 MS = 1e-3
@@ -113,6 +114,11 @@ def generation(p: Pacer) -> Generation:
     return gen
 
 
+def drafting(plans: dict[str, int]) -> int:
+    """Rounds that drafted with the draft model: planned at the mean (``draft``) or at a draw (``explore``)."""
+    return plans["draft"] + plans["explore"]
+
+
 def other_token(rng: random.Random, n_vocab: int, not_this: int | None) -> int:
     """A token the target writes where it disagrees with the draft (past stories260K's special tokens 0-2)."""
     while True:
@@ -179,12 +185,17 @@ CPU_Q4_SLOW = Costs(Curve((1, 2, 4, 8, 12, 17), (74 * MS, 118 * MS, 172 * MS, 24
                     Curve((1, 2, 4, 8), (36 * MS, 37 * MS, 50 * MS, 76 * MS)))
 
 
-def test_never_explores_where_no_exploration_could_beat_the_target():
+def test_explores_near_the_boundary_at_a_bounded_cost():
+    """A draft right 90% of the time, where only one right 95% of the time or more could pay:
+    a draw that high is tried now and then (about one round in ten: the evidence is never
+    complete: here a quarter of the rounds), and they cost under a tenth of the target alone's pace. Thompson
+    sampling's price where drafting nearly pays; where not even a draft always right could
+    pay, nothing is tried (above)."""
     p = pacer(CPU_Q4_SLOW)
     assert p.best(1.0, 16, 36 * MS, 36 * MS)[1] > 0 and p.best(0.9, 16, 36 * MS, 36 * MS)[1] == 0
     rate, plans = simulate(p, accept=0.9, rounds=1000)
-    assert plans["explore"] == plans["draft"] == 0
-    assert rate == pytest.approx(1 / (74 * MS))
+    assert plans["explore"] + plans["draft"] < 350
+    assert rate > 0.9 / (74 * MS)
 
 
 def test_drafts_where_it_pays_and_beats_the_target():
@@ -192,7 +203,7 @@ def test_drafts_where_it_pays_and_beats_the_target():
     for seed in range(4):  # the real draft's confidences vary from round to round: a mean of a few texts
         p = pacer(CPU_F16)
         rate, plans = simulate(p, accept=0.9, rounds=300, seed=seed)
-        assert plans["draft"] + plans["explore"] > 250
+        assert drafting(plans) > 180  # a cold start whose first try failed waits a few dozen rounds
         rates.append(rate)
     # well above the target alone (~1.4x is the best for this curve and a draft always 95% sure; 12 seeds: 1.27x)
     assert sum(rates) / len(rates) > 1.25 / (86 * MS)
@@ -219,7 +230,7 @@ def test_a_cached_draft_curve_too_dear_for_any_exploration_is_checked_and_drafti
     assert plans["draft"] > 200 and rate > 1.2 / (86 * MS)
 
 
-def test_a_checked_or_measured_draft_curve_plans_no_check():
+def test_a_checked_or_measured_draft_curve_explores_nothing_where_nothing_pays():
     for costs in (CPU_Q4, Costs(CPU_Q4.target_curve, CPU_Q4.draft_curve, cached=True)):
         p = pacer(costs)
         if costs.cached:  # checked: three warm live decodes within the tolerance
@@ -233,17 +244,18 @@ def test_a_checked_or_measured_draft_curve_plans_no_check():
 
 def test_while_every_round_drafts_the_target_alone_is_priced_now_and_then():
     """Plans weigh drafting against the target's one-row decode, which rounds that all draft
-    never show (its scale follows the batches': a guess). The target alone is explored then
-    as drafting is while it rests: after EXPLORE_MAX planned rounds without a warm one-row
-    decode, for two rounds (the first after a batch is not warm); not under load, where
-    timings are not this sequence's."""
+    never show (its scale follows the batches': a guess). Its price's spread grows with the
+    rounds since a warm one-row decode was timed (``belief.PRICE_SPREAD``), so now and then a
+    draw prices it low enough to be tried, for two rounds (the draw is held: the first after a
+    batch is not warm); not under load, where timings are not this sequence's."""
     for sharing in (1, 4):
         p = pacer(CPU_F16)
         p.share(sharing)
         simulate(p, accept=0.9, rounds=100)  # drafting pays: every round drafts
         before = p.plans["target"]
-        simulate(p, accept=0.9, rounds=EXPLORE_MAX + 2)
-        assert p.plans["target"] == before + (2 if sharing == 1 else 0), sharing
+        simulate(p, accept=0.9, rounds=1000)
+        tried = p.plans["target"] - before
+        assert (2 <= tried <= 100) if sharing == 1 else tried == 0, (sharing, tried)
 
 
 def test_rounds_under_load_teach_acceptance_but_not_timings():
@@ -253,38 +265,38 @@ def test_rounds_under_load_teach_acceptance_but_not_timings():
     simulate(p, accept=0.9, rounds=50)
     drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
     p.share(4)
-    scales, pace, drafted, learned = p.costs.as_dict(), p.pace, list(p.drafted.sums), p.model.state()
+    scales, pace, drafted, learned = p.costs.as_dict(), p.pace, list(p.evidence.realized.sums), p.model.state()
     p.observe("draft", [0.95, 0.95], 1, 2, 5.0)
     drafter.kind = "target"
     drafter.accept(Report(Draft(), 0, 0, [1, 2, 3], 0.0, 9.0, 9.5, 1))
-    assert (p.costs.as_dict(), p.pace, list(p.drafted.sums)) == (scales, pace, drafted)
+    assert (p.costs.as_dict(), p.pace, list(p.evidence.realized.sums)) == (scales, pace, drafted)
     assert p.model.state() != learned
 
 
-def test_explores_less_and_less_while_the_draft_is_wrong():
+def test_explores_seldom_while_the_draft_is_wrong():
     p = pacer(CPU_F16)
     _, plans = simulate(p, accept=0.05, rounds=2000)
-    assert plans["draft"] == 0 and 0 < plans["explore"] < 40 and p.patience == EXPLORE_MAX
-    assert plans["explore"] % 2 == 0  # two rounds each: the second, warm one is judged
+    assert plans["draft"] == 0 and 0 < plans["explore"] < 40
     rate, _ = simulate(p, accept=0.05, rounds=500, seed=1)
-    # exploring costs little beyond catching the draft up on the rounds decoded alone since the last try
-    assert rate > 0.97 / (86 * MS + p.costs.draft(EXPLORE_MAX + 1) / EXPLORE_MAX)
+    # exploring costs little beyond catching the draft up on the rounds decoded alone since the last
+    # try, a few hundred rounds apart
+    assert rate > 0.97 / (86 * MS + p.costs.draft(257) / 256)
 
 
 def test_between_explorations_it_does_not_plan():
     p = pacer(CPU_F16)
-    simulate(p, accept=0.05, rounds=300)  # patience has grown: explorations are far apart
+    simulate(p, accept=0.05, rounds=300)  # the evidence says drafting loses: explorations are far apart
     planned = []
     kinds = [p.plan(16, lambda: planned.append(1) or 0, lambda: (0, 0), True)[0] for _ in range(400)]
-    assert kinds.count("explore") >= 1 and len(planned) <= 2 * kinds.count("explore") + 2
+    assert kinds.count("explore") >= 1 and len(planned) <= 80  # most rounds between are a rest, unplanned
 
 
 def test_recovers_when_the_draft_turns_right_again():
     p = pacer(CPU_F16)
     simulate(p, accept=0.05, rounds=300)
-    before = p.plans["draft"]
+    before = drafting(p.plans)
     simulate(p, accept=0.95, rounds=1200, seed=2)
-    assert p.plans["draft"] - before > 600  # from the first fruitful exploration on
+    assert drafting(p.plans) - before > 600  # from the first fruitful explorations on
 
 
 # a GPU-sized target beside a small draft: verification nearly free, a draft step 1/17 of a decode
@@ -315,7 +327,7 @@ def test_steady_rounds_draft_one_length_a_generation_from_the_costs_and_the_acce
 def test_steady_rounds_plan_as_anywhere_else_where_drafting_cannot_pay():
     p = steady_pacer(CPU_Q4_SLOW)
     _, plans = simulate(p, accept=0.9, rounds=200)
-    assert p.width == 0 and plans["steady"] == 0 and plans["draft"] == 0
+    assert p.width == 0 and plans["steady"] == 0
 
 
 def test_a_guess_the_draft_checks_is_priced_with_the_drafting_after_it():
@@ -337,7 +349,7 @@ def test_free_guesses_that_are_right_pay_even_on_a_compute_bound_target():
     for _ in range(50):
         p.guesses.observe([None] * 6, 6)  # n-gram guesses kept in full lately (repeated code)
     kind, n = p.plan(16, lambda: 0, lambda: (6, 4), False)
-    assert kind == "ngram" and n >= 4
+    assert kind == "ngram" and n >= 3
     fresh = pacer(CPU_Q4)
     assert fresh.plan(16, lambda: 0, lambda: (6, 4), False) == ("target", 0)  # no evidence: too costly to try
 
@@ -451,15 +463,19 @@ def test_probes_a_draft_that_is_right_where_it_is_sure():
     for _ in range(200):  # the run of right tokens is short: the mean is what a plan at it sees
         p.model.observe([None], 0)
     first, step = p.costs.draft(1), p.costs.draft(1)
+
+    def probe_pays(q: Pacer) -> bool:
+        firsts = q.evidence.firsts.counts
+        return worth.probe(q.costs, q.floor(), firsts, [q.model.of_bin(b) for b in range(len(firsts))], 16, first, step)
+
     assert p.best(p.model.mean(), 16, first, step)[1] == 0
-    assert p.probe_pays(16, first, step)
+    assert probe_pays(p)
     assert p.plan(16, lambda: 0, lambda: (0, 0), True) == ("draft", 16)
     unsure = pacer(CPU_F16)
     for _ in range(100):
         unsure.model.observe([0.15], 0)
         unsure.probed(0.15)
-    assert not unsure.probe_pays(16, first, step)
-    assert not pacer(CPU_F16).probe_pays(16, first, step)  # nothing seen yet
+    assert not probe_pays(unsure)
 
 
 def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_it():
@@ -500,70 +516,69 @@ def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_
     assert p.model.trials[9] > seen[9]
 
 
-def test_stops_planning_drafts_while_the_rounds_that_drafted_lose_to_the_target():
+def test_stops_planning_drafts_while_the_rounds_that_drafted_lose_to_their_forecasts():
     """The acceptance model can promise what the rounds do not deliver (a draft sure and wrong,
-    costs that moved): what drafting rounds realized, all told, overrules it until explorations
-    beat the target alone again."""
+    costs that moved): what drafting rounds realized against their forecasts corrects every
+    drafting plan's rate (``Belief.correction``), until rounds that run as forecast again."""
     p = pacer(CPU_F16)
     for _ in range(50):
         p.model.observe([0.95] * 8, 8)
     assert p.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
     for _ in range(20):
         p.observe("draft", [0.95] * 4, 4, 5, 1.0)  # 5 tokens/s; the target alone makes ~11.6
-    assert p.drafts_lose()
+    assert p.belief.correction() < 0.5
     kinds = [p.plan(16, lambda: 0, lambda: (0, 0), True)[0] for _ in range(40)]
-    assert "draft" not in kinds and "explore" in kinds
-    for _ in range(30):
-        p.observe("explore", [0.95] * 8, 8, 9, 0.3)  # 30 tokens/s
-    assert not p.drafts_lose() and p.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
+    assert "draft" not in kinds
+    _, plans = simulate(p, accept=0.95, rounds=300)  # rounds that run as forecast again
+    assert p.belief.correction() > 0.8 and drafting(plans) > 150
 
 
-def test_an_exploration_that_keeps_tokens_but_loses_to_the_target_is_fruitless():
-    p = pacer(CPU_F16)
-    p.observe("explore", [0.95] * 2, 2, 3, 1.0)  # kept all, at 3 tokens/s
-    assert p.patience == 2 * PATIENCE
-    p.observe("explore", [0.95] * 8, 8, 9, 0.3)
-    assert p.patience == PATIENCE
-
-
-def test_a_new_text_forgets_that_the_last_one_ended_unpredictable_where_drafting_pays():
-    """A generation starts where drafting has paid on this pair over the long run: the losing
-    streak and the long waits between explorations that ended the previous text are forgotten."""
+def test_a_new_text_is_soon_tried_where_the_last_one_ended_unpredictable():
+    """A generation starts: what the last rounds said about the previous text says less about
+    this one, so the acceptance's evidence ages as over a whole text and a predictable new text
+    is drafted soon (on the costly pair one was decoded 44 rounds alone)."""
     p = pacer(CPU_F16)
     simulate(p, accept=0.95, rounds=200)  # drafting pays on this pair
     simulate(p, accept=0.02, rounds=600, seed=3)  # ... then the text turned unpredictable
-    assert p.drafts_lose() and p.patience > PATIENCE
+    before = p.plans["draft"] + p.plans["explore"]
+    p.rest = 0  # the long rest that ended the last text over
     p.begin()
-    assert not p.drafts_lose() and p.patience == PATIENCE and p.rest == 0
-    assert p.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
+    gen = _GENERATIONS.pop(id(p))[1]
+    gen.model.draft_model.ctx.close()
+    simulate(p, accept=0.95, rounds=200, seed=4)
+    assert drafting(p.plans) - before > 60
 
 
-def test_a_new_text_starts_where_the_last_ended_where_drafting_never_paid():
+def test_a_new_text_keeps_what_drafting_rounds_realized():
     p = pacer(CPU_F16)
     for _ in range(60):
+        p.plan(16, lambda: 0, lambda: (0, 0), True)
         p.observe("explore", [0.95] * 2, 0, 1, 1.0)  # drafting rounds lost, all along
-    patience, drafted = p.patience, list(p.drafted.sums)
+    record = list(p.evidence.realized.sums)
     p.begin()
-    assert p.drafts_lose() and p.patience == patience and p.drafted.sums == drafted
+    assert p.evidence.realized.sums == record
 
 
-def test_a_few_losing_rounds_at_a_cold_start_are_not_a_long_run():
+def test_a_few_losing_rounds_at_a_cold_start_do_not_stop_drafting_for_good():
     """The first text was unpredictable (or the machine busy) for its first 20 drafting rounds:
-    too little to say that drafting does not pay on the pair, so the next text starts afresh."""
+    when the draft turns right, drafting comes back (d421677: ~24 losing rounds of a fresh
+    process once stopped drafting for good)."""
     p = pacer(CPU_F16)
     for _ in range(20):
+        p.plan(16, lambda: 0, lambda: (0, 0), True)
         p.observe("draft", [0.95] * 4, 0, 1, 1.0)
-    assert p.drafts_lose()
     p.begin()
-    assert not p.drafts_lose() and p.patience == PATIENCE and p.rest == 0
+    _, plans = simulate(p, accept=0.95, rounds=300)
+    assert drafting(plans) > 150
 
 
 def test_each_generation_begins_a_new_text_for_its_pacer():
     p = pacer(CPU_F16)
     simulate(p, accept=0.95, rounds=200)
     simulate(p, accept=0.02, rounds=600, seed=3)
+    trials = p.model.all_trials
     PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
-    assert p.patience == PATIENCE
+    assert p.model.all_trials < 0.5 * trials
 
 
 def test_a_gpus_switching_costs_do_not_keep_drafting_off():
@@ -573,7 +588,9 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
     scales once made drafting look dear for good (the costly pair on an H100: 2822 of 2860
     rounds decoded alone, where drafting 5 tokens every round ran 1.5x the target). Here 600
     rounds of a draft right 20% of the time come first, then one right 80%: only warm decodes
-    teach, and drafting comes back (before: 0.97x the target, 50 explorations and no draft)."""
+    teach the prices, and drafting comes back (before: 0.97x the target, 50 explorations and no
+    draft; with the counters' explorations, two rounds each at 0.9 optimism, 1.1x+; drawn ones
+    learn the new acceptance more slowly: 1.05x)."""
     costs = Costs(Curve((1, 2, 4, 8, 16), (3.0 * MS, 4.4 * MS, 5.0 * MS, 5.1 * MS, 7.6 * MS)),
                   Curve((1, 2, 4, 8), (0.87 * MS, 1.16 * MS, 1.23 * MS, 1.23 * MS)))
     p = Pacer(lambda: costs, k_max=16)
@@ -583,13 +600,13 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
     for i in range(3000):
         kind, limit = p.plan(16, lambda: 0, lambda: (0, 0), True)
         drafted, chances = 0, []
-        while kind in ("draft", "explore") and drafted < limit:
+        while kind in ("draft", "explore") and drafted < limit:  # stepped while a step pays (``PacedDrafter``)
             drafted += 1
             chances.append((chances[-1] if chances else 1.0) * p.model(0.9))
             costs.observe_draft(1, 0.65 * MS)
-            if kind == "draft" and not p.more(chances, p.model.mean()):
+            if not p.more(chances, p.model.mean()):
                 break
-        drafted = p.trim(chances) if kind == "draft" else drafted
+        drafted = max(p.trim(chances), p.verifies(drafted)) if drafted else 0
         kept = 0
         while kept < drafted and rng.random() < (0.2 if i < 600 else 0.8):
             kept += 1
@@ -603,8 +620,8 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
         if i >= 600:
             tokens += kept + 1
             seconds += took
-    assert p.plans["draft"] > 1000
-    assert tokens / seconds > 1.1 / (2.06 * MS)
+    assert drafting(p.plans) > 300
+    assert tokens / seconds > 1.02 / (2.06 * MS)
 
 
 def test_a_new_generation_starts_cold_even_where_drafting_never_paid():
@@ -637,7 +654,7 @@ def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
                 again = drafter.draft(text + [7] * i, 8)
                 assert again.alone == rounds - i
                 drafter.accept(Report(again, 0, 0, text + [7] * (i + 1), 0.0, 20 * MS, 21 * MS, 1))
-        ends.append((p.rest, dict(p.plans), p.idle, p.pace, p.costs.target_scale, p.costs.host))
+        ends.append((p.rest, dict(p.plans), p.belief.idle, p.pace, p.costs.target_scale, p.costs.host))
     (rest, plans, idle, pace, scale, host), (rest2, plans2, idle2, pace2, scale2, host2) = ends
     assert (rest, plans, idle) == (rest2, plans2, idle2) and rest == 0
     assert pace == pytest.approx(pace2) and scale == pytest.approx(scale2) and scale < 1
@@ -657,16 +674,19 @@ def test_drafting_rounds_are_weighed_against_the_target_at_their_own_depth():
         p.observe("draft", [0.9, 0.9], 2, 3, 3 / rate)
     p.costs.at(400)
     assert rate > 2 * p.alone()  # weighed at this depth they would have won
-    assert p.drafts_lose() and p.lost_long()
+    assert p.lost_long()
 
 
-def test_a_fresh_process_does_not_plan_drafts_where_drafting_lost_over_the_long_run():
-    """Before its own drafting rounds can say, a new process takes the pair's long run: where
-    drafting lost there, only explorations draft; where it paid, the models plan as before."""
-    lost = pacer(CPU_F16)
-    lost.evidence.drafted_long.sums = [1.0, 100.0, 40.0]
-    paid = pacer(CPU_F16)
-    paid.evidence.drafted_long.sums = [100.0, 1.0, 40.0]
-    assert lost.drafts_lose() and not paid.drafts_lose()
-    lost.drafted.sums = [100.0, 1.0, 10.0]  # its own rounds paid lately: they say
-    assert not lost.drafts_lose()
+def test_the_record_of_speculating_rounds_corrects_the_forecasts():
+    """Where the rounds ran far below their forecasts, the models' promise is corrected down;
+    where they ran as forecast, they plan as before. The record is the process's own (it is not
+    kept with the evidence: the prices it forecast by are this process's)."""
+    lost, paid = pacer(CPU_F16), pacer(CPU_F16)
+    for p in (lost, paid):
+        for _ in range(50):
+            p.model.observe([0.95] * 8, 8)
+    lost.evidence.realized.sums = [1.0, 100.0, 40.0]
+    paid.evidence.realized.sums = [100.0, 100.0, 40.0]
+    assert lost.plan(16, lambda: 0, lambda: (0, 0), True)[0] != "draft"
+    assert paid.plan(16, lambda: 0, lambda: (0, 0), True)[0] == "draft"
+    assert "realized" not in lost.evidence.as_dict()
