@@ -23,13 +23,15 @@ import math
 from dataclasses import dataclass
 
 from fly_cpp import worth
-from fly_cpp.belief import UNCHECKED_SPREAD, Draw
+from fly_cpp.belief import AGE, UNCHECKED_SPREAD, Draw
 from fly_cpp.costs import Costs
+from fly_cpp.evidence import BINS
 
-# the resolution of acceptance in pricing a rest (not a tuning)
-GRID = 40
-# the longest rest planned at once: a generation's own end (the loop's budget) usually comes first
-REST_MAX = 1024
+# the resolution of acceptance in pricing a rest (not a tuning): four steps a confidence bin
+GRID = 4 * BINS
+# the longest rest planned at once: ten spans of the evidence's memory, past which a draw is the
+# prior's (a generation's own end, the loop's budget, usually comes first)
+REST_MAX = round(10 / (1 - AGE))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ over the target alone to today's. 1.000 everywhere: no recording exercises what 
 guards (its comment names the incident or test that does).
 
     python scripts/replay_sensitivity.py                      # every constant, half and double
-    python scripts/replay_sensitivity.py PATIENCE=2,8 MEMORY=0.98,0.995
+    python scripts/replay_sensitivity.py PRICE_SPREAD=0.075,0.3 MEMORY=0.98,0.995
 """
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ rp = importlib.util.module_from_spec(_spec)
 sys.modules["replay_pacer"] = rp
 _spec.loader.exec_module(rp)  # type: ignore[union-attr]
 
-from fly_cpp import costs, decayed, evidence, pacer  # noqa: E402
+from fly_cpp import belief, costs, decayed, evidence, pacer, planner  # noqa: E402
 
 # constant -> the modules that read it by name (a module that imported it keeps its own binding)
-READERS = {"PATIENCE": [pacer], "EXPLORE_MAX": [pacer], "REST": [pacer], "OPTIMISM": [pacer], "SEEN": [pacer],
-           "PAIR_SEEN": [pacer], "PRIOR": [evidence], "MEMORY": [evidence], "PROBE_MEMORY": [evidence],
-           "PAIR_MEMORY": [evidence], "AGREE_PRIOR": [evidence, rp], "ROUND": [decayed, pacer, costs],
+READERS = {"PRICE_SPREAD": [belief], "UNCHECKED_SPREAD": [belief], "CORRECTION_PRIOR": [belief],
+           "AGE": [belief, planner], "SEEN": [pacer], "PAIR_SEEN": [pacer], "PRIOR": [evidence, belief],
+           "MEMORY": [evidence, belief], "PROBE_MEMORY": [evidence], "PAIR_MEMORY": [evidence],
+           "AGREE_PRIOR": [evidence, rp], "ROUND": [decayed, belief, evidence, costs],
            "MIN_SHALLOW": [costs], "MAX_PER_ROW": [costs]}
 # half and double; for a weight of old evidence m, (1 - m) halved and doubled
-MOVES = {"PATIENCE": [2, 8], "EXPLORE_MAX": [128, 512], "REST": [16, 64], "OPTIMISM": [0.8, 0.95], "SEEN": [4, 16],
+MOVES = {"PRICE_SPREAD": [0.075, 0.3], "UNCHECKED_SPREAD": [1.0, 4.0], "CORRECTION_PRIOR": [1.0, 4.0],
+         "AGE": [0.98, 0.995], "SEEN": [4, 16],
          "PAIR_SEEN": [16, 64], "PRIOR": [1.0, 4.0], "MEMORY": [0.98, 0.995], "PROBE_MEMORY": [0.96, 0.99],
          "PAIR_MEMORY": [0.99, 0.9975], "AGREE_PRIOR": [0.25, 0.75], "ROUND": [0.05, 0.2], "MIN_SHALLOW": [0.125, 0.5],
          "MAX_PER_ROW": [1.25, 2.0]}

@@ -19,7 +19,7 @@ from fly_cpp.runs import Runs
 pytestmark = pytest.mark.skipif(not native.has_greedy_run(), reason=f"no native greedy runs: {native.status()}")
 MS = 1e-3
 # a draft that costs more than it could save (the Q4_K_M pair's shape): k auto never drafts and
-# rests ``pacer.REST`` rounds between plans
+# rests (``fly_cpp.planner``: the wait for a draw that could pay) between plans
 NO_PAY = Costs(Curve((1, 2, 4, 6, 9, 16), (34 * MS, 58 * MS, 93 * MS, 133 * MS, 241 * MS, 271 * MS)),
                Curve((1, 2, 4, 8), (20 * MS, 30 * MS, 45 * MS, 80 * MS)))
 # verifying is nearly free and a draft step costs a thousandth of a decode: drafting pays

@@ -192,8 +192,8 @@ def test_the_seam_crossing_check_sees_the_shapes_it_forbids(tmp_path: Path) -> N
 # k auto's tuning constants: the modules that decide (how far to draft, whether to loosen, what a
 # decode costs) and those that measure (timing the curves, caching them, the rollback's price).
 # The budgets only shrink; each constant says what measured it (issue 53: 41 in all before).
-DECIDING = ("fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer", "fly_cpp.worth", "fly_cpp.evidence",
-            "fly_cpp.decayed", "fly_cpp.costs")
+DECIDING = ("fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer", "fly_cpp.planner", "fly_cpp.belief", "fly_cpp.worth",
+            "fly_cpp.evidence", "fly_cpp.decayed", "fly_cpp.costs")
 MEASURING = ("fly_cpp.calibrate", "fly_cpp.costcache", "fly_cpp.rollback_costs")
 PRICING = ("fly_cpp.prior",)  # what decodes cost before any is timed (issue 66: the calibration's place)
 BUDGET = {DECIDING: 21, MEASURING: 10, PRICING: 5}

@@ -95,18 +95,20 @@ def test_the_verdict_is_priced_without_a_probe_and_kept(stories, stories_draft, 
     with engine(stories, stories_draft) as first:
         tokens = first.tokenize("Once upon a time")
         first.prefill(tokens)
-        gen = first.generate(tokens, sampling=GREEDY, max_tokens=24).run()
+        # 64 tokens: enough warm decodes of each kind (three) to learn the curves; 24 drafted half
+        # their rounds and timed too few one-row decodes to say
+        gen = first.generate(tokens, sampling=GREEDY, max_tokens=64).run()
         assert gen.stats.n_cached >= len(tokens) - 1  # nothing decoded before the rounds
         verdict = first.steps.call(lambda at: first.control.verdict(SpecSettings(), at))
         assert not verdict.learned and "prior" in verdict.why
     assert loosening.recall(loosening.key(first.control.cost_key(), SpecSettings())) == verdict
     with engine(stories, stories_draft) as second:
-        second.generate(tokens, sampling=GREEDY, max_tokens=24).run()
+        second.generate(tokens, sampling=GREEDY, max_tokens=64).run()
         learned = second.steps.call(lambda at: second.control.verdict(SpecSettings(), at))
         assert learned.learned and "learned" in learned.why
-        now = second.generate(tokens, sampling=GREEDY, max_tokens=24).run()
+        now = second.generate(tokens, sampling=GREEDY, max_tokens=64).run()
     with engine(stories, stories_draft) as third:
-        again = third.generate(tokens, sampling=GREEDY, max_tokens=24).run()
+        again = third.generate(tokens, sampling=GREEDY, max_tokens=64).run()
         assert third.steps.call(lambda at: third.control.verdict(SpecSettings(), at)) == learned
     assert again.tokens == now.tokens and again.stats.loosens == now.stats.loosens == learned.loosen
 
