@@ -40,7 +40,7 @@ MOVES = {"PRICE_SPREAD": [0.075, 0.3], "UNCHECKED_SPREAD": [1.0, 4.0], "CORRECTI
          "PAIR_SEEN": [16, 64], "PRIOR": [1.0, 4.0], "MEMORY": [0.98, 0.995], "PROBE_MEMORY": [0.96, 0.99],
          "PAIR_MEMORY": [0.99, 0.9975], "AGREE_PRIOR": [0.25, 0.75], "ROUND": [0.05, 0.2], "MIN_SHALLOW": [0.125, 0.5],
          "MAX_PER_ROW": [1.25, 2.0]}
-ARGS = argparse.Namespace(target_scale=1.0, batch_scale=1.0, draft_scale=1.0, host_ms=0.5)
+ARGS = argparse.Namespace(target_scale=1.0, batch_scale=1.0, draft_scale=1.0, host_ms=0.5, fresh=False)
 
 
 def recordings() -> dict[str, rp.Recording]:
