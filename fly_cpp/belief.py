@@ -76,13 +76,13 @@ class Draw:
     def after(self, rounds: int) -> tuple[float, float, float]:
         """The drawn acceptance's (mean, standard deviation) and the correction after ``rounds``
         more rounds without drafting."""
-        s = AGE ** rounds
-        mean, variance = _posterior(self.hits * s, self.trials * s, self.prior)
-        return mean, math.sqrt(variance), _correction(self.record, s)
+        return self._aged(self.hits, self.trials, self.prior, rounds)
 
     def guess_after(self, rounds: int) -> tuple[float, float, float]:
         """The same for n-gram guesses, their evidence aged by ``rounds`` rounds without a lookup."""
-        hits, trials, prior = self.guessed
+        return self._aged(*self.guessed, rounds)
+
+    def _aged(self, hits: float, trials: float, prior: float, rounds: int) -> tuple[float, float, float]:
         s = AGE ** rounds
         mean, variance = _posterior(hits * s, trials * s, prior)
         return mean, math.sqrt(variance), _correction(self.record, s)
@@ -103,11 +103,6 @@ def _posterior(hits: float, trials: float, prior: float) -> tuple[float, float]:
     """(mean, variance) of a Beta with ``PRIOR`` pseudo-observations of ``prior``."""
     mean = (hits + PRIOR * prior) / (trials + PRIOR)
     return mean, max(mean * (1 - mean), 0.0) / (trials + PRIOR + 1)
-
-
-def _spread(mean: float, trials: float) -> float:
-    """The standard deviation of a Beta of this mean after ``trials`` observations (and the prior's)."""
-    return math.sqrt(max(mean * (1 - mean), 0.0) / (trials + PRIOR + 1))
 
 
 def _optimistic(hits: float, trials: float, prior: float, z: float) -> float:
@@ -142,12 +137,12 @@ class Belief:
         zt = self._held.get("target", rng.gauss(0.0, 1.0))
         zd = self._held.get("draft", rng.gauss(0.0, 1.0))
         self._drawn = (z, zt, zd)
-        correction = self.correction()
+        record = (ev.realized.sums[0] * s, ev.realized.sums[1] * s, ev.realized.sums[2] * s)  # aged as the acceptance
         return Draw(accept, ev.model.mean(), guesses(matched), guesses.surest(), math.exp(zt * target_spread),
-                    math.exp(zd * spread), correction, self.pace, tuple(ev.firsts.counts),
+                    math.exp(zd * spread), _correction(record), self.pace, tuple(ev.firsts.counts),
                     tuple(ev.model.of_bin(b) for b in range(len(ev.firsts.counts))),
                     ev.firsts.total() >= firsts_needed, hits, trials, ev.model.prior, spread, rng.random(),
-                    tuple(x * s for x in ev.realized.sums), self._surest_guesses())
+                    record, self._surest_guesses())
 
     def _surest_guesses(self) -> tuple[float, float, float]:
         """(hits, trials, prior mean) of the match length whose guesses are kept most often."""

@@ -183,7 +183,7 @@ class Evidence:
         # says (steady rounds' length, ``Pacer.steady``)
         self.depths = ByKey()
         # drafting rounds over a long run: the seconds the target alone would have taken for
-        # their tokens, their own seconds, rounds (``Pacer._beat_alone``)
+        # their tokens, their own seconds, rounds (``Pacer.lost_long``)
         self.drafted_long = Tally(3, PAIR_MEMORY)
         # speculating rounds of late: the seconds their forecasts gave their tokens, their own seconds,
         # rounds (``fly_cpp.belief``'s correction; a process's own: the prices it forecast by are too)

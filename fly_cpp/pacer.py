@@ -3,9 +3,10 @@ function) for each round's plan at a draw from its belief (``fly_cpp.belief``), 
 belief and the costs (``fly_cpp.costs``) from the rounds. Inside a drafting round it values one
 more step, and the prefix worth verifying, at the pace the rounds keep (``fly_cpp.worth``).
 
-Only warm rounds (a target decode of the same kind as the round before's) teach what speculating
-rounds realize against the target alone: on a GPU the first batch after one-row decodes pays for a
-new graph. Under load (``sharing``: several sequences' rounds share each decode,
+Only warm decodes (of the same kind as the one before) teach the cost scales and the long-run
+record of drafting against the target alone: on a GPU the first batch after one-row decodes pays
+for a new graph; every speculating round is set beside its forecast, which prices that switch
+(``Costs.entering``), for the belief's correction. Under load (``sharing``: several sequences' rounds share each decode,
 ``fly_cpp.batchloop``) rounds teach acceptance only: their timings are the shared decodes'.
 """
 
@@ -151,10 +152,9 @@ class Pacer:
 
     # inside a round, valued at the pace (``worth.value``)
     def verifies(self, drafted: int) -> int:
-        """The fewest drafted tokens this round verifies: an exploration its first (judged at the
-        mean, its tokens were trimmed away unverified and taught nothing)."""
+        """The fewest drafted tokens this round verifies: an exploration all it drafted (judged at
+        the mean, its tokens were trimmed away unverified and taught nothing)."""
         return drafted if self._exploring else 0
-
 
     def guess_length(self, available: int, catchup: int) -> int:
         return worth.guess_length(self.costs, self.agree.mean(), available, catchup)

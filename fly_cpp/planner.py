@@ -11,7 +11,8 @@ it is ample and fresh it seldom is. The plans:
 - ``ngram``: an n-gram guess verified alone (no draft decode);
 - ``draft``: drafting with the draft model step by step while a step pays at the mean (or one
   probing step, where the draft's confidence in its first token tells enough);
-- ``explore``: drafting as far as the draw (not the mean) says it pays, in one run;
+- ``explore``: drafting step by step, up to the length the draw (not the mean) says pays, every
+  drafted token verified (what it teaches is the point);
 - ``steady``: a GPU's rounds of one length a generation (``Limits.width``): there a decode
   costs more whenever the batch's shape changes, so the length is a constraint of the plan.
 """
