@@ -136,6 +136,7 @@ class Costs:
         self.target_scale, self.draft_scale = scales[0], scales[2]
         self.batch_scale: float | None = scales[1]  # target batches (2+ rows); None: none seen yet
         self.host = 0.0  # seconds a round spends outside the decodes (verifying, emitting), lately
+        self.planning = 0.0  # seconds a planned round spends planning and looking up, lately (a rest's rounds do not)
         self.switch = 0.0  # seconds a target decode of the other kind than the last costs over a warm one, lately
         self.depth = 0  # tokens in the caches this round (both models hold about as many)
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
@@ -274,6 +275,10 @@ class Costs:
         weight = 1 - (1 - ROUND) ** count
         self.host = max(seconds, 0.0) if self.host == 0 else ema(self.host, max(seconds, 0.0), weight)
 
+    def observe_planning(self, seconds: float) -> None:
+        """A planned round that drafted nothing spent ``seconds`` in its drafter: planning, looking up."""
+        self.planning = max(seconds, 0.0) if self.planning == 0 else ema(self.planning, max(seconds, 0.0), ROUND)
+
     def drafted(self, drafting: bool) -> None:
         """Whether the draft model decoded in this round: its decodes in the next one teach then."""
         self._draft_warm = drafting
@@ -322,7 +327,7 @@ class Costs:
                 "target_scale": round(self.target_scale, 3),
                 "batch_scale": round(self.batch_scale, 3) if self.batch_scale is not None else None,
                 "draft_scale": round(self.draft_scale, 3),
-                "host_ms": round(self.host * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
+                "host_ms": round(self.host * 1e3, 3), "planning_ms": round(self.planning * 1e3, 3), "switch_ms": round(self.switch * 1e3, 3),
                 "cached": self.cached, "prior": self.prior, "measured": self.measured, "disagrees": self.disagrees,
                 "draft_checked": self.draft_checked,
                 "rollbacks": self.rollbacks.as_dict() if self.rollbacks is not None else None}
@@ -366,24 +371,6 @@ def _blend(scale: float, ratio: float) -> float:
     holds the scale itself: one held within 0.2-5 of the curve crept up a tenth a decode after a
     contradicted curve's check set it to 0.022, to 9x the live cost."""
     return ema(scale, min(max(ratio, 0.5 * scale), 2.0 * scale), ROUND)
-
-
-def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,
-                auto: bool) -> str | None:
-    """One line when a generation ran slower than the target alone would here (measured costs),
-    saying why (draft cost and verification cost against one target decode) and what to try;
-    None when it did not."""
-    single = costs.host + costs.target(1)
-    alone = 1.0 / single
-    if tokens_per_second <= 0 or tokens_per_second >= 0.95 * alone or mean_drafted <= 0:
-        return None
-    rows = max(int(round(mean_drafted)) + 1, 2)
-    advice = ("k auto was still exploring whether drafting pays on this text" if auto else
-              "try --k auto (it drafts only where that pays)") + ", or --mode target"
-    return (f"{tokens_per_second:.1f} tok/s is slower than the target alone would be here (~{alone:.1f} tok/s): "
-            f"a drafted token costs {costs.draft(1) / single:.2f} of a target decode and verifying {rows} rows "
-            f"costs {costs.target(rows) / costs.target(1):.1f} decodes, for {mean_accepted:.2f} tokens per round; "
-            f"{advice}")
 
 
 def format_curve(costs: Costs, depth: int = 0) -> str:

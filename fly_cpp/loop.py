@@ -154,10 +154,11 @@ class _Loop:
         draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
         # rounds the drafter leaves to the target alone, of those it would be asked about
         alone = min(draft.alone, room - 1, budget)
-        if self.runs is not None and drafter is not None and alone > 1 and not draft.tokens and not prompt_left:
-            # decoded as one run, as target-only decodes (the last token's round stays a round)
+        last = limit <= 0 and window.pending is None  # nothing may be drafted: the text's last token
+        if self.runs is not None and drafter is not None and (alone > 1 or last) and not draft.tokens and not prompt_left:
+            # decoded as one run, as target-only decodes
             t1, before = perf_counter(), len(committed)
-            decoding = self.runs.run(committed, out, alone)
+            decoding = self.runs.run(committed, out, max(alone, 1))
             self.stats.draft_seconds += t1 - t0
             drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, perf_counter() - t0, 1,
                                   len(committed) - before))

@@ -36,6 +36,7 @@ class PacedDrafter:
         index = inner.index  # the drafter's own, over the same text: indexed once
         self.index = index if index.max_n == ngram_max else ngram.Index(ngram_max)
         self.kind = "target"  # this round's plan
+        self.planned = False  # this round's plan was made (not a round of a rest, nor one nothing may be drafted in)
         self.last_kind = "target"  # the last round's plan, once it is over
         self.confidences: list[float | None] = []
         # a round's draft, where it starts and the token trimming left out with its confidence:
@@ -54,7 +55,7 @@ class PacedDrafter:
         the target was unsure, drafting or not, so there the draft needs the prompt anyway
         (caught up inside the first ask it cost the Q4_K_M pair a third of its speed)."""
         loosens = self.model is not None and self.model.spec.policy().loosens
-        if loosens or not self.pacer.lost_long():
+        if loosens or not (self.pacer.lost_long() or self.pacer.rest > 0):  # a rest goes on into this text
             self.inner.begin(prompt)
 
     def candidate(self, committed: Sequence[int]) -> int | None:
@@ -79,6 +80,7 @@ class PacedDrafter:
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
                                        lookup if self.use_ngram else lambda: (0, 0), model is not None, self.use_ngram)
+        self.planned = self.pacer.planned
         if need > 0 and model is not None and self.kind not in DRAFTS:
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind == "steady":
@@ -196,8 +198,13 @@ class PacedDrafter:
             warm = costs.observe_target(report.decoded_rows, report.target_seconds / rounds, rounds)
             costs.drafted(self.kind in DRAFTS and self.model is not None)
             costs.observe_host((report.round_seconds - report.draft_seconds - report.target_seconds) / rounds, rounds)
+            if rounds == 1 and self.planned and self.kind not in DRAFTS:
+                # its drafter's time was planning and looking up: what every planned round costs
+                # more than a rest's (the bundled pair: ~0.3 ms beside a 0.3 ms decode)
+                costs.observe_planning(report.draft_seconds)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
         self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm, rounds)
         self._learn_left_out(written)
         self._learn_guess(written)
         self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone
+        self.planned = False

@@ -39,6 +39,7 @@ class Pacer:
         self.evidence = evidence if evidence is not None else Evidence()
         self.belief = Belief(self.evidence, seed)
         self.rest = 0  # rounds left to decode with the target alone without planning
+        self.planned = False  # this round's plan was made (not a round of a rest)
         self.matched = 0  # the length of the n-gram match the planned guess continues
         self.plans = {"target": 0, "ngram": 0, "draft": 0, "explore": 0, "steady": 0}
         self.width: int | None = None  # with ``steady``: the generation's draft length (None: not chosen yet)
@@ -99,7 +100,8 @@ class Pacer:
         """This round's plan: (kind, tokens), ``fly_cpp.planner.Plan``'s. ``lag()``: tokens the
         draft model must catch up on; ``guess()``: the length of the n-gram guess and of the
         match it continues (asked unless the round rests); ``guesses``: n-gram guesses are looked up."""
-        if limit <= 0 or self.rest > 0:
+        self.planned = not (limit <= 0 or self.rest > 0)
+        if not self.planned:
             self.rest = max(self.rest - 1, 0)
             return self._chose("target", 0)
         width = 0

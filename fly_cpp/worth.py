@@ -44,8 +44,27 @@ def kept(accepts: Iterable[float], expected: float = 1.0, chance: float = 1.0) -
 
 
 def alone(costs: Costs) -> float:
-    """Tokens per second of a plain target decode (host time included), now."""
+    """Tokens per second of a plain target decode (host time included), now: as a rest decodes
+    it, unplanned (``Costs.planning`` is what a planned round costs more)."""
     return 1.0 / (costs.host + costs.target(1))
+
+
+def slower_note(tokens_per_second: float, mean_drafted: float, mean_accepted: float, costs: Costs,
+                auto: bool) -> str | None:
+    """One line when a generation ran slower than the target alone would here (measured costs),
+    saying why (draft cost and verification cost against one target decode) and what to try;
+    None when it did not."""
+    rate = alone(costs)
+    single = 1.0 / rate
+    if tokens_per_second <= 0 or tokens_per_second >= 0.95 * rate or mean_drafted <= 0:
+        return None
+    rows = max(int(round(mean_drafted)) + 1, 2)
+    advice = ("k auto was still exploring whether drafting pays on this text" if auto else
+              "try --k auto (it drafts only where that pays)") + ", or --mode target"
+    return (f"{tokens_per_second:.1f} tok/s is slower than the target alone would be here (~{rate:.1f} tok/s): "
+            f"a drafted token costs {costs.draft(1) / single:.2f} of a target decode and verifying {rows} rows "
+            f"costs {costs.target(rows) / costs.target(1):.1f} decodes, for {mean_accepted:.2f} tokens per round; "
+            f"{advice}")
 
 
 def together(costs: Costs, accept: float, slots: int, h_max: int) -> int:
@@ -88,7 +107,7 @@ def rates(costs: Costs, accepts: Iterable[float], first: float, step: float, lea
     probability ``accepts[i]`` given the earlier ones were: the first draft step costs ``first``
     (yielding the ``lead`` tokens before its own), later ones ``step``, and one target decode of
     h+1 rows verifies them (``best`` has the whole price)."""
-    host, target, entering = costs.host, costs.target, costs.entering()
+    host, target, entering = costs.host + costs.planning, costs.target, costs.entering()
     for h, expected in enumerate(kept(accepts), start=1):
         steps = max(h - lead - 1, 0)
         yield h, expected / (host + entering + first + steps * step + target(h + 1) + costs.rollback(h, accept))

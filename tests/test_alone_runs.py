@@ -142,7 +142,8 @@ def test_the_draft_model_catches_up_after_a_run(pair, runs):
 def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
     """A pair where drafting lost to the target alone over a long run rests: its draft model's
     cache is not brought to the prompt before the rounds (work for nothing, and on a small CPU
-    it evicts the target from the caches); where drafting pays it is."""
+    it evicts the target from the caches), nor where a rest goes on into the text (no round
+    drafts before it ends: the first that does catches up); where drafting pays it is."""
     e = pair
     fresh_pacer(e, PAYS)
     pacer = e.drafter(SPD).pacer  # type: ignore[attr-defined]
@@ -151,7 +152,10 @@ def test_the_draft_prompt_waits_where_drafting_lost_over_a_long_run(pair, runs):
     got = e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=40, cache_prompt=False).run()
     assert got.stats.n_drafted == 0 and len(e.draft_ctx.tokens) == 0
     prompt = len(e.target_model.tokenize(PROMPTS[1])) - 1
-    pacer.evidence.drafted_long.sums = [100.0, 1.0, 40.0]
+    pacer.evidence.drafted_long.sums, pacer.rest = [100.0, 1.0, 40.0], 10_000
+    e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=40, cache_prompt=False).run()
+    assert len(e.draft_ctx.tokens) == 0  # the rest went on
+    pacer.rest = 0
     e.generate(PROMPTS[1], spec=SPD, sampling=GREEDY, max_tokens=40, cache_prompt=False).run()
     assert len(e.draft_ctx.tokens) >= prompt
     # a loosening rule asks the draft model for its token where the target was unsure: it needs the prompt

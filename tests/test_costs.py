@@ -14,7 +14,8 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.calibrate import calibrate, measure, measure_deep
 from fly_cpp.costcache import cache_key, cache_path
-from fly_cpp.costs import Costs, Curve, format_curve, slower_note
+from fly_cpp.costs import Costs, Curve, format_curve
+from fly_cpp.worth import slower_note
 
 MS = 1e-3
 
