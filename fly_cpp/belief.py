@@ -27,10 +27,13 @@ confidence says little on one text, a lot on another); what the rounds realized 
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from fly_cpp.decayed import ROUND, ema
 from fly_cpp.evidence import MEMORY, PRIOR, Evidence
@@ -73,19 +76,26 @@ class Draw:
     record: tuple[float, float, float]  # speculating rounds against their forecasts, as aged now
     guessed: tuple[float, float, float]  # the surest match length's guesses: hits, trials, prior mean
 
-    def after(self, rounds: int) -> tuple[float, float, float]:
-        """The drawn acceptance's (mean, standard deviation) and the correction after ``rounds``
-        more rounds without drafting."""
-        return self._aged(self.hits, self.trials, self.prior, rounds)
+    def aged(self, most: int, guesses: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The drawn acceptance's mean and standard deviation (the draft's, or the surest n-gram
+        guesses'), and the correction, after each of 1 .. ``most`` - 1 more rounds without
+        drafting (or looking up): their evidence aged by ``AGE`` a round, as arrays."""
+        hits, trials, prior = self.guessed if guesses else (self.hits, self.trials, self.prior)
+        s = _ages(most)
+        weighed = trials * s + PRIOR
+        mean = (hits * s + PRIOR * prior) / weighed
+        sd = np.sqrt(np.maximum(mean * (1 - mean), 0.0) / (weighed + 1))
+        forecast, seconds, n = self.record
+        if n <= 0 or seconds <= 0:
+            return mean, sd, np.ones_like(s)
+        pseudo = CORRECTION_PRIOR * (seconds / n)
+        return mean, sd, (s * forecast + pseudo) / (s * seconds + pseudo)
 
-    def guess_after(self, rounds: int) -> tuple[float, float, float]:
-        """The same for n-gram guesses, their evidence aged by ``rounds`` rounds without a lookup."""
-        return self._aged(*self.guessed, rounds)
 
-    def _aged(self, hits: float, trials: float, prior: float, rounds: int) -> tuple[float, float, float]:
-        s = AGE ** rounds
-        mean, variance = _posterior(hits * s, trials * s, prior)
-        return mean, math.sqrt(variance), _correction(self.record, s)
+@functools.cache
+def _ages(most: int) -> np.ndarray:
+    """AGE ** r for r = 1 .. most - 1 (as Python's power computes each)."""
+    return np.array([AGE ** r for r in range(1, most)])
 
 
 def _correction(record: Sequence[float], s: float = 1.0) -> float:

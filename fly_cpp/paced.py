@@ -9,7 +9,7 @@ token trimming left out and an n-gram guess it looked up but did not verify are 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from time import perf_counter
+from time import perf_counter, thread_time
 
 from fly_cpp import ngram
 from fly_cpp.draft_model import ModelDrafter, cut_at_end
@@ -26,10 +26,15 @@ class PacedDrafter:
     verifying."""
 
     def __init__(self, inner: ModelDrafter | MtpDrafter | NgramDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
-                 use_ngram: bool, now: Callable[[], float] = perf_counter) -> None:
+                 use_ngram: bool, now: Callable[[], float] = perf_counter,
+                 cpu: Callable[[], float] = thread_time) -> None:
         """One per generation; the pacer carries over from one to the next. ``now``: the clock
-        draft steps are timed by (a replay's simulated one)."""
-        self.inner, self.pacer, self.now = inner, pacer, now
+        draft steps are timed by (a replay's simulated one); ``cpu``: the one planning is timed by
+        (this thread's CPU time: a server's other threads hold the interpreter at times, and a
+        plan timed by the wall clock then cost a stall that was not its own, ~2 ms, priced into
+        every drafting round after it)."""
+        self.inner, self.pacer, self.now, self.cpu = inner, pacer, now, cpu
+        self._planning = 0.0  # this round's planning and lookup, where it drafted nothing
         pacer.begin()
         self.model = inner if isinstance(inner, (ModelDrafter, MtpDrafter)) else None
         self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
@@ -78,15 +83,18 @@ class PacedDrafter:
 
         model = self.model
         self.pacer.costs.at(len(committed))  # what this round's decodes cost depends on the context they attend over
+        t0 = self.cpu()  # (the costs are loaded on first use, above: not a plan's work)
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
                                        lookup if self.use_ngram else lambda: (0, 0), model is not None, self.use_ngram)
-        self.planned = self.pacer.planned
+        self.planned = self.pacer.planned and self.pacer.rest == 0  # one that plans a rest prices it once for its rounds
         if need > 0 and model is not None and self.kind not in DRAFTS:
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind == "steady":
             n = max(n, min(need, limit))
         if self.kind != "ngram" and guess:
             self._guessed = (len(committed), guess, matched)
+        if self.kind not in DRAFTS or model is None:
+            self._planning = self.cpu() - t0
         if self.kind == "ngram":
             out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
             self.confidences = [None] * len(out)
@@ -199,9 +207,8 @@ class PacedDrafter:
             costs.drafted(self.kind in DRAFTS and self.model is not None)
             costs.observe_host((report.round_seconds - report.draft_seconds - report.target_seconds) / rounds, rounds)
             if rounds == 1 and self.planned and self.kind not in DRAFTS:
-                # its drafter's time was planning and looking up: what every planned round costs
-                # more than a rest's (the bundled pair: ~0.3 ms beside a 0.3 ms decode)
-                costs.observe_planning(report.draft_seconds)
+                # what every planned round costs more than a rest's (the bundled pair: ~0.3 ms beside a 0.3 ms decode)
+                costs.observe_planning(self._planning)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
         self.pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm, rounds)
         self._learn_left_out(written)

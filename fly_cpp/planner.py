@@ -19,9 +19,10 @@ it is ample and fresh it seldom is. The plans:
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from fly_cpp import worth
 from fly_cpp.belief import AGE, UNCHECKED_SPREAD, Draw
@@ -33,6 +34,7 @@ GRID = 4 * BINS
 # the longest rest planned at once: ten spans of the evidence's memory, past which a draw is the
 # prior's (a generation's own end, the loop's budget, usually comes first)
 REST_MAX = round(10 / (1 - AGE))
+_ERF = np.frompyfunc(math.erf, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
     would go on planning the target alone, sampled at once (``Draw.u``), and whether the round
     after them drafts (its draw of the draft, not of a guess, ended the rest: a guess is looked
     up in any planned round, and that teaches it). Each round without a draft or a lookup ages
-    their evidence (``Draw.after``), so a draw that tries one comes with a chance that grows
+    their evidence (``Draw.aged``), so a draw that tries one comes with a chance that grows
     round by round; what could not pay even if always right never does (REST_MAX)."""
     if lim.shared or draw.spread >= UNCHECKED_SPREAD:  # an unchecked draft price is drawn anew every round
         return 0, False
@@ -115,20 +117,21 @@ def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
     if lim.has_draft and worth.best(costs, draw.mean, lim.limit, step, step, floor=alone / draw.correction)[1]:
         return 0, False  # a draw of the prices chose the target alone: it is tried, then plans resume
     # each kind's rate by its acceptance (GRID steps, nondecreasing): a round tries it where its
-    # rate x the correction beats the target alone
-    kinds = [(draw.guess_after, [worth.best(costs, i / GRID, lim.limit, 0.0, 0.0)[0] for i in range(GRID + 1)])] \
-        if lim.guesses else []
+    # rate x the correction beats the target alone; every round of the rest at once (``Draw.aged``)
+    grid = [i / GRID for i in range(GRID + 1)]
+    kinds = [(True, worth.tops(costs, grid, lim.limit, 0.0, 0.0))] if lim.guesses else []
     if lim.has_draft:
-        kinds.append((draw.after, [worth.best(costs, i / GRID, lim.limit, step, step)[0] for i in range(GRID + 1)]))
-    still = 1.0  # the chance that every draw up to round r plans the target alone
-    for r in range(1, REST_MAX):
-        chances = []  # each kind's chance of being tried in round r
-        for after, rates in kinds:
-            mean, sd, correction = after(r)
-            pays = bisect.bisect_right(rates, alone / correction * (1 + 1e-9))  # the first acceptance that pays
-            chances.append(0.5 * (1 - math.erf((pays / GRID - mean) / (max(sd, 1e-9) * math.sqrt(2)))) if pays <= GRID else 0.0)
-        for chance in chances:
-            still *= 1 - chance
-        if still < draw.u:
-            return r - 1, lim.has_draft and chances[-1] >= chances[0]
+        kinds.append((False, worth.tops(costs, grid, lim.limit, step, step)))
+    chances = []  # each kind's chance of being tried in each round
+    for guesses, rates in kinds:
+        mean, sd, correction = draw.aged(REST_MAX, guesses)
+        pays = np.searchsorted(rates, alone / correction * (1 + 1e-9), side="right")  # the first acceptance that pays
+        tail = _ERF((pays / GRID - mean) / (np.maximum(sd, 1e-9) * math.sqrt(2))).astype(np.float64)
+        chances.append(np.where(pays <= GRID, 0.5 * (1 - tail), 0.0))
+    # the chance that every draw up to round r plans the target alone, multiplied in the rounds' order
+    still = np.cumprod(1 - np.stack(chances, axis=1).ravel())[len(chances) - 1::len(chances)] if chances else None
+    below = np.flatnonzero(still < draw.u) if still is not None else ()
+    if len(below):
+        r = int(below[0])
+        return r, bool(lim.has_draft and chances[-1][r] >= chances[0][r])
     return REST_MAX, False

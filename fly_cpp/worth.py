@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from fly_cpp.costs import Costs
 
 # FLy's loosening under k auto with a draft model is priced (``loosening``) and kept only where its
@@ -99,6 +101,21 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
         if rate > top:
             top, top_h = rate, h
     return top, top_h
+
+
+def tops(costs: Costs, accepts: Sequence[float], h_max: int, first: float, step: float) -> np.ndarray:
+    """``best``'s rate at each of ``accepts`` (a steady acceptance each), at once: the prices of
+    h = 1 .. h_max found once, the tokens expected of each by acceptance as one array (the same
+    sums in the same order as ``rates``: the same numbers to the digit)."""
+    a = np.asarray(accepts, dtype=np.float64)
+    if h_max <= 0:
+        return np.full(len(a), alone(costs))
+    host, target, entering = costs.host + costs.planning, costs.target, costs.entering()
+    chances = np.cumprod(np.repeat(a[:, None], h_max, axis=1), axis=1)
+    expected = np.cumsum(np.concatenate([np.ones((len(a), 1)), chances], axis=1), axis=1)[:, 1:]
+    prices = np.array([[host + entering + first + max(h - 1, 0) * step + target(h + 1) + costs.rollback(h, accept)
+                        for h in range(1, h_max + 1)] for accept in (a if costs.rollbacks is not None else a[:1])])
+    return np.maximum((expected / prices).max(axis=1), alone(costs))
 
 
 def rates(costs: Costs, accepts: Iterable[float], first: float, step: float, lead: int,

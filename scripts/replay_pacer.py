@@ -265,7 +265,8 @@ def drafter_for(how: dict, trace: Trace, clock: Clock, pacer: Pacer | None) -> t
         checks = worth.guess_length(clock.costs, AGREE_PRIOR, spec.ngram_tokens, 0) if spec.ngram else None
         return (ModelDrafter(model, spec, checks) if model is not None else NgramDrafter(spec)), None
     inner = ModelDrafter(model, spec) if model is not None else NgramDrafter(spec)
-    return PacedDrafter(inner, pacer, DEFAULTS.ngram_max, DEFAULTS.ngram_tokens, use_ngram=True, now=clock.now), None
+    return PacedDrafter(inner, pacer, DEFAULTS.ngram_max, DEFAULTS.ngram_tokens, use_ngram=True, now=clock.now,
+                        cpu=clock.now), None
 
 
 def policies(names: list[str]) -> list[tuple[str, dict]]:

@@ -106,7 +106,8 @@ def generation(p: Pacer) -> Generation:
     model = _DRAFT[0]
     ctx = Context(model, n_ctx=N_CTX, n_threads=1)
     inner = ModelDrafter(DraftModel(ctx, model.n_vocab), SpecSettings(ngram=False))
-    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=Clock(ctx, p.costs))
+    clock = Clock(ctx, p.costs)
+    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=clock, cpu=clock)
     prompt = model.tokenize(PROMPT)
     drafter.begin(prompt)
     gen = Generation(drafter, inner, list(prompt), len(prompt))
@@ -220,7 +221,8 @@ def test_a_cached_draft_curve_too_dear_for_any_exploration_is_checked_and_drafti
     model = _DRAFT[0]
     ctx = Context(model, n_ctx=N_CTX, n_threads=1)
     inner = ModelDrafter(DraftModel(ctx, model.n_vocab), SpecSettings(ngram=False))
-    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=Clock(ctx, CPU_F16))  # live steps: the true curve
+    clock = Clock(ctx, CPU_F16)  # live steps: the true curve
+    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=clock, cpu=clock)
     prompt = model.tokenize(PROMPT)
     drafter.begin(prompt)
     _GENERATIONS[id(p)] = (p, Generation(drafter, inner, list(prompt), len(prompt)))
