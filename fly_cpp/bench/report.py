@@ -144,8 +144,10 @@ def slower_reason(row: dict[str, Any], target: dict[str, Any]) -> str:
     verify = row["target_ms_per_round"]
     return (f"A round spent {row['draft_ms_per_round']:.1f} ms drafting ({per_draft / t1:.2f} of a target "
             f"token per drafted token) and {verify:.1f} ms verifying {drafted + 1:.1f} rows "
-            f"({verify / t1:.1f} target tokens) for {row['mean_accepted']:.2f} tokens. Try k auto "
-            "(it drafts only where that pays), a cheaper draft, or the target alone.")
+            f"({verify / t1:.1f} target tokens) for {row['mean_accepted']:.2f} tokens. "
+            + ("k auto was trying whether drafting pays on these texts: more tokens let it settle; a cheaper "
+               "draft, or the target alone (--mode target)." if row.get("k") == "auto" else
+               "Try k auto (it drafts only where that pays), a cheaper draft, or the target alone."))
 
 
 def markdown(result: dict[str, Any]) -> str:
