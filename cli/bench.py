@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from fly_cpp.bench.modes import VARIANTS
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import DraftLengths, NumberList, field_aliases, max_tokens_option, pick, settings_options
+
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.bench.modes import VARIANTS
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.errors import FlyError
 
 
 @click.command()

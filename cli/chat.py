@@ -24,15 +24,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-
-from fly_cpp.api import Fly
-from fly_cpp.chat_format import BUILTIN, is_builtin
 from fly_cpp.cli.models_opt import model_options, open_engine, template_fallback
 from fly_cpp.cli.options import max_tokens_option, pick, settings_options
+
+from fly_cpp.api.chat_format import BUILTIN, is_builtin
+from fly_cpp.api.fly import Fly
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
-from fly_cpp.generation import Generation
-from fly_cpp.errors import FlyError
-from fly_cpp.step import Stats, Step, plural
+from fly_cpp.engine.generation import Generation
+from fly_cpp.rounds.step import Stats, Step, plural
 
 HELP = """commands:
   /reset            forget the conversation (the system prompt stays)

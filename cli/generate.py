@@ -7,11 +7,11 @@ import sys
 from typing import Any
 
 import click
-
-from fly_cpp.cli.options import constraint_files, max_tokens_option, pick, read_constraint_files, settings_options
 from fly_cpp.cli.models_opt import model_options, open_engine
+from fly_cpp.cli.options import constraint_files, max_tokens_option, pick, read_constraint_files, settings_options
+
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.errors import FlyError
 
 
 @click.command()

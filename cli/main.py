@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from fly_cpp import rpc
-from fly_cpp.errors import FlyError, UsageError
+from fly_cpp.backend import rpc
+from fly_cpp.basics.errors import FlyError, UsageError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -46,7 +46,7 @@ def _fail(message: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
     if rpc.lost():
-        # threads are parked inside llama.cpp for good (see fly_cpp.rpc): leave without the
+        # threads are parked inside llama.cpp for good (see fly_cpp.backend.rpc): leave without the
         # interpreter's teardown, which could wait on them or free what they hold
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -90,9 +90,10 @@ def _list_local(heading: str, files: list[Any]) -> None:
 def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ctx: int, n_threads: int,
           n_gpu_layers: int) -> None:
     """Check that DRAFT can draft for TARGET (vocabulary rules) and print their greedy agreement."""
-    from fly_cpp.backend.model import Model
     from fly_cpp.models import measure
-    from fly_cpp.vocab import check_compatible
+
+    from fly_cpp.backend.model import Model
+    from fly_cpp.engine.vocab import check_compatible
 
     with Model(target, n_gpu_layers=n_gpu_layers) as t, Model(draft, n_gpu_layers=n_gpu_layers) as d:
         check_compatible(t, d)
@@ -114,7 +115,7 @@ def check(target: str, draft: str, n_tokens: int, prompts: tuple[str, ...], n_ct
 def _hybrid_line(model: Any, n_threads: int) -> None:
     """How a recurrent or hybrid model's cache goes back, by the way fly-cpp picks, and what each way costs."""
     from fly_cpp.config import cpu_cores
-    from fly_cpp.rollback_costs import cheaper, measure_rollbacks
+    from fly_cpp.kauto.rollback_costs import cheaper, measure_rollbacks
 
     ways = measure_rollbacks(model, n_threads or cpu_cores())
     click.echo(f"    hybrid: rollback by {cheaper(ways)} (measured here)")

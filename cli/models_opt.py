@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-
-from fly_cpp.api import Fly
 from fly_cpp.cli.options import pick, settings_options
+
+from fly_cpp.api.fly import Fly
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import ModelSettings
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
+from fly_cpp.engine.engine import Engine
 
 DRAFT_FIELDS = ("n_threads", "n_gpu_layers", "main_gpu", "type_k", "type_v", "rollback")
 
@@ -88,7 +88,7 @@ def open_engine(options: dict[str, Any], max_draft: int = 0) -> Engine:
 def loading_note(target: ModelSettings, draft: ModelSettings | None) -> None:
     """One line on stderr naming the models being loaded, where they are large enough to keep a
     user waiting (``LOADING_NOTE_BYTES``)."""
-    from fly_cpp.fit import size_text
+    from fly_cpp.backend.fit import size_text
 
     models = [m for m in (target, draft) if m is not None]
     sizes = [os.path.getsize(m.path) if os.path.isfile(m.path) else 0 for m in models]
@@ -102,7 +102,7 @@ def template_fallback(fly: Fly, chat_format: str | None) -> Fly:
     """``fly`` with llama.cpp's fallback where its model has no chat template and none was
     given: ChatML, as llama-cli and llama-server use (the Python API keeps ``plain``), so that
     ``chat`` and ``serve`` render a conversation alike."""
-    from fly_cpp.chat_format import builtin
+    from fly_cpp.api.chat_format import builtin
 
     if chat_format is None and fly.chat_format.name == "plain":
         fly.chat_format = builtin("chatml", bos_token=fly.info.bos_text, eos_token=fly.info.eos_text)

@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import AUTO, CACHE_TYPES, DRAWS, FLASH_ATTN, FLY_RULES, MODES, ROLLBACK, SPLIT_MODES, STEADY
-from fly_cpp.errors import FlyError
 
 _CHOICES = {"mode": MODES, "split_mode": SPLIT_MODES, "type_k": CACHE_TYPES, "type_v": CACHE_TYPES,
             "flash_attn": FLASH_ATTN, "fly_rule": FLY_RULES, "steady_batches": STEADY, "rollback": ROLLBACK, "draw": DRAWS}

@@ -6,12 +6,13 @@ import json
 from typing import Any
 
 import click
-
-from fly_cpp import hostbench, native
-from fly_cpp.costs import format_curve
 from fly_cpp.cli.models_opt import model_options, open_engine
 from fly_cpp.cli.options import pick, settings_options
+
+from fly_cpp.backend import native
+from fly_cpp.bench import hostbench
 from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.kauto.costs import format_curve
 
 
 def _ints(value: str) -> tuple[int, ...]:

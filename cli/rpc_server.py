@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 WARNING = ("llama.cpp's RPC protocol has no authentication: anyone who can reach {where} can use this "
            "machine's memory and compute. Bind rpc-servers to trusted networks only.")
@@ -33,7 +33,7 @@ def rpc_server(host: str, port: int, threads: int, cache: bool, trusted_network:
     """Serve this machine's GPUs (or its CPU) to other fly-cpp or llama.cpp processes, which
     put model layers here with --rpc HOST:PORT. Stop it with Ctrl-C.
     """
-    from fly_cpp import rpc
+    from fly_cpp.backend import rpc
     from fly_cpp.backend.lib import library
 
     where = f"{host}:{port}"

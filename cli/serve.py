@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-
-from fly_cpp.chat_format import BUILTIN, is_builtin
 from fly_cpp.cli.models_opt import model_options, model_settings, template_fallback
 from fly_cpp.cli.options import pick, settings_options
+
+from fly_cpp.api.chat_format import BUILTIN, is_builtin
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import AUTO, SamplingSettings, ServerSettings, SpecSettings
-from fly_cpp.errors import FlyError
 
 API_KEY_ENV = "FLY_CPP_API_KEY"
 
@@ -47,9 +47,9 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     """
     import uvicorn
 
-    from fly_cpp.api import Fly
-    from fly_cpp.engine import Engine
-    from fly_cpp.fit import auto_slots
+    from fly_cpp.api.fly import Fly
+    from fly_cpp.backend.fit import auto_slots
+    from fly_cpp.engine.engine import Engine
     from fly_cpp.server import create_app
     from fly_cpp.server.connections import limits, protocol
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import gguf
 import numpy as np
-
-from fly_cpp.errors import FlyError
 from fly_cpp.models import make
+
+from fly_cpp.basics.errors import FlyError
 
 PathLike = str | os.PathLike[str]
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-
-from fly_cpp.errors import FlyError
 from fly_cpp.models import make, measure
+
+from fly_cpp.basics.errors import FlyError
 
 PathLike = str | os.PathLike[str]
 

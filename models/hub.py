@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 REGISTRY = Path(__file__).resolve().parent / "pairs.toml"
 _TRUE = {"1", "on", "yes", "true"}

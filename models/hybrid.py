@@ -27,9 +27,9 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-
-from fly_cpp.errors import FlyError
 from fly_cpp.models import make
+
+from fly_cpp.basics.errors import FlyError
 
 PathLike = str | os.PathLike[str]
 SYNTHETIC_KEY = "fly_cpp.synthetic"

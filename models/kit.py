@@ -29,7 +29,7 @@
   first 4 layers as the draft (43 MB: the 152k-token head is most of it); ~75% greedy agreement.
   Memory-bound on a CPU as real hybrids are, for speed work.
 - ``qwen35-mtp`` (SYNTHETIC): ``qwen35-tiny``'s trunk with one MTP ("nextn") layer after it, the
-  layout of Qwen3.5/3.6 GGUFs that keep their MTP head, for MTP drafting (``fly_cpp.mtp``).
+  layout of Qwen3.5/3.6 GGUFs that keep their MTP head, for MTP drafting (``fly_cpp.drafters.mtp``).
 
 Pairs are built on demand into ``cache_root()/NAME`` (``$FLY_CPP_CACHE`` or
 ``~/.cache/fly-cpp/pairs``), deterministically from their recipe; a pair is rebuilt when its
@@ -45,8 +45,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fly_cpp.errors import FlyError
 from fly_cpp.models import bundled, convert, hybrid, make, pypi_parts, vocabs, widen
+
+from fly_cpp.basics.errors import FlyError
 
 PathLike = str | os.PathLike[str]
 SOURCE_REPO = "raincandy-u/TinyStories-656K"  # the hub copy of the tinystories-656k checkpoint

@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 
 from fly_cpp.backend.model import quantize  # noqa: F401  (re-exported: part of the kit)
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 PathLike = str | os.PathLike[str]
 _BLOCK = re.compile(r"^blk\.(\d+)\.")

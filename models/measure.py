@@ -19,7 +19,7 @@ import numpy as np
 
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.vocab import check_compatible
+from fly_cpp.engine.vocab import check_compatible
 
 PathLike = str | os.PathLike[str]
 

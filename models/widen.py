@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from fly_cpp.errors import FlyError
 from fly_cpp.models import convert
+
+from fly_cpp.basics.errors import FlyError
 
 PathLike = str | os.PathLike[str]
 _READ = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")

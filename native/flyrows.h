@@ -1,10 +1,10 @@
 /* fly-cpp native hot path: per-row reductions and sampling over llama.cpp logits rows.
  *
- * Plain C ABI, loaded from Python with ctypes (fly_cpp/native.py). Every function reads
+ * Plain C ABI, loaded from Python with ctypes (fly_cpp/backend/native.py). Every function reads
  * float32 rows in place: `x` points at row 0, row r starts at x + r * stride (stride in
  * floats, >= n), each row holds n contiguous logits. Nothing is copied, nothing is kept.
  *
- * The numpy functions in fly_cpp/rows.py and fly_cpp/sampling.py are the reference; these
+ * The numpy functions in fly_cpp/backend/rows.py and fly_cpp/backend/sampling.py are the reference; these
  * must agree with them (tests/test_native_parity.py). Rows must be NaN-free and hold at
  * least one finite value; -inf entries are allowed.
  */
@@ -49,7 +49,7 @@ FLY_API int fly_top_entropy(const float *x, int64_t rows, int64_t n, int64_t str
  * blocks take half the time of fly_top_entropy's sum on a 152k-token row. */
 FLY_API void fly_top_probability(const float *x, int64_t rows, int64_t n, int64_t stride, double *out);
 
-/* The sampling chain of fly_cpp.sampling.Sampler (top-k -> top-p -> min-p -> temperature) on
+/* The sampling chain of fly_cpp.backend.sampling.Sampler (top-k -> top-p -> min-p -> temperature) on
  * one row. Candidates are ordered by logit, descending, lowest id first on ties.
  * top_k <= 0 or >= n keeps all; top_p >= 1 and min_p <= 0 switch those steps off;
  * temperature must be > 0.
@@ -114,16 +114,16 @@ FLY_API int64_t fly_greedy_runs(void *decode, void *get_logits, void *ctx, fly_l
                                 int64_t cap, int32_t *out, int64_t *got, int32_t *status);
 
 /* ---- draft runs ----------------------------------------------------------------------------
- * A fixed-k round of greedy drafting with a draft model (fly_cpp.draft_model.ModelDrafter.draft,
+ * A fixed-k round of greedy drafting with a draft model (fly_cpp.drafters.draft_model.ModelDrafter.draft,
  * the reference) without returning to Python per drafted token. */
 
 /* llama_memory_seq_rm, passed in as llama_decode is. */
 typedef uint8_t (*fly_seq_rm_fn)(void *memory, int32_t seq, int32_t p0, int32_t p1);
 
-/* Longest n-gram looked up (fly_cpp.ngram.Index's max_n) that fly_draft_run handles. */
+/* Longest n-gram looked up (fly_cpp.drafters.ngram.Index's max_n) that fly_draft_run handles. */
 #define FLY_MAX_NGRAM 16
 
-/* fly_cpp.ngram.Index.match over the text t[0..size): the continuation (up to n_pred tokens) of
+/* fly_cpp.drafters.ngram.Index.match over the text t[0..size): the continuation (up to n_pred tokens) of
  * the earliest earlier occurrence of the text's longest suffix of n <= max_n tokens (max_n is
  * capped at FLY_MAX_NGRAM) seen before; returns its length (0: none), *start where it begins. */
 FLY_API int64_t fly_ngram_match(const int32_t *t, int64_t size, int32_t max_n, int64_t n_pred, int64_t *start);
@@ -150,7 +150,7 @@ typedef struct {
  * whatever the draft's confidence; a draft stops where the draft's top probability falls under
  * p_min (when > 0); `confident` (or p_min > 0): the top probability of each drafted token is
  * written to conf. ngram_max > 0: each step first looks up an n-gram guess (the earliest
- * continuation of the longest suffix of the text, as fly_cpp.ngram.Index.match, up to ngram_tokens
+ * continuation of the longest suffix of the text, as fly_cpp.drafters.ngram.Index.match, up to ngram_tokens
  * tokens) and checks it in the same decode. */
 typedef struct {
     int64_t limit;

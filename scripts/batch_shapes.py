@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a target decode costs by verification-batch width policy (``fly_cpp.shape``): the rows
+"""What a target decode costs by verification-batch width policy (``fly_cpp.rounds.shape``): the rows
 of k auto's rounds as they come (ragged) against padded to a steady width. Meant for a GPU,
 where a decode of a new shape costs more than a repeat; on a CPU every padded row costs its share.
 
@@ -21,7 +21,7 @@ import time
 
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.shape import Steady, padded
+from fly_cpp.rounds.shape import Steady, padded
 
 HISTOGRAM = {0: 23, 1: 213, 2: 99, 3: 73, 4: 42, 5: 57, 6: 104, 7: 132, 8: 11}  # draft length: rounds
 POLICIES = ("ragged", "steady4", "steady16", "steady64", "pow2", "fixed6", "fixed9")

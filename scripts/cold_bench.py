@@ -34,7 +34,7 @@ from pathlib import Path
 from fly_cpp.bench.datasets import mixed
 from fly_cpp.bench.modes import Mode, peer_modes
 from fly_cpp.bench.peer import Peer
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.models.sources import resolve
 
 DEFAULTS, FIRST_RUN, TARGET = "fly-cpp defaults", "fly-cpp defaults, first run", "fly-cpp target"  # built-in labels

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from fly_cpp.bench.peer import parse_completion
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 NAMES = ["Tom", "Sue", "Lily", "Ben", "Mia", "Max", "Anna", "Sam", "Tim", "Lucy"]
 THINGS = ["a big dog", "a red ball", "a little bird", "a shiny car", "a happy cat"]

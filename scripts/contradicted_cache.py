@@ -16,7 +16,7 @@ import os
 import tempfile
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.costs import Curve
+from fly_cpp.kauto.costs import Curve
 from fly_cpp.models import bundled
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     where = tempfile.mkdtemp(prefix="fly-contradicted-")
     os.environ["FLY_CPP_COSTS"] = os.path.join(where, "costs.json")  # read by the cache at each use
     os.environ["FLY_CPP_EVIDENCE"] = os.path.join(where, "evidence.json")
-    from fly_cpp.costcache import load, store
+    from fly_cpp.kauto.costcache import load, store
 
     def pair() -> tuple[ModelSettings, ModelSettings]:
         return (ModelSettings(str(bundled.TARGET), n_ctx=256, n_threads=1),

@@ -17,9 +17,10 @@ import argparse
 import statistics
 from time import thread_time
 
-from fly_cpp import Engine, ModelSettings, SpecSettings, native
+from fly_cpp import Engine, ModelSettings, SpecSettings
+from fly_cpp.backend import native
 from fly_cpp.backend.lib import ll
-from fly_cpp.draft_model import ModelDrafter
+from fly_cpp.drafters.draft_model import ModelDrafter
 
 PROMPT = "Tom and Sue went to the park. They saw a big dog"
 

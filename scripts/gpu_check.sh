@@ -80,7 +80,7 @@ bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved sin
     [[ " $* " == *" --modes "* ]] && modes=()
     [ "$pair" = big ] && fidelity=()  # the target's NLL of each mode's text (issue 52's bar on big)
     local known  # the pairs' loosening verdicts before this bench: the one it adds is this pair's
-    known=$(python3 -c 'from fly_cpp import jsoncache, loosening; print(" ".join(jsoncache.load(loosening.path())))')
+    known=$(python3 -c 'from fly_cpp.basics import jsoncache; from fly_cpp.kauto import loosening; print(" ".join(jsoncache.load(loosening.path())))')
     timeout 300 python3 -m fly_cpp.cli.main bench --pair "$pair" -ngl "$ngl" -ngld "$ngl" -t "$threads" \
         --dataset scripts/data/warm40.jsonl --limit "$limit" -n "${BENCH_N:-128}" --temperature 0 "${modes[@]}" --k auto \
         --llama-cpp-bin "$bin" "${fidelity[@]}" --no-plots -o "/tmp/bench-$pair" "$@" >"$out/bench-$pair.log" 2>&1 \
@@ -88,7 +88,7 @@ bench() {  # PAIR BIN OUT NGL THREADS LIMIT [bench options]: one interleaved sin
     cp "/tmp/bench-$pair/summary.md" "$out/summary-$pair.md"
     gzip -c "/tmp/bench-$pair/results.json" >"$out/results-$pair.json.gz"
     sed -n '/^| mode/,/^$/p' "/tmp/bench-$pair/summary.md"
-    KNOWN="$known" PAIR="$pair" python3 -c 'import os; from fly_cpp import jsoncache, loosening
+    KNOWN="$known" PAIR="$pair" python3 -c 'import os; from fly_cpp.basics import jsoncache; from fly_cpp.kauto import loosening
 known = os.environ["KNOWN"].split()
 for k, v in jsoncache.load(loosening.path()).items():
     if k not in known:
@@ -149,7 +149,7 @@ run)
     export PYTHONPATH=/tmp/site FLY_CPP_SHARED=$PWD/.dev/shared LD_LIBRARY_PATH=/tmp/b/bin:${LD_LIBRARY_PATH:-}
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUTDIR/pip.log" 2>&1 \
         || { tail -20 "$OUTDIR/pip.log"; exit 1; }
-    python3 -c "from fly_cpp.backend.lib import gpu_names; from fly_cpp import native; print(gpu_names(), native.status())"
+    python3 -c "from fly_cpp.backend.lib import gpu_names; from fly_cpp.backend import native; print(gpu_names(), native.status())"
     python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
     t tests
     # the host's row work a round at the synthetic pairs' vocabulary and at a real one (Qwen2.5's),

@@ -15,7 +15,7 @@ can be kept; its confidence there is taken from the same position). Policies the
 prompt against that trace, greedy and exact (loose accepts are not replayed):
 
 - ``target``: one plain decode per token;
-- ``auto``: the real ``fly_cpp.paced.PacedDrafter`` and ``fly_cpp.pacer.Pacer``, with the
+- ``auto``: the real ``fly_cpp.drafters.paced.PacedDrafter`` and ``fly_cpp.kauto.pacer.Pacer``, with the
   drafter's n-gram checks and catch-up rows, the pacer carried from prompt to prompt as in a bench;
 - ``spd@kN`` / ``spd-plain@kN``: N drafted tokens every round, with / without the drafter's n-gram
   checks; ``...pP`` stops a draft under probability P, as llama.cpp's ``--spec-draft-p-min``;
@@ -25,7 +25,7 @@ prompt against that trace, greedy and exact (loose accepts are not replayed):
 run needs no draft model): ``auto`` plans with no draft model, ``spd@kN`` guesses up to N tokens
 by lookup every round, as ``NgramDrafter`` does.
 
-The clock is the pair's calibrated curves (``fly_cpp.costs``, cached per machine) times the
+The clock is the pair's calibrated curves (``fly_cpp.kauto.costs``, cached per machine) times the
 ``--*-scale`` factors; the replayed tok/s of each policy the run also measured is printed beside
 the measured one, so that the scales can be set to make the replay keep the run's time.
 
@@ -50,21 +50,22 @@ from pathlib import Path
 
 import numpy as np
 
-from fly_cpp import rows, worth
+from fly_cpp.backend import rows
+from fly_cpp.kauto import worth
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.bench.summary import geomean
 from fly_cpp.config import ModelSettings, SpecSettings
-from fly_cpp.costs import Costs, Curve
-from fly_cpp.draft_model import ModelDrafter, Stepped
-from fly_cpp.drafters import Draft, Drafter, NgramDrafter, Report
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
-from fly_cpp.evidence import AGREE_PRIOR
-from fly_cpp.paced import PacedDrafter
-from fly_cpp.pacer import Pacer
-from fly_cpp.sampling import NO_BIAS
+from fly_cpp.kauto.costs import Costs, Curve
+from fly_cpp.drafters.draft_model import ModelDrafter, Stepped
+from fly_cpp.drafters.seam import Draft, Drafter, NgramDrafter, Report
+from fly_cpp.engine.engine import Engine
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.kauto.evidence import AGREE_PRIOR
+from fly_cpp.drafters.paced import PacedDrafter
+from fly_cpp.kauto.pacer import Pacer
+from fly_cpp.backend.sampling import NO_BIAS
 
 OFF = -1  # a drafted token off the target's path: never kept
 DEFAULTS = SpecSettings()  # k auto's longest draft and the drafter's n-gram lookup, as the engine runs them

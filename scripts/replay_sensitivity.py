@@ -26,7 +26,7 @@ rp = importlib.util.module_from_spec(_spec)
 sys.modules["replay_pacer"] = rp
 _spec.loader.exec_module(rp)  # type: ignore[union-attr]
 
-from fly_cpp import belief, costs, decayed, evidence, pacer, planner  # noqa: E402
+from fly_cpp.kauto import belief, costs, decayed, evidence, pacer, planner  # noqa: E402
 
 # constant -> the modules that read it by name (a module that imported it keeps its own binding)
 READERS = {"PRICE_SPREAD": [belief], "UNCHECKED_SPREAD": [belief], "CORRECTION_PRIOR": [belief],

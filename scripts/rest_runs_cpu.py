@@ -24,7 +24,7 @@ from time import thread_time
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
 from fly_cpp.bench import datasets
-from fly_cpp.runs import Runs
+from fly_cpp.rounds.runs import Runs
 
 
 @contextmanager

@@ -36,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from fly_cpp.bench.summary import geomean
-from fly_cpp.costs import Costs, Curve
+from fly_cpp.kauto.costs import Costs, Curve
 
 DRAFT_FIRST_ROWS = 2  # the first step of a round decodes the catch-up row beside its own
 

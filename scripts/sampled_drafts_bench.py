@@ -31,7 +31,7 @@ import numpy as np
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.bench.datasets import load
 from fly_cpp.bench.prompting import PromptRenderer
-from fly_cpp.sampling import Sampler
+from fly_cpp.backend.sampling import Sampler
 
 CHUNK = 16  # rows with logits per teacher-forced decode (the contexts' bound)
 

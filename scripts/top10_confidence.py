@@ -20,9 +20,9 @@ import numpy as np
 
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.errors import FlyError
-from fly_cpp.evidence import BINS
-from fly_cpp.rows import top_probability_numpy
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.kauto.evidence import BINS
+from fly_cpp.backend.rows import top_probability_numpy
 
 TOP = 10  # llama.cpp's draft sampler keeps this many on the device
 

@@ -45,7 +45,7 @@ SCHEMAS: list[dict[str, Any]] = [
     obj(note={"anyOf": [S, {"type": "null"}]}),
     obj(["a"], a=INT, b=INT),
     {"type": "array", "prefixItems": [INT, {"enum": ["x", "y"]}], "items": False},
-    # integers with bounds (enforced by fly_cpp.int_bounds: the converter ignores them)
+    # integers with bounds (enforced by fly_cpp.basics.int_bounds: the converter ignores them)
     obj(n=ints(1, 10)),
     obj(year=ints(1900, 2100)),
     obj(celsius=ints(-20, 45)),

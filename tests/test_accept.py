@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from fly_cpp.accept import AcceptPolicy, Facts, admitted, entropy_needed, judge, window_ok
+from fly_cpp.rounds.accept import AcceptPolicy, Facts, admitted, entropy_needed, judge, window_ok
 
 FLY = AcceptPolicy(window=6, entropy_threshold=0.3)
 HIGH, LOW = 1.0, 0.1  # entropies: gate open / gate closed

@@ -1,5 +1,5 @@
 """k auto's rounds left to the target alone (the pacer's rest, ``Draft.alone``) decode as one
-native run (``fly_cpp.runs``), not one Python round each: the same text as target-only greedy and
+native run (``fly_cpp.rounds.runs``), not one Python round each: the same text as target-only greedy and
 as the rounds one by one, every token streamed, stops and limits where they were, the pacer's
 plans and the stats as if each token had been a round, and the draft model caught up after.
 Real llama.cpp contexts on the bundled stories260K pair (and the kit's ``fast`` pair when built);
@@ -11,15 +11,16 @@ import copy
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, native
-from fly_cpp.costs import Costs, Curve
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.backend import native
+from fly_cpp.kauto.costs import Costs, Curve
 from fly_cpp.models import bundled
-from fly_cpp.runs import Runs
+from fly_cpp.rounds.runs import Runs
 
 pytestmark = pytest.mark.skipif(not native.has_greedy_run(), reason=f"no native greedy runs: {native.status()}")
 MS = 1e-3
 # a draft that costs more than it could save (the Q4_K_M pair's shape): k auto never drafts and
-# rests (``fly_cpp.planner``: the wait for a draw that could pay) between plans
+# rests (``fly_cpp.kauto.planner``: the wait for a draw that could pay) between plans
 NO_PAY = Costs(Curve((1, 2, 4, 6, 9, 16), (34 * MS, 58 * MS, 93 * MS, 133 * MS, 241 * MS, 271 * MS)),
                Curve((1, 2, 4, 8), (20 * MS, 30 * MS, 45 * MS, 80 * MS)))
 # verifying is nearly free and a draft step costs a thousandth of a decode: drafting pays

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fly_cpp import Fly
-from fly_cpp.generation import Generation
+from fly_cpp.engine.generation import Generation
 
 
 def _temperatures(llm: Fly, monkeypatch: pytest.MonkeyPatch) -> list[float]:

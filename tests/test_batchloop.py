@@ -1,5 +1,5 @@
-"""Slots (``Engine(n_seq=N)``, the engine's step loop ``fly_cpp.scheduler`` and
-``fly_cpp.batchloop``): several greedy generations at once, their rows sharing the target's
+"""Slots (``Engine(n_seq=N)``, the engine's step loop ``fly_cpp.engine.scheduler`` and
+``fly_cpp.engine.batchloop``): several greedy generations at once, their rows sharing the target's
 batches, return exactly what each returns alone. ``n_ubatch=1`` makes a row's numbers
 independent of what else is in its batch (docs/fly-rule.md)."""
 
@@ -15,9 +15,9 @@ import slot_runs
 from slot_runs import GREEDY
 
 from fly_cpp import Engine, ModelSettings, SpecSettings
-from fly_cpp.batchloop import LOAD_RUN, Throttled
-from fly_cpp.drafters import Draft
-from fly_cpp.errors import FlyError
+from fly_cpp.engine.batchloop import LOAD_RUN, Throttled
+from fly_cpp.drafters.seam import Draft
+from fly_cpp.basics.errors import FlyError
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because",
            "Sam liked to eat"]
@@ -367,7 +367,7 @@ def test_a_full_draft_cache_at_the_draft_s_prompt_ends_the_answer_cleanly(storie
     llama.cpp's decode fails there, ``decode_failed(.., 1)``.)"""
     from fly_cpp.backend.cache import decode_failed
     from fly_cpp.config import SamplingSettings
-    from fly_cpp.draft_model import DraftModel
+    from fly_cpp.drafters.draft_model import DraftModel
     greedy = SamplingSettings(temperature=0)
     with Engine(ModelSettings(str(stories), n_ctx=512, n_threads=1), ModelSettings(str(stories_draft), n_threads=1),
                 n_seq=2, kv_unified=True) as e:

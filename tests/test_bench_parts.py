@@ -13,7 +13,7 @@ from fly_cpp.backend.model import Model
 from fly_cpp.bench import checkers, datasets, fidelity, paired, report, summary
 from fly_cpp.bench.modes import parse_modes
 from fly_cpp.config import SpecSettings
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 HUMANEVAL_META = {
     "prompt": 'def add(a, b):\n    """Return a + b."""\n',

@@ -11,7 +11,7 @@ import pytest
 
 from fly_cpp.bench.peer import Peer, generated_text, parse_completion, parse_speculative
 from fly_cpp.cli.main import main
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.models import bundled
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp.chat_format import BUILTIN, ChatFormat, builtin, check_messages, continued, is_builtin, resolve
-from fly_cpp.errors import FlyError
+from fly_cpp.api.chat_format import BUILTIN, ChatFormat, builtin, check_messages, continued, is_builtin, resolve
+from fly_cpp.basics.errors import FlyError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]

@@ -186,7 +186,7 @@ def test_llama_cpp_habits_in_a_terminal(env, tmp_path):
 
 
 def test_interrupted_footer_counts_only_what_was_shown(stories, stories_draft, monkeypatch, capsys):
-    from fly_cpp.api import Fly
+    from fly_cpp.api.fly import Fly
     from fly_cpp.cli.chat import Session
 
     class Screen:

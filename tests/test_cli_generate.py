@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.models import make
-from fly_cpp.vocab import check_compatible
+from fly_cpp.engine.vocab import check_compatible
 
 from conftest import make_once
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from fly_cpp.accept import AcceptPolicy
+from fly_cpp.rounds.accept import AcceptPolicy
 from fly_cpp.config import MAX_THREADS, ModelSettings, SamplingSettings, ServerSettings, SpecSettings, max_threads
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 BAD = [
     (SamplingSettings, {"presence_penalty": math.nan}, "presence_penalty must be a finite number"),

@@ -1,4 +1,4 @@
-"""Grammar-constrained generation with speculation and FLy (``fly_cpp.constrain``), on the
+"""Grammar-constrained generation with speculation and FLy (``fly_cpp.rounds.constrain``), on the
 bundled stories260K pair: every emitted token, exact, loosely accepted, correction or bonus,
 greedy or sampled, is one the grammar allows."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.grammar import Grammar
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)*'
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because", "Mom said,"]

@@ -1,4 +1,4 @@
-"""Context shift (``fly_cpp.shift``, ``serve --context-shift``) and the full context without it,
+"""Context shift (``fly_cpp.rounds.shift``, ``serve --context-shift``) and the full context without it,
 on the bundled stories260K pair with a 64-token context: the text goes on past a full context,
 the speculative modes stay exact across shifts, and the server reports what llama-server does."""
 
@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from fly_cpp import Fly
 from fly_cpp.config import ModelSettings, ServerSettings
-from fly_cpp.engine import Engine
-from fly_cpp.request import Shift
+from fly_cpp.engine.engine import Engine
+from fly_cpp.rounds.request import Shift
 from fly_cpp.server import create_app
 
 PROMPT = "Once upon a time"

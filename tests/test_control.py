@@ -1,4 +1,4 @@
-"""k auto's face to the engine (``fly_cpp.control``) on real models: where the target is
+"""k auto's face to the engine (``fly_cpp.engine.control``) on real models: where the target is
 wholly on a GPU its rounds are steady. No GPU here: ``Control.on_gpu`` is told so, which is
 all the controller reads of where the layers went (``tests/test_gpu.py`` runs on one)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.control import Control
-from fly_cpp.costs import Costs, Curve
-from fly_cpp.engine import Engine
+from fly_cpp.engine.control import Control
+from fly_cpp.kauto.costs import Costs, Curve
+from fly_cpp.engine.engine import Engine
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park"]
 MS = 1e-3

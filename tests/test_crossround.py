@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fly_cpp.accept import Verdict
+from fly_cpp.rounds.accept import Verdict
 from fly_cpp.config import SpecSettings
-from fly_cpp.crossround import Window
+from fly_cpp.rounds.crossround import Window
 
 
 def window(**spec) -> Window:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, native, ngram
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.backend import native
+from fly_cpp.drafters import ngram
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
 from fly_cpp.models import bundled
 
 pytestmark = pytest.mark.skipif(not native.has_draft_run(), reason=f"no native draft runs: {native.status()}")

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings
-from fly_cpp import control as control_module
-from fly_cpp import native
+from fly_cpp.engine import control as control_module
+from fly_cpp.backend import native
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.costs import Costs, Curve
-from fly_cpp.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters import NgramDrafter, Report
-from fly_cpp.paced import PacedDrafter
-from fly_cpp.pacer import Pacer
+from fly_cpp.kauto.costs import Costs, Curve
+from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters.seam import NgramDrafter, Report
+from fly_cpp.drafters.paced import PacedDrafter
+from fly_cpp.kauto.pacer import Pacer
 
 GREEDY = SamplingSettings(temperature=0)
 

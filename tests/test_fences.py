@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fly_cpp.fences import Fences
+from fly_cpp.basics.fences import Fences
 
 PIECES = {0: b"Here:\n", 1: b"```", 2: b"python\n", 3: b"x = 1\n", 4: b"``", 5: b"`\n", 6: b"Done.", 7: b"````",
           9: b"prompt ```"}

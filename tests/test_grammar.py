@@ -9,7 +9,7 @@ import pytest
 
 from fly_cpp.backend.grammar import Grammar, json_schema_grammar
 from fly_cpp.backend.model import Model
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 WORDS = 'root ::= [a-z]+ (" " [a-z]+)*'
 
@@ -49,7 +49,7 @@ def test_bad_grammar_and_schema_are_one_line_errors(model):
 
 
 def test_constraint_cuts_drafts_and_follows_rollbacks(model):
-    from fly_cpp.constrain import Constraint
+    from fly_cpp.rounds.constrain import Constraint
 
     piece = {model.piece(t): t for t in range(model.n_vocab)}
     a, b, space, dot = piece[b"a"], piece[b"b"], piece[b" "], piece[b"."]

@@ -3,7 +3,7 @@ contexts over the synthetic qwen35-tiny pair (random weights, the real Qwen3.5 t
 
 A hybrid's recurrent state cannot drop its last tokens by itself: the context rolls it back
 with llama.cpp's snapshots (``n_rs_seq``) or with checkpoints of the state, restored and the
-kept tokens decoded again (``fly_cpp.rollback``). Whatever the way, the equivalences of the
+kept tokens decoded again (``fly_cpp.backend.rollback``). Whatever the way, the equivalences of the
 transformer pairs hold here too. Checkpoint runs use ``n_ubatch=1`` (every row computed as a
 one-token decode: exact); snapshots need a micro-batch that holds them (n_ubatch > 9), and this
 model's rows come out of a batch as they do alone, so those runs are exact too.
@@ -20,8 +20,8 @@ import pytest
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.errors import FlyError
-from fly_cpp.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.backend.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 WAYS = {SNAPSHOTS: {}, CHECKPOINTS: {"n_ubatch": 1}}
@@ -50,7 +50,7 @@ def target_tokens(engine: Engine, prompt: str, n: int = 48, **sampling) -> list[
 # -- the context's rollback -------------------------------------------------------------------
 
 def test_checkpoints_keep_a_ring_of_rounds_and_the_ends_of_prompts():
-    from fly_cpp.rollback import PINNED, RING, Checkpoint, Checkpoints
+    from fly_cpp.backend.rollback import PINNED, RING, Checkpoint, Checkpoints
 
     cps = Checkpoints()
     cps.add(Checkpoint(10, "prompt", pinned=True))
@@ -254,7 +254,7 @@ def test_a_state_that_cannot_go_back_is_refused_in_one_line(qwen35_pair, monkeyp
     target, draft = qwen35_pair
     monkeypatch.setattr(Context, "_rollback_kind", lambda self, recurrent: NONE if recurrent else KV)
     # a state that cannot go back has no way to pick: whatever an earlier test cached is not asked
-    monkeypatch.setattr("fly_cpp.loading.pick_rollback", lambda model, settings, threads: "auto")
+    monkeypatch.setattr("fly_cpp.engine.loading.pick_rollback", lambda model, settings, threads: "auto")
     with pytest.raises(FlyError, match="can neither roll back nor checkpoint") as e:
         Engine(ModelSettings(str(target), n_ctx=256), ModelSettings(str(draft), n_ctx=256))
     assert "\n" not in str(e.value)
@@ -267,10 +267,10 @@ def test_a_state_that_cannot_go_back_is_refused_in_one_line(qwen35_pair, monkeyp
 # -- what k auto knows about rollbacks ---------------------------------------------------------
 
 def test_k_auto_prices_a_rejection_on_a_recurrent_state():
-    from fly_cpp.costs import Costs, Curve
-    from fly_cpp.pacer import Pacer
-    from fly_cpp.rollback import Ledger
-    from fly_cpp.rollback_costs import Rollbacks
+    from fly_cpp.kauto.costs import Costs, Curve
+    from fly_cpp.kauto.pacer import Pacer
+    from fly_cpp.backend.rollback import Ledger
+    from fly_cpp.kauto.rollback_costs import Rollbacks
 
     ms = 1e-3
     ledger = Ledger(copies=1, copy_seconds=1 * ms, restores=1, restore_seconds=2 * ms)
@@ -289,7 +289,7 @@ def test_k_auto_prices_a_rejection_on_a_recurrent_state():
 
 
 def test_the_cheaper_way_is_measured_once_per_model(qwen35_pair, tmp_path, monkeypatch):
-    from fly_cpp import rollback_costs as costs
+    from fly_cpp.kauto import rollback_costs as costs
 
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
     target, _ = qwen35_pair

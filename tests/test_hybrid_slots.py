@@ -18,10 +18,10 @@ from fly_cpp import Engine, ModelSettings, SpecSettings
 from fly_cpp.backend.batch import Batcher
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.batchloop import Throttled
-from fly_cpp.errors import FlyError
-from fly_cpp.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
-from fly_cpp.scheduler import Scheduler
+from fly_cpp.engine.batchloop import Throttled
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.backend.rollback import CHECKPOINTS, KV, NONE, SNAPSHOTS
+from fly_cpp.engine.scheduler import Scheduler
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is",
            "Once upon a time"]

@@ -2,7 +2,7 @@
 
 import json
 
-from fly_cpp import jsoncache
+from fly_cpp.basics import jsoncache
 
 
 def test_update_adds_fields_to_an_entry_and_makes_it_the_newest(tmp_path):

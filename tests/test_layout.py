@@ -141,10 +141,10 @@ def test_the_seam_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
 # where a request runs (the engine, the round, the drafters, k auto): there an object's fields are
 # written by the object itself; ``stats`` and ``record`` are the records its owner fills (a
 # generation's ``Stats``, a round's ``Round``)
-SEAMED = ("fly_cpp.engine", "fly_cpp.admit", "fly_cpp.loading", "fly_cpp.loop", "fly_cpp.verify", "fly_cpp.output",
-          "fly_cpp.crossround", "fly_cpp.runs", "fly_cpp.shift", "fly_cpp.prefill", "fly_cpp.batchloop",
-          "fly_cpp.drafters", "fly_cpp.draft_model", "fly_cpp.mtp", "fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer",
-          "fly_cpp.worth", "fly_cpp.costs", "fly_cpp.evidence", "fly_cpp.calibrate", "fly_cpp.recall")
+SEAMED = ("fly_cpp.engine.engine", "fly_cpp.engine.admit", "fly_cpp.engine.loading", "fly_cpp.rounds.loop", "fly_cpp.rounds.verify", "fly_cpp.rounds.output",
+          "fly_cpp.rounds.crossround", "fly_cpp.rounds.runs", "fly_cpp.rounds.shift", "fly_cpp.rounds.prefill", "fly_cpp.engine.batchloop",
+          "fly_cpp.drafters.seam", "fly_cpp.drafters.draft_model", "fly_cpp.drafters.mtp", "fly_cpp.engine.control", "fly_cpp.drafters.paced", "fly_cpp.kauto.pacer",
+          "fly_cpp.kauto.worth", "fly_cpp.kauto.costs", "fly_cpp.kauto.evidence", "fly_cpp.kauto.calibrate", "fly_cpp.kauto.recall")
 RECORDS = {"stats", "record"}
 
 
@@ -192,10 +192,10 @@ def test_the_seam_crossing_check_sees_the_shapes_it_forbids(tmp_path: Path) -> N
 # k auto's tuning constants: the modules that decide (how far to draft, whether to loosen, what a
 # decode costs) and those that measure (timing the curves, caching them, the rollback's price).
 # The budgets only shrink; each constant says what measured it (issue 53: 41 in all before).
-DECIDING = ("fly_cpp.control", "fly_cpp.paced", "fly_cpp.pacer", "fly_cpp.planner", "fly_cpp.belief", "fly_cpp.worth",
-            "fly_cpp.evidence", "fly_cpp.decayed", "fly_cpp.costs")
-MEASURING = ("fly_cpp.calibrate", "fly_cpp.costcache", "fly_cpp.rollback_costs")
-PRICING = ("fly_cpp.prior",)  # what decodes cost before any is timed (issue 66: the calibration's place)
+DECIDING = ("fly_cpp.engine.control", "fly_cpp.drafters.paced", "fly_cpp.kauto.pacer", "fly_cpp.kauto.planner", "fly_cpp.kauto.belief", "fly_cpp.kauto.worth",
+            "fly_cpp.kauto.evidence", "fly_cpp.kauto.decayed", "fly_cpp.kauto.costs")
+MEASURING = ("fly_cpp.kauto.calibrate", "fly_cpp.kauto.costcache", "fly_cpp.kauto.rollback_costs")
+PRICING = ("fly_cpp.kauto.prior",)  # what decodes cost before any is timed (issue 66: the calibration's place)
 BUDGET = {DECIDING: 21, MEASURING: 10, PRICING: 5}
 
 
@@ -254,6 +254,6 @@ def test_no_file_grows_past_what_a_reader_takes_in() -> None:
     long = {str(path.relative_to(ROOT)) for path in modules().values()
             if len(path.read_text(encoding="utf-8").splitlines()) > LONG}
     assert long <= STILL_LONG, f"over {LONG} lines: {sorted(long - STILL_LONG)}"
-    assert len((ROOT / "fly_cpp" / "engine.py").read_text(encoding="utf-8").splitlines()) < ENGINE
+    assert len((ROOT / "fly_cpp" / "engine" / "engine.py").read_text(encoding="utf-8").splitlines()) < ENGINE
     backend = [p for p in (ROOT / "fly_cpp" / "backend").glob("*.py")]
     assert len(backend) >= 7 and not [p for p in backend if str(p.relative_to(ROOT)) in STILL_LONG]

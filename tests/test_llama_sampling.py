@@ -1,5 +1,5 @@
 """Under ``draw="llama"`` a seed writes the text llama-server writes with it: the target's draw at the n-th generated
-token takes the n-th number of llama.cpp's Mersenne Twister (``fly_cpp.sampling``), target-only
+token takes the n-th number of llama.cpp's Mersenne Twister (``fly_cpp.backend.sampling``), target-only
 or speculative, whatever the drafts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.sampling import LlamaUniforms, Sampler
+from fly_cpp.backend.sampling import LlamaUniforms, Sampler
 
 
 def test_the_uniforms_are_the_cpp_engines():

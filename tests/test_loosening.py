@@ -1,5 +1,5 @@
 """Whether k auto's fly loosens, from what loosening would gain on the pair
-(``fly_cpp.loosening``): a typical pair's acceptance with and without it, priced with the pair's
+(``fly_cpp.kauto.loosening``): a typical pair's acceptance with and without it, priced with the pair's
 costs (no probe), decided once and kept, so the same request gives the same text in every process."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import threading
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, loosening, worth
-from fly_cpp.costs import Costs, Curve
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.kauto import loosening, worth
+from fly_cpp.kauto.costs import Costs, Curve
 
 ROWS = (1, 2, 4, 8, 16, 32)
 GREEDY = SamplingSettings(temperature=0)
@@ -91,7 +92,7 @@ def test_the_verdict_is_priced_without_a_probe_and_kept(stories, stories_draft, 
     one's live decodes taught, prices it at them once; later processes read it, writing the same
     text."""
     monkeypatch.setenv("FLY_CPP_EVIDENCE", str(kept.parent / "evidence.json"))
-    monkeypatch.setattr("fly_cpp.calibrate.FLAT", 0.0)  # a busy test machine must not keep the learned curve out
+    monkeypatch.setattr("fly_cpp.kauto.calibrate.FLAT", 0.0)  # a busy test machine must not keep the learned curve out
     with engine(stories, stories_draft) as first:
         tokens = first.tokenize("Once upon a time")
         first.prefill(tokens)

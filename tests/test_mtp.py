@@ -1,4 +1,4 @@
-"""Drafting with the target's own MTP head (``fly_cpp.mtp``), on real llama.cpp contexts over
+"""Drafting with the target's own MTP head (``fly_cpp.drafters.mtp``), on real llama.cpp contexts over
 the kit's synthetic qwen35-mtp (qwen35-tiny's hybrid trunk plus one MTP layer, random weights,
 the real Qwen3.5 tokenizer). The head's context is bound to the target's and reads the hidden
 states the target records; whatever the head drafts, spd's text is the target's. Checkpoint
@@ -15,9 +15,9 @@ from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.backend.mtp import MtpContext
-from fly_cpp.errors import FlyError
-from fly_cpp.mtp import MtpDrafter
-from fly_cpp.rollback import CHECKPOINTS, SNAPSHOTS
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.drafters.mtp import MtpDrafter
+from fly_cpp.backend.rollback import CHECKPOINTS, SNAPSHOTS
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 WAYS = {SNAPSHOTS: {}, CHECKPOINTS: {"n_ubatch": 1}}

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, costcache
-from fly_cpp.costs import Costs, Curve
-from fly_cpp.evidence import Evidence
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.kauto import costcache
+from fly_cpp.kauto.costs import Costs, Curve
+from fly_cpp.kauto.evidence import Evidence
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 ROWS = (1, 2, 4, 8, 17)
@@ -41,8 +42,8 @@ def run(e: Engine, spec: SpecSettings, prompt: str, n: int = 40):
 def test_k_auto_prices_the_head_by_its_own_measured_curve_cached_under_the_pairs_key(qwen35_mtp, tmp_path,
                                                                                      monkeypatch):
     monkeypatch.setenv("FLY_CPP_COSTS", str(tmp_path / "costs.json"))
-    monkeypatch.setattr("fly_cpp.costs.MAX_PER_ROW", float("inf"))  # a busy test machine must not keep it out of the cache
-    monkeypatch.setattr("fly_cpp.calibrate.FLAT", 0.0)
+    monkeypatch.setattr("fly_cpp.kauto.costs.MAX_PER_ROW", float("inf"))  # a busy test machine must not keep it out of the cache
+    monkeypatch.setattr("fly_cpp.kauto.calibrate.FLAT", 0.0)
     with engine(qwen35_mtp) as e:
         assert e.mtp_ctx is not None and e.draft_ctx is None
         run(e, SpecSettings(mode="spd", k=3, ngram=False), PROMPTS[1], 8)

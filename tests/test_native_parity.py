@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from fly_cpp import native, rows
+from fly_cpp.backend import native, rows
 from fly_cpp.config import SamplingSettings
-from fly_cpp.sampling import Sampler
+from fly_cpp.backend.sampling import Sampler
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native library not in use: {native.status()}")
 
@@ -149,7 +149,7 @@ def test_fallback_generation_without_native() -> None:
     pair, greedy and sampled, gives the same tokens with and without it."""
     script = """if True:
         import contextlib, io, json, sys
-        from fly_cpp import native
+        from fly_cpp.backend import native
         from fly_cpp.cli.main import main
         runs = []
         for extra in (["--temperature", "0"], ["--temperature", "0.8", "--seed", "3"]):
@@ -175,7 +175,7 @@ def test_fallback_generation_without_native() -> None:
 def test_missing_library_is_not_an_error(tmp_path) -> None:
     env = {**os.environ, "FLY_CPP_NATIVE_LIB": str(tmp_path / "nothing.so")}
     env.pop("FLY_CPP_NO_NATIVE", None)
-    code = ("from fly_cpp import native, rows; import numpy as np; "
+    code = ("from fly_cpp.backend import native, rows; import numpy as np; "
             "assert not native.available(); print(native.status()); "
             "print(rows.argmax(np.eye(3, dtype=np.float32)).tolist())")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from fly_cpp.ngram import Index, lookup, match
+from fly_cpp.drafters.ngram import Index, lookup, match
 
 
 def test_longest_ngram_wins_and_the_continuation_follows_it():

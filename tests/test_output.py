@@ -4,8 +4,8 @@ text ends (no model needed: tokens spell their own number)."""
 from __future__ import annotations
 
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.output import Finish, Output
-from fly_cpp.request import Request
+from fly_cpp.rounds.output import Finish, Output
+from fly_cpp.rounds.request import Request
 
 EOG = 0
 

@@ -19,14 +19,14 @@ import pytest
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.config import SpecSettings
-from fly_cpp import worth
-from fly_cpp.costs import Costs, Curve
-from fly_cpp.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters import Draft, NgramDrafter, Report
-from fly_cpp.evidence import Acceptance, Guesses
-from fly_cpp.paced import PacedDrafter
-from fly_cpp.pacer import Pacer
-from fly_cpp.request import Shift
+from fly_cpp.kauto import worth
+from fly_cpp.kauto.costs import Costs, Curve
+from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters.seam import Draft, NgramDrafter, Report
+from fly_cpp.kauto.evidence import Acceptance, Guesses
+from fly_cpp.drafters.paced import PacedDrafter
+from fly_cpp.kauto.pacer import Pacer
+from fly_cpp.rounds.request import Shift
 
 MS = 1e-3
 # 1.5B Q4_K_M target and 0.5B draft on a 2-core CPU: compute-bound, 6 rows cost 3.9 decodes
@@ -36,7 +36,7 @@ CPU_Q4 = Costs(Curve((1, 2, 4, 6, 9, 16), (34 * MS, 58 * MS, 93 * MS, 133 * MS, 
 CPU_F16 = Costs(Curve((1, 2, 4, 6, 9, 16), (86 * MS, 143 * MS, 161 * MS, 190 * MS, 233 * MS, 340 * MS)),
                 Curve((1, 2, 4, 8), (20 * MS, 30 * MS, 45 * MS, 80 * MS)))
 PROMPT = "Once upon a time"
-N_CTX = 512  # the draft's context: a long simulation shifts it (``fly_cpp.shift``), as a long generation does
+N_CTX = 512  # the draft's context: a long simulation shifts it (``fly_cpp.rounds.shift``), as a long generation does
 
 
 def pacer(costs: Costs) -> Pacer:
@@ -504,7 +504,7 @@ def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_i
 
 
 def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_rows_verified():
-    """With steady batches (``fly_cpp.shape``) the target decodes more rows than the round
+    """With steady batches (``fly_cpp.rounds.shape``) the target decodes more rows than the round
     verifies: the cost of the decode is that of all of them, but only the verified drafts say
     anything about acceptance (a trimmed token's confidence must not count as a miss)."""
     p = pacer(CPU_F16)

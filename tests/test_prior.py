@@ -1,4 +1,4 @@
-"""k auto's prior (``fly_cpp.prior``): what decodes cost before any is timed, from the GGUF
+"""k auto's prior (``fly_cpp.kauto.prior``): what decodes cost before any is timed, from the GGUF
 headers and what this machine learned for other models; a first answer measures nothing and
 leaves the curves its live decodes priced for the next process."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, prior
-from fly_cpp.calibrate import _curve
-from fly_cpp.costcache import load
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.kauto import prior
+from fly_cpp.kauto.calibrate import _curve
+from fly_cpp.kauto.costcache import load
 
 REPLAYS = Path(__file__).parent / "data" / "replays"
 # the real Qwen2.5-Coder files' headers (llama_model_size, llama_model_n_params, layers)
@@ -72,7 +73,7 @@ def test_a_first_answer_measures_nothing_and_leaves_learned_curves(stories, stor
     next process starts from them, and its answer is the first one's text."""
     monkeypatch.setenv("FLY_CPP_CACHE", str(tmp_path))
     monkeypatch.delenv("FLY_CPP_COSTS", raising=False)
-    import fly_cpp.calibrate as cal
+    import fly_cpp.kauto.calibrate as cal
     monkeypatch.setattr(cal, "measure_deep", lambda *a, **k: pytest.fail("measured inside an answer"))
     monkeypatch.setattr(cal, "FLAT", 0.0)  # a busy test machine must not keep the learned curve out of the cache
     settings = (ModelSettings(str(stories), n_ctx=512, n_threads=1), ModelSettings(str(stories_draft), n_threads=1))

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from fly_cpp import Fly
 from fly_cpp.server import create_app
-from fly_cpp.step import Progress, Step
+from fly_cpp.rounds.step import Progress, Step
 
 PROMPT = "the quick brown fox jumps over the lazy dog " * 4
 

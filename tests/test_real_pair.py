@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from fly_cpp import Engine, Fly, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.model import Model
 from fly_cpp.server import create_app
-from fly_cpp.vocab import check_compatible
+from fly_cpp.engine.vocab import check_compatible
 
 pytestmark = pytest.mark.real_pair
 

@@ -3,8 +3,9 @@ last one learned (the first rounds of a fresh ``fly-cpp generate`` are not a col
 
 from __future__ import annotations
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, recall
-from fly_cpp.evidence import Evidence
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.kauto import recall
+from fly_cpp.kauto.evidence import Evidence
 
 
 def _engine(stories, stories_draft) -> Engine:

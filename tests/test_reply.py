@@ -1,4 +1,4 @@
-"""Splitting a chat answer into reasoning_content, content and tool_calls (fly_cpp.reply),
+"""Splitting a chat answer into reasoning_content, content and tool_calls (fly_cpp.api.reply),
 whole and as streamed deltas."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fly_cpp.reply import Options, Splitter, split
-from fly_cpp.tool_formats import detect
+from fly_cpp.api.reply import Options, Splitter, split
+from fly_cpp.api.tool_formats import detect
 
 TOOLS = Options(calls=detect("<tool_call>"), names=("pet",))
 CALL = '<tool_call>\n{"name": "pet", "arguments": {"kind": "cat"}}\n</tool_call>'

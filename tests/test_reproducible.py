@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.drafters import Draft, NgramDrafter
+from fly_cpp.drafters.seam import Draft, NgramDrafter
 
 PROMPTS = ["Once upon a time", "The little dog ran to the", "Lily wanted to", "One day, a big bird"]
 GREEDY = SamplingSettings(temperature=0)
@@ -102,7 +102,7 @@ def test_the_same_request_in_another_process_on_a_busy_machine(stories, stories_
 
 def test_k_auto_matches_exactly_where_loosening_does_not_pay(pair):
     """The bundled draft is the target's own size: priced on the probe, loosened rounds gain
-    less than their windows cost (``fly_cpp.loosening``), so k auto's fly matches exactly (the
+    less than their windows cost (``fly_cpp.kauto.loosening``), so k auto's fly matches exactly (the
     text of spd) and asks nothing; a fixed k still loosens."""
     assert pair.draft_ctx.model.n_params >= 0.5 * pair.target_model.n_params
     fly = pair.generate(PROMPTS[0], spec=SpecSettings(), sampling=GREEDY, max_tokens=60).run()

@@ -4,7 +4,7 @@ a directory built by scripts/build-llama-cpp.sh). Greedy tokens must not change 
 move to servers; a bad address and a server killed mid-generation are one-line errors.
 
 A lost server leaves threads parked inside llama.cpp for the rest of the process (see
-fly_cpp.rpc), so every test that kills a server does it to a subprocess client."""
+fly_cpp.backend.rpc), so every test that kills a server does it to a subprocess client."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fly_cpp import rpc
+from fly_cpp.backend import rpc
 from fly_cpp.backend.lib import library
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
+from fly_cpp.engine.engine import Engine
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.models import bundled
 
 FLY = [sys.executable, "-m", "fly_cpp.cli.main"]

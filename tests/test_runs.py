@@ -1,15 +1,16 @@
-"""Target-only greedy runs (fly_cpp.runs): decoded in the native library, the same text as token
+"""Target-only greedy runs (fly_cpp.rounds.runs): decoded in the native library, the same text as token
 by token, on real llama.cpp contexts."""
 
 from __future__ import annotations
 
 import pytest
 
-from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings, native
+from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
+from fly_cpp.backend import native
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.request import Request
-from fly_cpp.runs import Runs
+from fly_cpp.rounds.request import Request
+from fly_cpp.rounds.runs import Runs
 
 pytestmark = pytest.mark.skipif(not native.has_greedy_run(), reason=f"no native greedy runs: {native.status()}")
 TARGET = SpecSettings(mode="target")

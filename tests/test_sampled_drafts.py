@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, FlyError, SamplingSettings, SpecSettings
-from fly_cpp.sampling import Sampler
+from fly_cpp.backend.sampling import Sampler
 
 
 PROMPT = "Once upon a time"

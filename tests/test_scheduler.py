@@ -1,4 +1,4 @@
-"""The step loop (``fly_cpp.scheduler``) on its own: tasks in slots, their items in order on the
+"""The step loop (``fly_cpp.engine.scheduler``) on its own: tasks in slots, their items in order on the
 caller's thread, pinned and prefix-placed tasks, cancellation, errors, and the decode order of a
 step (every drafting step first, then one target batch for every slot), with batchers that only
 record what they would decode."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fly_cpp import scheduler
-from fly_cpp.scheduler import Scheduler
+from fly_cpp.engine import scheduler
+from fly_cpp.engine.scheduler import Scheduler
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The JSON-schema converter's gaps that fly-cpp closes (``fly_cpp.backend.grammar.json_schema_grammar``):
-integer bounds as digit-by-digit ranges (``fly_cpp.int_bounds``), and no raw control character
+integer bounds as digit-by-digit ranges (``fly_cpp.basics.int_bounds``), and no raw control character
 inside a string."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from fly_cpp.backend.grammar import Grammar, json_schema_grammar
 from fly_cpp.backend.model import Model
-from fly_cpp.errors import FlyError
-from fly_cpp.int_bounds import bounds, integer_range
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.basics.int_bounds import bounds, integer_range
 
 
 def as_regex(gbnf: str) -> re.Pattern[str]:

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring (fly_cpp.scoring): one pass, two reductions (NLL and top-n)."""
+"""Teacher-forced scoring (fly_cpp.rounds.scoring): one pass, two reductions (NLL and top-n)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.scoring import score
+from fly_cpp.rounds.scoring import score
 
 
 def test_nll_chunked_equals_whole_and_prefers_greedy(stories: Path) -> None:

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from serving import named_events
 
 from fly_cpp import Fly
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.server import create_app
 from fly_cpp.server.anthropic import to_chat
 

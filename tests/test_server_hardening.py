@@ -247,8 +247,8 @@ def test_absurd_context_is_refused_at_once(n_ctx, message):
 
 def test_context_beyond_memory_is_refused_before_allocating():
     from fly_cpp.config import ModelSettings
-    from fly_cpp.engine import Engine
-    from fly_cpp.errors import FlyError
+    from fly_cpp.engine.engine import Engine
+    from fly_cpp.basics.errors import FlyError
     from fly_cpp.models.bundled import TARGET
 
     with Engine(ModelSettings(str(TARGET), n_ctx=2048, n_batch=2**31 - 1, n_threads=1)) as e:

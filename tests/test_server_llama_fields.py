@@ -107,7 +107,7 @@ def test_a_prompt_too_long_says_so_in_llama_servers_words(client):
 def test_a_full_shared_cache_is_the_servers_limit():
     # slots sharing one cache (--kv-unified) may fill it together: llama-server answers 500 in these words
     from fly_cpp.backend.cache import decode_failed
-    from fly_cpp.errors import CacheFull
+    from fly_cpp.basics.errors import CacheFull
     from fly_cpp.server.errors import of, status_of
 
     full = decode_failed("stories260K.gguf", 1)

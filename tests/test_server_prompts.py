@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fly_cpp import Fly
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.server import create_app, prompts
 
 TEXT = "I believe the meaning of life is"

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from fly_cpp import Fly
 from fly_cpp.config import ServerSettings
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.server import create_app
 
 BODY = {"prompt": "Once upon a time", "n_predict": 8, "mode": "target", "temperature": 0}  # greedy: the same text

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fly_cpp import Engine, ModelSettings
-from fly_cpp.api import Fly
+from fly_cpp.api.fly import Fly
 from fly_cpp.config import ServerSettings
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.server import create_app
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]
@@ -90,7 +90,7 @@ def test_auto_slots_keep_an_mtp_head_drafting(stories, stories_draft, qwen35_mtp
     """``-np auto``: llama-server's 4 slots, but 1 where the target drafts with its own MTP head
     (it drafts for one sequence): the slots would leave the head unused."""
     from fly_cpp import ModelSettings
-    from fly_cpp.fit import auto_slots
+    from fly_cpp.backend.fit import auto_slots
 
     assert auto_slots(ModelSettings(str(stories)), ModelSettings(str(stories_draft))) == 4
     assert auto_slots(ModelSettings(str(stories)), None) == 4

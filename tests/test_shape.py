@@ -1,4 +1,4 @@
-"""Steady verification batches (``fly_cpp.shape``): the width rule, and padded rounds on real
+"""Steady verification batches (``fly_cpp.rounds.shape``): the width rule, and padded rounds on real
 llama.cpp contexts, which must change nothing but the shape of the target's decodes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.context import Context
-from fly_cpp.shape import Steady, padded
+from fly_cpp.rounds.shape import Steady, padded
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]
 GREEDY = SamplingSettings(temperature=0)
@@ -79,7 +79,9 @@ def test_padding_holds_the_width_of_the_widest_recent_round(pair, widths, steady
     assert out.tokens == target
     started = steady == "off"  # unpadded, the first token comes from the prompt's last row, a round of its own
     assert out.stats.n_from_prompt == started and out.stats.n_passes == out.stats.n_rounds - started
-    rows = [n + 1 for n in drafter.made] + [1] * (out.stats.n_rounds - started - len(drafter.made))  # last: no draft
+    # the last round drafts nothing: a decode of one row, or unpadded, where runs are, a native run of one
+    last = started and pair.target.runs_natively
+    rows = [n + 1 for n in drafter.made] + [1] * (out.stats.n_rounds - started - len(drafter.made) - last)
     assert widths == ([max(rows[: i + 1]) for i in range(len(rows))] if steady == "on" else rows)
 
 

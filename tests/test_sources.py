@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fly_cpp.errors import FlyError, UsageError
+from fly_cpp.basics.errors import FlyError, UsageError
 from fly_cpp.models import bundled, sources
 
 

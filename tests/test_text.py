@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fly_cpp.step import Step
-from fly_cpp.text import Detokenizer, StopFilter
+from fly_cpp.rounds.step import Step
+from fly_cpp.rounds.text import Detokenizer, StopFilter
 
 
 def step(text: str) -> Step:

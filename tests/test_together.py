@@ -1,10 +1,10 @@
-"""Slots drafting together (``fly_cpp.batchloop.Rounds``) under k auto: ``worth.together``
+"""Slots drafting together (``fly_cpp.engine.batchloop.Rounds``) under k auto: ``worth.together``
 prices a round drafted for every slot at once against the slots decoding one row each."""
 
 from __future__ import annotations
 
-from fly_cpp import worth
-from fly_cpp.costs import Costs, Curve
+from fly_cpp.kauto import worth
+from fly_cpp.kauto.costs import Costs, Curve
 
 MS = 1e-3
 

@@ -1,4 +1,4 @@
-"""The tool-call formats (fly_cpp.tool_formats): each read back from the text a model writes
+"""The tool-call formats (fly_cpp.api.tool_formats): each read back from the text a model writes
 (whole and as streamed deltas), each recognised from llama.cpp's real chat templates, and each
 driving real generations on the bundled stories260K model under its template: a forced call
 in every mode validates against its schema, and the call and its result render back through
@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fly_cpp import Fly, FlyError
-from fly_cpp import tools as tool_calls
+from fly_cpp.api import tools as tool_calls
 from fly_cpp.backend.grammar import Grammar
-from fly_cpp.constrain import Lazy
-from fly_cpp.reply import Options, Splitter, split
+from fly_cpp.rounds.constrain import Lazy
+from fly_cpp.api.reply import Options, Splitter, split
 from fly_cpp.server import create_app
-from fly_cpp.tool_formats import FORMATS, detect
+from fly_cpp.api.tool_formats import FORMATS, detect
 
 BY_NAME = {f.name: f for f in FORMATS}
 ARGS = {"kind": "cat", "good": True}

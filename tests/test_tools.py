@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 
 from fly_cpp import Fly, FlyError
-from fly_cpp import tools as tool_calls
+from fly_cpp.api import tools as tool_calls
 from fly_cpp.backend.grammar import Grammar
-from fly_cpp.constrain import Lazy
-from fly_cpp.tool_formats import detect
+from fly_cpp.rounds.constrain import Lazy
+from fly_cpp.api.tool_formats import detect
 
 TEMPLATE = (Path(__file__).parent / "data" / "hermes-tools.jinja").read_text()
 PET = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "good": {"type": "boolean"}},

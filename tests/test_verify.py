@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fly_cpp.config import SamplingSettings, SpecSettings
-from fly_cpp.request import Request
-from fly_cpp.verify import Verifier
+from fly_cpp.rounds.request import Request
+from fly_cpp.rounds.verify import Verifier
 
 V = 8
 GREEDY = SamplingSettings(temperature=0)

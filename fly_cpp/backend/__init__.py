@@ -7,5 +7,8 @@ low-level API), one module per concern (``tests/test_layout.py`` keeps it so).
 - ``context``: ``Context``, a llama.cpp context with one sequence or several;
 - ``batch``: several sequences decoded in shared batches (``Batcher``, ``Seq``);
 - ``mtp``: ``MtpContext``, a model's MTP head;
-- ``grammar``: llama.cpp's grammar sampler and JSON-schema grammars.
+- ``grammar``: llama.cpp's grammar sampler and JSON-schema grammars;
+- beside them, what reads a context's rows without llama-cpp-python: ``rows`` and ``native`` (the
+  C helper), ``sampling`` (llama.cpp's sampler chain over a row), ``rollback`` (a recurrent
+  cache's ways back), ``rpc`` (rpc-servers), ``fit`` (what fits where: layers, memory).
 """

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fly_cpp import native
-from fly_cpp import rollback as rb
+from fly_cpp.backend import native
+from fly_cpp.backend import rollback as rb
 from fly_cpp.backend.cache import Cache, chunks, decode_failed
 from fly_cpp.backend.lib import BATCH_MATCHES, ll, run_entry_points
-from fly_cpp.errors import FlyError
-from fly_cpp.rows import argmax as _argmax
+from fly_cpp.backend.rows import argmax as _argmax
+from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
     from fly_cpp.backend.context import Context
@@ -45,7 +45,7 @@ class Job:
 
 class Parking(Protocol):
     """How a decode inside a step loop's task waits for the shared batch: the loop that takes a
-    batcher gives it its own (``Batcher.serve``; ``fly_cpp.scheduler``'s)."""
+    batcher gives it its own (``Batcher.serve``; ``fly_cpp.engine.scheduler``'s)."""
 
     def in_task(self) -> bool: ...  # whether the caller is a task of the loop (a decode then parks)
     def alone(self) -> bool: ...  # whether the caller's task is the only one the loop runs now

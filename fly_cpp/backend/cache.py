@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fly_cpp import rollback as rb
+from fly_cpp.backend import rollback as rb
 from fly_cpp.backend.lib import ll
-from fly_cpp.errors import CacheFull, FlyError
+from fly_cpp.basics.errors import CacheFull, FlyError
 
 if TYPE_CHECKING:
     from fly_cpp.backend.model import Model
@@ -78,7 +78,7 @@ class Cache:
     context of its own) and ``Seq`` (one of a context's several).
 
     ``tokens`` is the truth about the sequence: position p holds ``tokens[p]``. On a recurrent
-    or hybrid model (``rollback`` SNAPSHOTS or CHECKPOINTS, ``fly_cpp.rollback``) a rollback may
+    or hybrid model (``rollback`` SNAPSHOTS or CHECKPOINTS, ``fly_cpp.backend.rollback``) a rollback may
     leave the last few of them *deferred* (``behind``): restored from an earlier checkpoint, they
     are decoded again by the next decode, in the same batch as its own tokens. A subclass says
     how its tokens are decoded (``_decode_range``, ``_rows``) and how a call reaches llama.cpp

@@ -10,20 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fly_cpp import native
-from fly_cpp import rollback as rb
+from fly_cpp.backend import native
+from fly_cpp.backend import rollback as rb
 from fly_cpp.backend.cache import Cache, chunks, decode_failed
-from fly_cpp.backend.lib import (
-    BATCH_MATCHES,
-    clear_log,
-    cxx,
-    entry_point,
-    ggml_type,
-    last_log_error,
-    ll,
-    run_entry_points,
-)
-from fly_cpp.errors import FlyError
+from fly_cpp.backend.lib import BATCH_MATCHES, clear_log, cxx, entry_point, ggml_type, last_log_error, ll, run_entry_points
+from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
     from fly_cpp.backend.model import Model

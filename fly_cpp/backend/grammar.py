@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fly_cpp.backend.lib import clear_log, last_log_error, ll
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
     from fly_cpp.backend.model import Model
@@ -43,7 +43,7 @@ class Grammar:
     """One state of llama.cpp's grammar sampler over ``model``'s vocabulary (GBNF text, its
     ``root`` rule). ``mask`` sets the logits of the tokens the grammar forbids next to -inf,
     ``allows`` asks about one token, ``accept`` advances, ``copy`` forks the state (rollback
-    keeps one copy per position: ``fly_cpp.constrain``)."""
+    keeps one copy per position: ``fly_cpp.rounds.constrain``)."""
 
     def __init__(self, model: Model, gbnf: str, root: str = "root", *, _ptr: Any = None,
                  _cells: np.ndarray | None = None) -> None:
@@ -121,7 +121,7 @@ def json_schema_rules(schemas: Mapping[str, Any]) -> str:
     names ``root``), the rules they share written once (see ``json_schema_grammar``)."""
     from llama_cpp import llama_grammar
 
-    from fly_cpp import int_bounds
+    from fly_cpp.basics import int_bounds
 
     class Converter(llama_grammar.SchemaConverter):
         def visit(self, schema: Any, name: str) -> str:

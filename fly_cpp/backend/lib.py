@@ -29,8 +29,8 @@ def _cxx_runtime_first() -> None:
 _cxx_runtime_first()
 import llama_cpp as ll  # noqa: E402
 
-from fly_cpp import rpc as _rpc
-from fly_cpp.errors import FlyError
+from fly_cpp.backend import rpc as _rpc
+from fly_cpp.basics.errors import FlyError
 
 _GGML_BF16 = 30  # ggml's id for bf16 (llama-cpp-python names no constant for it)
 
@@ -78,7 +78,7 @@ def init_backend() -> None:
 
 def library() -> ctypes.CDLL:
     """libllama's ctypes handle, the backend initialised: ggml's functions resolve through it
-    (``fly_cpp.rpc`` reaches ggml's RPC backend that way)."""
+    (``fly_cpp.backend.rpc`` reaches ggml's RPC backend that way)."""
     init_backend()
     return ll.llama_cpp._lib
 

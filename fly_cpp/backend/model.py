@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fly_cpp import rpc as _rpc
+from fly_cpp.backend import rpc as _rpc
 from fly_cpp.backend.lib import clear_log, cpu_has_amx, gpu_names, init_backend, last_log_error, library, ll, load_mode
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 GGUF_MAGIC = b"GGUF"
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
@@ -123,7 +123,7 @@ class Model:
 
     ``rpc``: llama.cpp rpc-servers (HOST:PORT) whose devices come first in the model's device
     list; every llama.cpp call of such a model and its contexts goes through ``self.call``
-    (``fly_cpp.rpc.Runner``), which raises RpcServerLost when a server dies."""
+    (``fly_cpp.backend.rpc.Runner``), which raises RpcServerLost when a server dies."""
 
     def __init__(
         self,
@@ -225,7 +225,7 @@ class Model:
     @property
     def recurrent(self) -> bool:
         """Whether this model keeps a recurrent state (a recurrent or hybrid model), which drops
-        a suffix only through snapshots or checkpoints (``fly_cpp.rollback``)."""
+        a suffix only through snapshots or checkpoints (``fly_cpp.backend.rollback``)."""
         return bool(ll.llama_model_is_recurrent(self.ptr) or ll.llama_model_is_hybrid(self.ptr))
 
     @property

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fly_cpp.backend.lib import clear_log, cxx, last_log_error, ll
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
     from fly_cpp.backend.context import Context

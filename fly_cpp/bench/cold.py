@@ -12,10 +12,10 @@ import subprocess
 import sys
 from typing import Any
 
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
-from fly_cpp.generation import Generation
+from fly_cpp.engine.engine import Engine
+from fly_cpp.engine.generation import Generation
 
 TIMEOUT = 3600  # seconds one cold generation may take before the bench gives up on it
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 DATA = Path(__file__).resolve().parent / "data"
 PROMPT_FIELDS = ("prompt", "question", "turns", "text", "instruction", "input")

@@ -4,7 +4,7 @@
   (over the longer of the two, so a shorter or longer output counts its extra positions as
   disagreements), and the first position where they differ (None when identical).
 - the target's mean negative log-likelihood (nats per token) of an output, teacher-forced
-  after the prompt, comes from ``Engine.score`` (``fly_cpp.scoring``). It says how much worse
+  after the prompt, comes from ``Engine.score`` (``fly_cpp.rounds.scoring``). It says how much worse
   the target finds a text; the target's own greedy output is the reference.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
 
 
 def agreement(tokens: Sequence[int], reference: Sequence[int]) -> tuple[float, int | None]:

@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import SpecSettings
-from fly_cpp.errors import FlyError
 
 REFERENCE = "target"  # the mode every other one is compared with
 PEER_DEFAULT_K = 3  # llama.cpp's default --spec-draft-n-max (common/common.h; its default p-min is 0)
@@ -36,7 +36,7 @@ VARIANTS: dict[str, Callable[[SpecSettings], SpecSettings]] = {
     # FLy with the deferred window carried across rounds (gains for short drafts)
     "fly+xr": lambda s: dataclasses.replace(s, mode="fly", cross_round=True),
     "fly+xr-always": lambda s: dataclasses.replace(s, mode="fly", cross_round=True, cross_round_confidence=0.0),
-    # verification batches padded to a steady width (fly_cpp.shape), or never
+    # verification batches padded to a steady width (fly_cpp.rounds.shape), or never
     "fly-steady": lambda s: dataclasses.replace(s, mode="fly", steady_batches="on"),
     "fly-ragged": lambda s: dataclasses.replace(s, mode="fly", steady_batches="off"),
     # the published rule exactly, in-round and with the cross-round window

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from fly_cpp.backend.lib import cpu_has_amx
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import SamplingSettings
-from fly_cpp.errors import FlyError
 
 SPECULATIVE = "llama-speculative-simple"
 COMPLETION = "llama-completion"

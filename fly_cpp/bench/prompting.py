@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fly_cpp.chat_format import ChatFormat
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
+from fly_cpp.api.chat_format import ChatFormat
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.engine.engine import Engine
 
 
 @dataclass(frozen=True)

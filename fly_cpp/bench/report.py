@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

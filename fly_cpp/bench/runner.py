@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.bench import fidelity
 from fly_cpp.bench.checkers import CHECKERS
 from fly_cpp.bench.cold import generate_cold, record
@@ -28,8 +29,7 @@ from fly_cpp.bench.modes import REFERENCE, Mode
 from fly_cpp.bench.peer import Peer
 from fly_cpp.bench.prompting import PromptRenderer, Rendered
 from fly_cpp.config import SamplingSettings
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
+from fly_cpp.engine.engine import Engine
 
 WARMUP_TOKENS = 16
 LOOSE_CONTEXT = (12, 6)  # tokens of text shown before and after a loose accept

@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.bench import summary
 from fly_cpp.bench.datasets import Dataset, select
 from fly_cpp.bench.modes import Mode
 from fly_cpp.bench.peer import Peer
 from fly_cpp.bench.runner import BenchConfig, Runner
-from fly_cpp.engine import Engine
-from fly_cpp.errors import FlyError
+from fly_cpp.engine.engine import Engine
 
 # meta fields two runs must share to be merged into one results file
 SAME_RUN = ("dataset", "target", "draft", "max_tokens", "templated", "system", "sampling")

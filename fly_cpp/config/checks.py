@@ -7,8 +7,9 @@ import math
 import os
 from typing import Any
 
-from fly_cpp.errors import FlyError
-from fly_cpp.rollback import CHOICES as ROLLBACK  # noqa: F401 (a choice of ModelSettings.rollback)
+from fly_cpp.basics.errors import FlyError
+
+ROLLBACK = ("auto", "snapshots", "checkpoints")  # what ModelSettings.rollback may ask for (``fly_cpp.backend.rollback``'s ways)
 
 MODES = ("fly", "spd", "target")
 AUTO_SLOTS = 4  # -np auto, llama-server's choice

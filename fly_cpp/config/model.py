@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config.checks import (
     CACHE_TYPES,
     FLASH_ATTN,
@@ -21,7 +22,6 @@ from fly_cpp.config.checks import (
     _threads,
     cpu_cores,
 )
-from fly_cpp.errors import FlyError
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class ServerSettings:
 
     @property
     def n_slots(self) -> int:
-        """The slots ``parallel`` asks for ('auto': 4, as llama-server; ``fly_cpp.fit.auto_slots``
+        """The slots ``parallel`` asks for ('auto': 4, as llama-server; ``fly_cpp.backend.fit.auto_slots``
         resolves it for a pair)."""
         return AUTO_SLOTS if self.parallel == AUTO else int(self.parallel)
 

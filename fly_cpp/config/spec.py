@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fly_cpp.accept import AcceptPolicy
 from fly_cpp.config.checks import AUTO, FLY_RULES, LOOSEN, MODES, SPEC_TYPES, STEADY, _help, _integer, _number, _require
+from fly_cpp.config.policy import AcceptPolicy
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class SpecSettings:
     lets through; ``window`` 0 switches loose acceptance off (exact-match decoding).
 
     ``fly_rule`` "paper" is the published rule exactly (window and gate); "guarded" adds the
-    ``loose_*`` safeguards of ``fly_cpp.accept`` and never loosens a token the target's own
+    ``loose_*`` safeguards of ``fly_cpp.rounds.accept`` and never loosens a token the target's own
     sampler could not produce.
     """
 

@@ -13,15 +13,15 @@ from typing import Any
 from fastapi import FastAPI
 
 import fly_cpp
-from fly_cpp.api import Fly
+from fly_cpp.api.fly import Fly
 from fly_cpp.config import ServerSettings
 from fly_cpp.server import anthropic, errors, llama, oai, page, responses
-from fly_cpp.server.prepare import Defaults
 from fly_cpp.server.auth import ApiKey
 from fly_cpp.server.bodies import Bodies
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.cors import Cors
 from fly_cpp.server.metrics import CountErrors, Metrics
+from fly_cpp.server.prepare import Defaults
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Loading, Served
 from fly_cpp.server.sleep import Sleep, Waking

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 log = logging.getLogger("fly_cpp.server")
 

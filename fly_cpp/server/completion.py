@@ -13,11 +13,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from fly_cpp.api import Fly
-from fly_cpp.errors import FlyError
-from fly_cpp.generation import Generation
-from fly_cpp.oai import step_flags
-from fly_cpp.sampling import LogitBias
+from fly_cpp.api.fly import Fly
+from fly_cpp.api.oai import step_flags
+from fly_cpp.backend.sampling import LogitBias
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.engine.generation import Generation
+from fly_cpp.rounds.step import Progress, Step
 from fly_cpp.server import prompts, sse
 from fly_cpp.server.compat import OFF
 from fly_cpp.server.fields import GenerationBody, settings_dict
@@ -25,7 +26,6 @@ from fly_cpp.server.prepare import Defaults, Prepared, generation, limit, prepar
 from fly_cpp.server.probs import entries, raw_needed
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.timings import timings
-from fly_cpp.step import Progress, Step
 
 
 async def complete(fly: Fly, runs: Runs, request: Request, body: Any, n_predict: int,

@@ -20,7 +20,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from fly_cpp.errors import FlyError
+from fly_cpp.basics.errors import FlyError
 
 RESERVE = 64  # descriptors kept free for model files, logs, and the engine's own needs
 SETTLE = 0.5  # seconds a new or just-answered connection gets before it counts as idle

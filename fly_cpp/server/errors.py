@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from fly_cpp.errors import CacheFull, ContextExceeded, FlyError, RpcServerLost
+from fly_cpp.basics.errors import CacheFull, ContextExceeded, FlyError, RpcServerLost
 from fly_cpp.server.worker import Unavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

@@ -22,10 +22,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
 
+from fly_cpp.api.structured import response_format
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import AUTO, SamplingSettings, SpecSettings
-from fly_cpp.errors import FlyError
 from fly_cpp.server.compat import IGNORED
-from fly_cpp.structured import response_format
 
 SETTINGS = (SpecSettings, SamplingSettings)
 MAX_N_PROBS = 100  # top-n per token: beyond this the answer is mostly numbers nobody reads

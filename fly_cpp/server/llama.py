@@ -10,18 +10,24 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import fly_cpp
-from fly_cpp import rpc
-from fly_cpp.api import Fly
+from fly_cpp.api.fly import Fly
+from fly_cpp.api.tools import template_messages
+from fly_cpp.backend import rpc
 from fly_cpp.server import errors
 from fly_cpp.server.compat import IGNORED, OFF, Compat
 from fly_cpp.server.completion import complete
-from fly_cpp.server.fields import (SETTING_NAMES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                   TokenizeRequest, settings_dict)
+from fly_cpp.server.fields import (
+    SETTING_NAMES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    settings_dict,
+)
 from fly_cpp.server.prepare import Defaults, prepare, template_vars
 from fly_cpp.server.runs import Runs
 from fly_cpp.server.served import Served
 from fly_cpp.server.slots import slot_states
-from fly_cpp.tools import template_messages
 
 SERVING = ("{n} at a time per model pair (-np/--parallel), in arrival order: other requests wait in a queue "
            "(a request whose client disconnects is dropped, and a stream it leaves is aborted)")

@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from fly_cpp.ledger import COUNTERS as SLOT_COUNTERS
-from fly_cpp.step import Stats
+from fly_cpp.engine.ledger import COUNTERS as SLOT_COUNTERS
+from fly_cpp.rounds.step import Stats
 
 COUNTERS = {
     "requests": "generation requests started",
@@ -91,7 +91,7 @@ class Metrics:
     def render(self, gauges: dict[str, tuple[str, float]], slots: Sequence[dict[str, int]] = (),
                sharing: dict[str, tuple[int, int, int]] | None = None) -> str:
         """``gauges``: name -> (help, value); ``slots``: each slot's counters over its life
-        (``fly_cpp.ledger``), as ``fly_cpp_slot_<name>_total{slot="i"}``; ``sharing``: with
+        (``fly_cpp.engine.ledger``), as ``fly_cpp_slot_<name>_total{slot="i"}``; ``sharing``: with
         several slots, each model's shared decodes, the sequences and rows they held
         (``Engine.sharing``)."""
         sharing = sharing or {}

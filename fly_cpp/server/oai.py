@@ -1,5 +1,5 @@
 """OpenAI's endpoints: /v1/completions, /v1/chat/completions (``stream: true`` as SSE ending
-with ``data: [DONE]``) and /v1/models. The shapes are ``fly_cpp.oai``'s, the same ``Fly``
+with ``data: [DONE]``) and /v1/models. The shapes are ``fly_cpp.api.oai``'s, the same ``Fly``
 returns; streams always carry ``usage`` (and fly-cpp's counters, ``fly``) in their last chunk,
 and, as llama-server does, responses and last chunks carry ``timings``."""
 
@@ -13,10 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from fly_cpp import oai
-from fly_cpp.api import Fly
-from fly_cpp.errors import FlyError
-from fly_cpp.generation import Generation
+from fly_cpp.api import oai
+from fly_cpp.api.fly import Fly
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.engine.generation import Generation
 from fly_cpp.server import errors, sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.completion import outcome

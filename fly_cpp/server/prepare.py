@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from fly_cpp import reply, tools
-from fly_cpp.api import Fly
-from fly_cpp.errors import FlyError
-from fly_cpp.generation import Generation
-from fly_cpp.request import Shift
+from fly_cpp.api import reply, tools
+from fly_cpp.api.fly import Fly
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.engine.generation import Generation
+from fly_cpp.rounds.request import Shift
 from fly_cpp.server import prompts
 from fly_cpp.server.fields import GenerationBody, logit_bias
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from fly_cpp.backend.sampling import Sampler
 from fly_cpp.config import SamplingSettings
-from fly_cpp.sampling import Sampler
-from fly_cpp.step import TokenProbs
+from fly_cpp.rounds.step import TokenProbs
 
 
 def entries(piece: Callable[[int], bytes], tokens: Sequence[int], probs: Sequence[TokenProbs | None],

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fly_cpp.api import Fly
-from fly_cpp.errors import FlyError
+from fly_cpp.api.fly import Fly
+from fly_cpp.basics.errors import FlyError
 
 SHAPES = ("a prompt must be a string, a list of token ids, a list mixing ids and strings, or an object with "
           "prompt_string")

@@ -4,7 +4,7 @@
 A thin adapter, as llama-server's: ``input`` (a string, or a list of items: messages,
 ``function_call``, ``function_call_output``, ``reasoning``) and ``instructions`` become a chat
 body's messages, ``max_output_tokens`` its ``max_tokens``, the other fields pass as they are;
-the chat endpoint's path generates, and OpenAI's chat shape (``fly_cpp.oai``) is turned into a
+the chat endpoint's path generates, and OpenAI's chat shape (``fly_cpp.api.oai``) is turned into a
 ``response`` with ``output`` items. Streams carry ``timings`` on their last event (and on every
 delta with ``timings_per_token``); ``return_progress`` adds a ``response.in_progress`` event
 with a ``prompt_progress`` report (``total``, ``cache``, ``processed``, ``time_ms``) per batch
@@ -22,9 +22,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from fly_cpp import oai
-from fly_cpp.errors import FlyError
-from fly_cpp.generation import Generation
+from fly_cpp.api import oai
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.engine.generation import Generation
 from fly_cpp.server import sse
 from fly_cpp.server.compat import Compat
 from fly_cpp.server.fields import ChatCompletionRequest

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fly_cpp.api import Fly
+from fly_cpp.api.fly import Fly
 from fly_cpp.server import errors
 
 LOADING = "Loading model"

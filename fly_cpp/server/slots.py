@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fly_cpp.api import Fly
+from fly_cpp.api.fly import Fly
 from fly_cpp.server.timings import timings
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fly_cpp.step import Progress, Stats
+from fly_cpp.rounds.step import Progress, Stats
 
 
 def timings(s: Stats, progress: Progress | None = None) -> dict[str, Any]:

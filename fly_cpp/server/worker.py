@@ -1,6 +1,6 @@
 """The threads that read the engine's generations for the event loop.
 
-Generations run on the engine's step loop (``fly_cpp.scheduler``); a worker thread per slot
+Generations run on the engine's step loop (``fly_cpp.engine.scheduler``); a worker thread per slot
 reads one generation's items at a time, in arrival order, and hands them to the event loop
 through an asyncio queue, so the event loop never blocks on the engine. Waiting requests queue
 in front of the threads (at most ``max_queue``: beyond, HTTP 503 at once).
@@ -44,7 +44,7 @@ class QueueFull(Unavailable):
 class Worker:
     def __init__(self, max_queue: int = 128, slots: int = 1, waiting_inside: Callable[[], int] = lambda: 0) -> None:
         """``slots``: generations run at once, one thread each (the engine's slots, which
-        share their decodes: ``fly_cpp.batchloop``). ``waiting_inside``: how many started jobs
+        share their decodes: ``fly_cpp.engine.batchloop``). ``waiting_inside``: how many started jobs
         wait inside the engine for a slot (they count against ``max_queue`` too)."""
         self.slots = slots
         self._waiting_inside = waiting_inside

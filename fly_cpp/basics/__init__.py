@@ -1,0 +1,1 @@
+"""Basics every room may use: errors, code fences, integer bounds, the JSON cache files."""

@@ -1,0 +1,187 @@
+"""The target's own MTP head as the drafter (Qwen3.5/3.6 and other models that keep their
+multi-token-prediction, "nextn", layers).
+
+The head reads, at position p, token p together with the target's hidden state after position
+p - 1, and predicts token p + 1. Its context (``MtpContext``) is a plain KV cache for that one
+layer, kept exact the way the target's is: ``exact`` positions pair each committed token with
+the target's own state (which the target records as it decodes, ``Context.keep_hidden``).
+A round catches the head up on what the target decoded since the last one, in one batch that
+ends with the last committed token, whose row gives the first drafted token; each further
+token is one more decode, paired with the head's own state from the row before (its guesses
+past the first see its own states, not the target's: the next round decodes those positions
+again with the target's). This is llama.cpp's ``draft-mtp`` for a single head.
+
+``MtpHead`` is that context one decode at a time, shaped as ``DraftModel`` is for a draft
+model, so that k auto's drafter (``fly_cpp.drafters.paced``) drives the head as it drives a draft model:
+step by step while one more is worth its measured cost. ``MtpDrafter`` drafts a fixed k.
+
+n-gram lookup chains in front, as before the draft model: where the text so far repeats an
+earlier stretch, the continuation found there is the draft (the head cannot check a guess in
+one pass: each of its rows needs the state the row before produced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fly_cpp.backend import rows
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.mtp import MtpContext
+from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
+from fly_cpp.basics.errors import FlyError
+from fly_cpp.config import SpecSettings
+from fly_cpp.drafters import ngram
+from fly_cpp.drafters.draft_model import Stepped, cut_at_end
+from fly_cpp.drafters.seam import Draft, Report
+
+
+class MtpHead:
+    """The head's context one decode at a time (``DraftModel``'s shape): ``start`` a round
+    after ``committed``, then each ``step`` drafts one token, the first one's decode catching
+    the cache up on what the target decoded since the last round. It checks no n-gram guess
+    (``checks_guesses``): each of its rows needs the state the row before produced."""
+
+    checks_guesses = False
+
+    def __init__(self, ctx: MtpContext, bias: LogitBias = NO_BIAS, draws: Sampler | None = None) -> None:
+        """``draws``: the target's sampler, which the head draws its tokens with (None: its argmax)."""
+        self.ctx = ctx
+        self.n_batch = ctx.n_batch
+        self.n_vocab = ctx.model.n_vocab
+        self.bias = bias
+        self.draws = draws
+        self.decodes = 0
+        self._state: np.ndarray | None = None  # the head's state after its last row (None: catch up first)
+
+    def is_eog(self, token: int) -> bool:
+        return self.ctx.model.is_eog(token)
+
+    def lag(self, committed: Sequence[int]) -> int:
+        """Tokens the head's cache must catch up on before drafting after ``committed``."""
+        return len(committed) - 1 - min(self.ctx.exact, common_prefix(self.ctx.tokens, committed[:-1]))
+
+    def start(self, committed: Sequence[int]) -> list[int]:
+        """A round after ``committed``: its first step catches up (the tokens returned, with the
+        last committed token, in one batch)."""
+        self._state = None
+        keep = min(self.ctx.exact, common_prefix(self.ctx.tokens, committed), len(committed) - 1)
+        return list(committed[keep:-1])
+
+    def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
+             confident: bool = False) -> Stepped:
+        """The head's greedy token after ``history``: the round's first step catches the cache
+        up to it (``catchup`` is implied by ``history``), a later one decodes ``history[-1]``
+        with the head's own state. ``guess`` must be empty."""
+        if guess:
+            raise ValueError("the MTP head checks no n-gram guess")
+        if self._state is None:
+            logits, self._state, decoded = self._catch_up(history)
+        else:
+            logits, self._state = self.ctx.decode(history[-1:], self._state[None, :])
+            decoded = 1
+        self.decodes += 1
+        row = logits[None, : self.n_vocab]
+        best = self.draws.drafts(row, history) if self.draws is not None else None
+        if self.bias:
+            row = self.bias.apply(row)
+        sure = [float(rows.top_probability(row)[0])] if confident else []
+        return Stepped(rows.argmax(row) if best is None else best, 0, sure, decoded)
+
+    def _catch_up(self, committed: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Bring the head's cache to ``committed`` (token p with the target's state after p - 1),
+        the last committed token decoded in the final batch; that row's logits and state, and
+        the rows decoded. A FlyError where the target has not decoded ``committed[:-1]`` (the
+        loop's invariant rules it out)."""
+        ctx, target = self.ctx, self.ctx.target
+        n = len(committed)
+        keep = min(ctx.exact, common_prefix(ctx.tokens, committed), n - 1)
+        states = target.hidden(max(keep - 1, 0), n - 1)
+        if keep == 0:  # position 0 follows no state: zeros, as llama.cpp starts
+            states = np.vstack([np.zeros((1, ctx.n_embd), dtype=np.float32), states])
+        ctx.truncate(keep)
+        tokens = list(committed[keep:])
+        for lo in range(0, len(tokens), ctx.n_batch):
+            logits, state = ctx.decode(tokens[lo:lo + ctx.n_batch], states[lo:lo + ctx.n_batch])
+        ctx.paired(n)
+        return logits, state, len(tokens)
+
+
+class MtpDrafter:
+    """Greedy drafting with the target's MTP head, up to the round's limit (a fixed k; under k
+    auto ``fly_cpp.drafters.paced`` drives ``head`` step by step); it stops after an end-of-generation
+    token, or where the head's top probability falls under ``p_min`` once ``need`` tokens are
+    drafted. The head's choices see the generation's logit bias."""
+
+    def __init__(self, ctx: MtpContext, spec: SpecSettings, bias: LogitBias = NO_BIAS,
+                 draws: Sampler | None = None) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.draft_model = MtpHead(ctx, bias, draws)  # the name k auto's drafter drives a model's steps by
+        self.index = ngram.Index(spec.ngram_max)
+
+    @property
+    def bias(self) -> LogitBias:
+        return self.draft_model.bias
+
+    @property
+    def steps(self) -> int:
+        """The head's decodes so far."""
+        return self.draft_model.decodes
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
+        if limit <= 0:
+            return Draft()
+        if self.spec.ngram and need == 0:  # an open window is completed by the head's own tokens
+            guess = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
+            if guess:
+                return Draft(guess, [None] * len(guess))
+        return self.own(committed, limit, need, confident)
+
+    def lag(self, committed: Sequence[int]) -> int:
+        return self.draft_model.lag(committed)
+
+    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
+            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
+        """Up to ``limit`` of the head's own tokens after ``committed`` (empty where the target has
+        not decoded ``committed[:-1]``, which the loop's invariant rules out; a head checks no
+        n-gram guesses: ``checks`` is for the draft model's seam); ``clock``: time each step by it
+        (``Draft.steps``)."""
+        spec, head = self.spec, self.draft_model
+        n = len(committed)
+        want_confidence = confident or spec.p_min > 0
+        history = list(committed)
+        out: list[int] = []
+        confidences: list[float | None] = []
+        steps: list[tuple[int, float]] = []
+        head.start(committed)
+        while len(out) < limit and n + len(out) <= self.ctx.target.n_ctx - 1:
+            t0 = clock() if clock is not None else 0.0
+            try:
+                s = head.step([], history, [], want_confidence)
+            except FlyError:  # the target has not decoded that far (cannot happen within the loop)
+                break
+            if clock is not None:
+                steps.append((s.rows, clock() - t0))
+            sure = s.sure[0] if s.sure else None
+            if spec.p_min > 0 and len(out) >= need and sure is not None and sure < spec.p_min:
+                break
+            out.append(s.token)
+            history.append(s.token)
+            confidences.append(sure)
+            if cut_at_end(out, [s.token], head.is_eog):
+                break
+        return Draft(out, confidences, by_model=True, steps=tuple(steps))
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        """The head's greedy token after ``committed`` (FLy's rule asks for it where no draft of
+        the head's reached): one catch-up decode."""
+        found = self.own(committed, 1, 1)
+        return found.tokens[0] if found.tokens else None
+
+    def accept(self, report: Report) -> None:
+        pass

@@ -1,0 +1,152 @@
+"""Drafters: who proposes the next tokens. Each owns its own state (and KV cache).
+
+The seam, shaped as llama.cpp's ``common_speculative``: ``begin(prompt)`` once per generation,
+``draft(committed, limit, need) -> Draft`` every round (at most ``limit`` greedy guesses that
+continue ``committed``, the prompt plus every token emitted so far), and ``accept(report)``
+once the target has judged them. ``candidate(committed)`` is the draft model's own token after
+``committed`` (None without one): FLy's rule asks for it where no draft reached (``fly_cpp.rounds.loop``).
+
+A draft may be shorter than ``limit``, even empty: it stops after an end-of-generation token,
+when the draft model is unsure (``p_min``), or when the n-gram drafter finds no match. ``need``
+tokens are owed, though: an open deferred window is completed only by the draft model's own
+continuation, so the first ``need`` tokens come from the draft model whatever its confidence
+(fewer only at the end of the text or of ``limit``).
+
+Data flows one way: a drafter never calls up into whoever decides how far to draft; that
+decider (``fly_cpp.drafters.paced``) drives the draft model one ``DraftModel.step`` at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fly_cpp.backend.sampling import NO_BIAS, LogitBias
+from fly_cpp.config import SpecSettings
+from fly_cpp.drafters import ngram
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One round's proposal. ``confidences``: the draft model's top probability at each token
+    (None for an n-gram guess no model step checked). ``by_model``: every token is the draft
+    model's own greedy choice where it stands, which is what FLy may keep on a mismatch.
+    ``alone``: with no tokens, the rounds (this one included) the drafter has decided to leave
+    to the target alone without being asked again (k auto's rest, ``Pacer.rest``): the loop may
+    decode them as one run (``fly_cpp.rounds.runs``) and report them together (``Report.rounds``).
+    ``steps``: (rows, seconds) of each draft-model decode, where the drafter was given a clock
+    to time them by; not part of what a draft is (equality)."""
+
+    tokens: list[int] = field(default_factory=list)
+    confidences: list[float | None] = field(default_factory=list)
+    by_model: bool = False
+    alone: int = 0
+    steps: tuple[tuple[int, float], ...] = field(default=(), compare=False)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut(self, n: int) -> Draft:
+        return Draft(self.tokens[:n], self.confidences[:n], self.by_model, steps=self.steps)
+
+
+@dataclass(frozen=True)
+class Report:
+    """How a round went, for the drafter that drafted it.
+
+    ``verified``: drafted tokens the target checked (0 when the draft was dropped, ``n_min``);
+    ``kept``: of those, the ones it kept (0 when the round refuted an open window);
+    ``committed``: the whole text after the round; ``decoded_rows``: rows the target decoded
+    (``verified + 1``, more in a padded batch); seconds: drafting, the target's decode, the
+    whole round. ``rounds``: more than 1 for a run of the rounds a draft left to the target
+    alone (``Draft.alone``), one token each: then ``target_seconds`` is all their decodes."""
+
+    draft: Draft
+    verified: int
+    kept: int
+    committed: Sequence[int]
+    draft_seconds: float
+    target_seconds: float
+    round_seconds: float
+    decoded_rows: int
+    rounds: int = 1
+
+    @property
+    def emitted(self) -> int:
+        """Tokens the round committed: the kept drafts and the target's own token (one per
+        round of a run)."""
+        return self.kept + self.rounds
+
+
+class Drafter(Protocol):
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft: ...
+
+    def candidate(self, committed: Sequence[int]) -> int | None: ...
+
+    def accept(self, report: Report) -> None: ...
+
+
+class NgramDrafter:
+    """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
+    ends before a token the logit bias bans). It has no model of its own to offer candidates."""
+
+    def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
+        self.spec = spec
+        self.bias = bias
+        self.index = ngram.Index(spec.ngram_max)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        found = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
+        return Draft(found, [None] * len(found))
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return None
+
+    def accept(self, report: Report) -> None:
+        pass
+
+
+class _Plain:
+    """Any object with ``draft(committed, limit)`` returning a list of tokens (or a ``Draft``),
+    as a whole drafter: it offers no candidates and learns nothing."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        found = self.inner.draft(committed, limit)  # type: ignore[attr-defined]
+        return found if isinstance(found, Draft) else Draft(list(found), [None] * len(found))
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return None
+
+    def accept(self, report: Report) -> None:
+        pass
+
+
+def shift_drafter(drafter: object, keep: int, drop: int) -> None:
+    """Tell ``drafter`` of a context shift (``fly_cpp.rounds.shift``) where it follows one itself
+    (its ``shift(keep, drop)``: the draft model moves its cache as the target's moved); any
+    other drafter finds the shifted text by common prefix on its next draft."""
+    follow = getattr(drafter, "shift", None)
+    if callable(follow):
+        follow(keep, drop)
+
+
+def as_drafter(drafter: object) -> Drafter:
+    """``drafter`` as the whole seam: a full ``Drafter`` as it is, and the simplest custom one,
+    an object with ``draft(committed, limit) -> list[int]``, wrapped."""
+    if all(callable(getattr(drafter, name, None)) for name in ("begin", "draft", "candidate", "accept")):
+        return drafter  # type: ignore[return-value]
+    if not callable(getattr(drafter, "draft", None)):
+        raise TypeError(f"a drafter needs a draft(committed, limit) method, got {type(drafter).__name__}")
+    return _Plain(drafter)

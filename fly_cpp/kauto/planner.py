@@ -1,0 +1,137 @@
+"""k auto's planner: one pure function, ``plan(draw, costs, limits) -> Plan``.
+
+Each round it picks the plan with the most expected tokens per second (``fly_cpp.kauto.worth``) at
+the costs (``fly_cpp.kauto.costs``) and at one draw from what k auto believes (``fly_cpp.kauto.belief``:
+Thompson sampling). Exploration is nothing but that draw: where the evidence is thin or old,
+the drawn acceptance (or price) is often far enough from its mean to change the plan, and where
+it is ample and fresh it seldom is. The plans:
+
+- ``target``: a plain target decode, no draft call at all, and ``rest`` more rounds after it
+  left unplanned where no draw could change the plan before then;
+- ``ngram``: an n-gram guess verified alone (no draft decode);
+- ``draft``: drafting with the draft model step by step while a step pays at the mean (or one
+  probing step, where the draft's confidence in its first token tells enough);
+- ``explore``: drafting step by step, up to the length the draw (not the mean) says pays, every
+  drafted token verified (what it teaches is the point);
+- ``steady``: a GPU's rounds of one length a generation (``Limits.width``): there a decode
+  costs more whenever the batch's shape changes, so the length is a constraint of the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fly_cpp.kauto import worth
+from fly_cpp.kauto.belief import AGE, UNCHECKED_SPREAD, Draw
+from fly_cpp.kauto.costs import Costs
+from fly_cpp.kauto.evidence import BINS
+
+# the resolution of acceptance in pricing a rest (not a tuning): four steps a confidence bin
+GRID = 4 * BINS
+# the longest rest planned at once: ten spans of the evidence's memory, past which a draw is the
+# prior's (a generation's own end, the loop's budget, usually comes first)
+REST_MAX = round(10 / (1 - AGE))
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds this round: the tokens it may draft, the draft model (if any) and the tokens
+    it must catch up on, the n-gram guess found (and the match it continues), the steady length."""
+
+    limit: int
+    has_draft: bool = False
+    lag: int = 0
+    guess: int = 0
+    matched: int = 0
+    width: int = 0
+    shared: bool = False  # the round's decodes are shared with other sequences' (no price of its own is learned)
+    rested: bool = False  # a rest just ended: this is the round its sampled length said a draw would draft in
+    guesses: bool = True  # n-gram guesses are looked up
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str  # target | ngram | draft | explore | steady
+    n: int = 0
+    rest: int = 0  # a target plan: rounds after this one left to the target alone, unplanned
+    then: bool = False  # after the rest, a round that tries drafting (its length was sampled as the wait for one)
+
+
+TARGET = Plan("target")
+
+
+def plan(draw: Draw, costs: Costs, lim: Limits) -> Plan:
+    """This round's plan at the draw's acceptance and prices."""
+    limit = lim.limit
+    if limit <= 0:
+        return TARGET
+    if lim.width > 0:
+        return Plan("steady", min(lim.width, limit))
+    # the target alone, at the drawn one-row price (under load no decode prices it: its learned one)
+    alone = worth.alone(costs) * (1.0 if lim.shared else draw.alone_factor)
+    c = draw.correction  # what speculating rounds realized
+    guesses_may_pay = worth.best(costs, draw.surest, limit, 0.0, 0.0, floor=alone)[1] > 0
+    g_rate, g = worth.best(costs, draw.guess, min(lim.guess, limit), 0.0, 0.0, floor=alone / c) \
+        if guesses_may_pay and lim.guess else (0.0, 0)
+    if lim.has_draft:
+        first, step = costs.draft(lim.lag + 1) * draw.draft_factor, costs.draft(1) * draw.draft_factor
+        mean_rate, mean_h = worth.best(costs, draw.mean, limit, first, step, floor=alone / c)
+        if g:  # the draft's first step checks the guess (``fly_cpp.drafters.paced``), and drafting goes on past it
+            chained = worth.best(costs, draw.mean, limit, costs.draft(lim.lag + 1 + g) * draw.draft_factor, step,
+                                 [draw.guess] * g, floor=alone / c)
+            mean_rate, mean_h = max((mean_rate, mean_h), chained)
+        # what the draft lags by is a debt of the rounds decoded alone, paid whenever it drafts
+        # again, not a price of drafting: priced into a try, it grew with every round alone until
+        # no try could pay (test_pacing: a text that turned predictable again was decoded alone)
+        drawn_rate, h = worth.best(costs, draw.accept, limit, step, step, floor=alone / c)
+        if g and g_rate >= max(mean_rate, drawn_rate) and g_rate * c > alone:
+            return Plan("ngram", g)
+        if mean_h:
+            return Plan("draft", limit)
+        if draw.firsts_seen and worth.probe(costs, max(draw.pace, alone) / c, draw.firsts, draw.by_bin, limit, first, step):
+            return Plan("draft", limit)
+        if h or lim.rested:
+            return Plan("explore", max(h, 1))
+    elif g and g_rate * c > alone:
+        return Plan("ngram", g)
+    if guesses_may_pay:  # guesses are looked up every round: no rest
+        return TARGET
+    rest, then = _rest(draw, costs, lim)
+    return Plan("target", rest=rest, then=then)
+
+
+def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
+    """Rounds after this one that are left to the target alone unplanned: as many as fresh draws
+    would go on planning the target alone, sampled at once (``Draw.u``), and whether the round
+    after them drafts (its draw of the draft, not of a guess, ended the rest: a guess is looked
+    up in any planned round, and that teaches it). Each round without a draft or a lookup ages
+    their evidence (``Draw.aged``), so a draw that tries one comes with a chance that grows
+    round by round; what could not pay even if always right never does (REST_MAX)."""
+    if lim.shared or draw.spread >= UNCHECKED_SPREAD:  # an unchecked draft price is drawn anew every round
+        return 0, False
+    alone, step = worth.alone(costs), costs.draft(1)  # the learned prices: the rest's rounds draw their own
+    if lim.has_draft and worth.best(costs, draw.mean, lim.limit, step, step, floor=alone / draw.correction)[1]:
+        return 0, False  # a draw of the prices chose the target alone: it is tried, then plans resume
+    # each kind's rate by its acceptance (GRID steps, nondecreasing): a round tries it where its
+    # rate x the correction beats the target alone; every round of the rest at once (``Draw.aged``)
+    grid = [i / GRID for i in range(GRID + 1)]
+    kinds = [(True, worth.tops(costs, grid, lim.limit, 0.0, 0.0))] if lim.guesses else []
+    if lim.has_draft:
+        kinds.append((False, worth.tops(costs, grid, lim.limit, step, step)))
+    chances = []  # each kind's chance of being tried in each round
+    for guesses, rates in kinds:
+        mean, sd, correction = draw.aged(REST_MAX, guesses)
+        pays = np.searchsorted(rates, alone / correction * (1 + 1e-9), side="right")  # the first acceptance that pays
+        tail = _ERF((pays / GRID - mean) / (np.maximum(sd, 1e-9) * math.sqrt(2))).astype(np.float64)
+        chances.append(np.where(pays <= GRID, 0.5 * (1 - tail), 0.0))
+    # the chance that every draw up to round r plans the target alone, multiplied in the rounds' order
+    still = np.cumprod(1 - np.stack(chances, axis=1).ravel())[len(chances) - 1::len(chances)] if chances else None
+    below = np.flatnonzero(still < draw.u) if still is not None else ()
+    if len(below):
+        r = int(below[0])
+        return r, bool(lim.has_draft and chances[-1][r] >= chances[0][r])
+    return REST_MAX, False

@@ -1,0 +1,298 @@
+"""The speculative loop: draft, verify in one target pass, keep, roll back, emit.
+
+Position invariant (asserted each round): before a round, the target's KV cache holds every
+committed token but the last (``target.tokens == committed[:-1]``). The round decodes
+[last committed, d_1..d_m] in one batch, which yields the m+1 rows of logits it needs, keeps
+n drafted tokens, and rolls the cache back to ``committed + d_1..d_n``; the correction or bonus
+token t_{n+1} is committed without being decoded, which restores the invariant. The draft model
+keeps the same invariant on its own cache (``Context.sync``): after a full accept its catch-up
+is decoding d_m, which it drafted but never fed itself.
+
+Cross-round window (``fly_cpp.rounds.crossround``): a provisionally kept mismatch at committed
+position p is followed by held tokens. Refuting it cuts ``committed`` back to p, puts the
+target's own token there and truncates the target cache to p, which is the invariant again;
+the draft cache re-syncs by common prefix on its next draft. A rollback that far reaches past
+the round's own decode, so the round that keeps a mismatch asks the target cache for a way
+back to p (``Context.checkpoint``: nothing on a KV cache; a recurrent state's copy).
+
+Target-only decoding is the same loop with empty drafts (m = 0); when the target's choice is
+its raw argmax, its rounds are decoded in runs inside the native library (``fly_cpp.rounds.runs``), and
+so are the rounds a drafter leaves to the target alone (``Draft.alone``) where verification is exact.
+There, and in greedy speculative generations (in a slot too), the first token comes from the
+prompt's last row (``Runs.start``), before the first round, and goes out before the draft model's
+prompt is decoded (which only the rounds need); where a loosening rule could keep the draft model's
+token there instead (``_open_first``), the first round verifies it as before.
+
+A text that fills the context (the cache holding n_ctx - 1 tokens, as llama-server stops) ends
+there, or with ``request.shift`` drops part of its middle and goes on (``fly_cpp.rounds.shift``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from time import perf_counter
+
+import numpy as np
+
+from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.context import Context
+from fly_cpp.basics.errors import CacheFull
+from fly_cpp.drafters.seam import Draft, Drafter, Report
+from fly_cpp.rounds.accept import Verdict
+from fly_cpp.rounds.constrain import Constraint, Rules
+from fly_cpp.rounds.crossround import Window
+from fly_cpp.rounds.output import Output
+from fly_cpp.rounds.prefill import prefill
+from fly_cpp.rounds.request import Request
+from fly_cpp.rounds.runs import Runs
+from fly_cpp.rounds.scoring import token_probs
+from fly_cpp.rounds.shape import Steady, padded
+from fly_cpp.rounds.shift import shift
+from fly_cpp.rounds.step import Progress, Round, Step
+from fly_cpp.rounds.verify import Verifier
+
+
+def run(request: Request, target: Context, drafter: Drafter | None, out: Output,
+        steady: Steady | None = None, grammar: Rules | None = None) -> Iterator[Step | Progress]:
+    """Generate ``request`` on ``target`` with ``drafter`` (None: target only), releasing
+    tokens through ``out`` (which keeps the stats and records how the text ends). ``steady``:
+    pad the verification batches to its width (``fly_cpp.rounds.shape``). ``grammar``: its state
+    before the first generated token; every emitted token obeys it (``fly_cpp.rounds.constrain``).
+    Before the first token it yields a ``Progress`` per batch of the prompt (``fly_cpp.rounds.prefill``)."""
+    return _Loop(request, target, drafter, out, steady, grammar).run()
+
+
+class _Loop:
+    """One generation's rounds: what they share (the committed text, the verifier, the open
+    window, the native runs) and the round itself (``round``)."""
+
+    def __init__(self, request: Request, target: Context, drafter: Drafter | None, out: Output,
+                 steady: Steady | None, grammar: Rules | None) -> None:
+        self.request, self.spec, self.target, self.drafter, self.out, self.steady = (
+            request, request.spec, target, drafter, out, steady)
+        self.stats = out.stats
+        constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
+        self.constrained = constraint is not None
+        self.verify, self.window = Verifier(request, out.detok.piece, constraint), Window(request.spec)
+        self.committed = list(request.prompt)
+        self.runs = Runs.make(request, target, drafter is not None, self.constrained) if steady is None else None
+
+    def run(self) -> Iterator[Step | Progress]:
+        request, target, drafter, out, stats, committed = (
+            self.request, self.target, self.drafter, self.out, self.stats, self.committed)
+        begin = perf_counter()
+        stats.n_cached = min(common_prefix(target.tokens, committed[:-1]), len(committed) - 1)
+        runs = self.runs
+        first = runs or (Runs.first(request, target, self.constrained) if self.steady is None else None)
+        if first is None or out.finish is not None or len(committed) > target.n_ctx:
+            first = None  # else: the prompt decoded through its last token, the first token picked
+        # under a loosening rule the row may leave the first token to the first round (``Runs.start``)
+        open_at = self._open_first if drafter is not None and self.verify.policy.loosens else None
+        try:
+            taken = yield from prefill(committed, target, first, out, begin, open_at)
+        except CacheFull:
+            taken = self._cache_full()
+        waited = 0.0  # time spent by the consumer on the first token, not ours to count
+        if taken:  # the first token, from the prompt's row: out before the draft's prompt and the rounds
+            t3 = perf_counter()
+            yield from out.take()
+            waited = perf_counter() - t3
+        if drafter is not None and out.finish is None:  # the draft's prompt too (a model drafter's cache), before the rounds' clock
+            try:
+                drafter.begin(committed)
+            except CacheFull:  # the draft's shared cache had no room for it
+                self._cache_full()
+        prompt_left = first is None  # the prompt's last batch, which the first round's decode finishes
+        start = perf_counter()
+        stats.prompt_seconds = start - begin - waited
+        paused = 0.0  # time spent by the consumer between our yields, not ours to count
+        try:
+            while out.finish is None:
+                # tokens a round may still commit: the text ends (or shifts) once it fills the
+                # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
+                room = target.n_ctx - len(committed)
+                if room <= 0 and self.window.pending is None:
+                    if request.shift is None or not shift(request.shift, committed, target, drafter, self.verify, stats):
+                        out.end("length", "limit", context_full=True)
+                        break
+                    room = target.n_ctx - len(committed)
+                assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
+                try:
+                    if runs is not None and drafter is None:  # target-only greedy, several tokens a return (``runs``)
+                        runs.run(committed, out)
+                    elif (decoded := self.round(room, prompt_left)) is not None and prompt_left:
+                        prompt_left = False  # this round's decode finished the prompt's last batch
+                        stats.first_seconds = decoded - start
+                        yield Progress(len(request.prompt), stats.n_cached, len(request.prompt), decoded - begin)
+                except CacheFull:
+                    self._cache_full()
+                t3 = perf_counter()
+                yield from out.take()
+                paused += perf_counter() - t3
+            yield from out.take()
+        finally:
+            stats.seconds = perf_counter() - start - paused
+
+    def _cache_full(self) -> bool:
+        """A cache shared by slots had no room for this slot's decode: the text ends as at a
+        full context (what was committed stays), its caches are emptied by the engine after."""
+        self.stats.cache_full = True
+        self.out.end("length", "limit", context_full=True)
+        return False
+
+    def round(self, room: int, prompt_left: bool) -> float | None:
+        """One round: draft, verify the draft in one target decode, keep what the verdict keeps,
+        tell the drafter. Returns when the target's decode ended (None: the round verified
+        nothing: the target decoded alone in a native run, or an open window was refuted)."""
+        request, spec, target, drafter, out, window = (
+            self.request, self.spec, self.target, self.drafter, self.out, self.window)
+        committed = self.committed
+        # a round verifies at most k drafts, in one batch, within the cache and the token budget
+        budget = request.max_tokens - self.stats.n_tokens - len(out.held) - 1
+        limit = min(spec.max_draft, room - 1, target.n_batch - 1, max(budget, window.left))
+        t0 = perf_counter()
+        draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
+        # rounds the drafter leaves to the target alone, of those it would be asked about
+        alone = min(draft.alone, room - 1, budget)
+        last = limit <= 0 and window.pending is None  # nothing may be drafted: the text's last token
+        if self.runs is not None and drafter is not None and (alone > 1 or last) and not draft.tokens and not prompt_left:
+            # decoded as one run, as target-only decodes
+            t1, before = perf_counter(), len(committed)
+            decoding = self.runs.run(committed, out, max(alone, 1))
+            self.stats.draft_seconds += t1 - t0
+            drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, perf_counter() - t0, 1,
+                                  len(committed) - before))
+            return None
+        drafted = self.verify.usable(committed, draft.tokens)
+        if len(drafted) < min(spec.n_min, limit) and window.pending is None:
+            drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
+        if window.pending is not None and not drafted:  # nothing left to complete the window with
+            self.stats.refuted(self._refute(self.stats.n_rounds))
+            return None
+        t1 = perf_counter()
+        batch = [committed[-1], *drafted]
+        width = len(batch) if self.steady is None else self.steady.width(len(batch), room + 1)
+        # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
+        logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
+        t2 = perf_counter()
+        verdict, chosen = self.verify(logits, drafted, committed, own=draft.by_model, cross_round=window.enabled,
+                                      window_left=window.left, max_left=window.max_left())
+        record = Round(self.stats.n_rounds + 1, len(drafted), draft_seconds=t1 - t0, target_seconds=t2 - t1)
+        if verdict.refuted_at is not None:
+            record.refuted_rounds = self._refute(record.number)
+        else:
+            self._keep(record, logits, draft, drafted, verdict, chosen)
+        self.stats.add(record)
+        if drafter is not None:
+            kept = verdict.accepted if verdict.refuted_at is None else 0
+            drafter.accept(Report(draft, len(drafted), kept, committed, record.draft_seconds, t2 - t1,
+                                  perf_counter() - t0, width))
+        return t2
+
+    def _keep(self, record: Round, logits: np.ndarray, draft: Draft, drafted: list[int], verdict: Verdict,
+              chosen: list[int] | None) -> None:
+        """What a verified round keeps: the drafted tokens the verdict keeps and the target's
+        own token after them (or the draft model's own there, kept loosely: FLy's ask), the
+        window opened, held or confirmed; the cache rolled back to all but the last of them."""
+        request, spec, target, drafter, out, window, verify = (
+            self.request, self.spec, self.target, self.drafter, self.out, self.window, self.verify)
+        committed = self.committed
+        if verify.own_only and not draft.by_model and verdict.accepted and drafter is not None:
+            # guesses the target kept may stand where the draft model would have said
+            # something else, loosely kept: FLy's rule there needs the draft model's token
+            cut = verify.first_open(logits, committed, drafted[: verdict.accepted])
+            if cut is not None:
+                verdict = verdict.stop_at(cut, drafted[cut])
+        base, n = len(committed), verdict.accepted
+        emitted = [*drafted[:n], verdict.next_token]
+        asked = None  # the draft model's own token where the target wrote next_token, kept loosely
+        record.confirmed = int(window.observe(verdict, len(drafted), base, chosen, record.number))
+        if record.confirmed:
+            out.confirm()
+        if (window.pending is None and verify.own_only and drafter is not None
+                and not (n < len(drafted) and draft.by_model)):
+            t4 = perf_counter()
+            asked = self._ask(record, logits[n], committed + drafted[:n], verdict.next_token)
+            record.draft_seconds += perf_counter() - t4
+            if asked is not None:
+                emitted[-1] = asked
+                if spec.window > 1:  # kept pending the draft model's continuation
+                    window.hold(base + n, verdict.next_token, spec.window - 1, record.number)
+                    record.provisional += 1
+                else:
+                    record.loose += 1
+        # n_probs: the rows that verified the emitted tokens are the target's view of them
+        probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
+        pending = window.pending
+        if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
+            at = pending.pos - base  # the target's own token there, should the window fail
+            window.correction_probs(token_probs(logits[at:], [pending.correction], request.n_probs)[0])
+        if pending is not None and base <= pending.pos:  # opened this round: it may come back to its mismatch
+            target.checkpoint(pending.pos)
+        if pending is not None and pending.pos < base + len(emitted) - 1:
+            emitted.pop()  # while a window is open the target's own token after the drafts proves nothing
+        target.truncate(base + len(emitted) - 1)  # invariant: the cache holds all but the last committed token
+        record.exact += verdict.n_exact
+        record.loose += len(verdict.loose)
+        record.gate_rejected += verdict.gate_rejected
+        record.guard_rejected += verdict.guard_rejected
+        record.provisional += verdict.provisional is not None
+        record.committed = verdict.accepted + 1
+        for i, token in enumerate(emitted):
+            held = window.holds(base + i)
+            if held and out.is_eog(token):  # a window cannot be completed past the end of the text
+                record.refuted_rounds = self._refute(record.number)
+                break
+            committed.append(token)
+            own = asked is not None and i == n
+            loose = i in verdict.loose or window.is_pending(base + i) or own
+            out.add(token, drafted=i < n or own, loose=loose, round=record.number, hold=held,
+                    probs=probs[i] if probs is not None else None)
+            if out.finish is not None:
+                break
+
+    def _open_first(self, row: np.ndarray, chosen: int) -> bool:
+        """At the prompt's last row (``chosen``: the target's token there): could the rule keep
+        another token in the first position? Under FLy's plan-independent rule only the draft
+        model's own token can be kept there, so it is asked, as a round asks (``_ask``); the
+        published rule may keep whatever a first draft holds wherever the gate is open."""
+        verify, drafter, committed = self.verify, self.drafter, self.committed
+        assert drafter is not None
+        if not verify.may_loosen(row, chosen):
+            return False
+        if not verify.own_only:
+            return True
+        row = np.array(row)  # a view of the target's buffer: other slots' decodes may reuse it meanwhile
+        drafter.begin(committed)
+        self.stats.asked()
+        return self._own_token(row, committed, chosen) is not None
+
+    def _ask(self, record: Round, row: np.ndarray, history: list[int], chosen: int) -> int | None:
+        """FLy's rule where no draft of the draft model's reached (the target decoded alone, an
+        n-gram guess stood there, or every drafted token was kept): if the target was unsure there
+        and some other token could be kept, the draft model's own token there is a candidate like any
+        drafted one. Returns it when it passes the gate and the safeguards (its window is judged by
+        the next rounds), else None."""
+        if self.drafter is None or not self.verify.may_loosen(row, chosen):
+            return None
+        record.asked += 1
+        return self._own_token(row, history, chosen)
+
+    def _own_token(self, row: np.ndarray, history: list[int], chosen: int) -> int | None:
+        """The draft model's own token after ``history``, where it passes the gate and the
+        safeguards at ``row`` (the target's, whose token there is ``chosen``), else None."""
+        assert self.drafter is not None
+        token = self.drafter.candidate(history)
+        return token if token is not None and self.verify.admits(row, token, history, chosen) else None
+
+    def _refute(self, number: int) -> int:
+        """Roll back to the open window's mismatch and commit the target's own token there, in
+        round ``number``; returns the rounds the refuted segment took."""
+        pending = self.window.refute()
+        committed = self.committed
+        del committed[pending.pos:]
+        committed.append(pending.correction)
+        self.target.truncate(pending.pos)
+        self.out.refute()
+        self.out.add(pending.correction, drafted=False, loose=False, round=pending.round, probs=pending.probs)
+        return number - pending.round
