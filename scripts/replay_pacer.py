@@ -58,7 +58,8 @@ from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.bench.summary import geomean
 from fly_cpp.config import ModelSettings, SpecSettings
 from fly_cpp.kauto.costs import Costs, Curve
-from fly_cpp.drafters.draft_model import ModelDrafter, Stepped
+from fly_cpp.drafters.draft_model import ModelDrafter
+from fly_cpp.drafters.steps import Stepped
 from fly_cpp.drafters.seam import Draft, Drafter, NgramDrafter, Report
 from fly_cpp.engine.engine import Engine
 from fly_cpp.basics.errors import FlyError

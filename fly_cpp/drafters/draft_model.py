@@ -5,7 +5,6 @@ the same steps)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,23 +15,7 @@ from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
 from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import ngram
 from fly_cpp.drafters.seam import Draft, Report
-
-
-@dataclass(frozen=True)
-class Stepped:
-    """One draft-model decode: ``best`` (guess + 1,) its greedy token after each prefix of the
-    n-gram guess it checked, ``agree`` how many guess tokens it agreed with, ``sure`` its top
-    probability at rows 0..agree (empty unless asked), ``rows`` decoded."""
-
-    best: np.ndarray
-    agree: int
-    sure: list[float]
-    rows: int
-
-    @property
-    def token(self) -> int:
-        """The draft's own token after the agreed part of the guess."""
-        return int(self.best[self.agree])
+from fly_cpp.drafters.steps import Pace, Rules, Stepped, draft_steps
 
 
 class DraftModel:
@@ -189,40 +172,16 @@ class ModelDrafter:
         checks = self.checks if checks is None else checks
         catchup = model.start(committed)
         want_confidence = confident or spec.p_min > 0
-        steps: list[tuple[int, float]] = []
         ran = None if clock is not None else model.run(committed, limit, need, spec, want_confidence, checks)
-        out, confidences = ran if ran is not None else self._steps(committed, catchup, limit, need, want_confidence,
-                                                                  checks, steps, clock)
+        steps: list[tuple[int, float]] = []
+        if ran is not None:
+            out, confidences = ran
+        else:  # stepped in Python (the native run's reference): the plain pace, its guesses as found
+            pace = Pace((lambda history, room: self.index.match(history, room)[1]) if spec.ngram else None, checks)
+            rules = Rules(limit, need, spec.p_min, want_confidence)
+            out, confidences, steps = draft_steps(model, committed, rules, pace, clock, catchup)
         out = out[:limit]
         return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True, steps=tuple(steps))
-
-    def _steps(self, committed: Sequence[int], catchup: list[int], limit: int, need: int,
-               want_confidence: bool, checks: int, steps: list[tuple[int, float]],
-               clock: Callable[[], float] | None = None) -> tuple[list[int], list[float]]:
-        """``draft``'s steps in Python, one draft-model decode each (the reference of
-        ``DraftModel.run``); with a ``clock``, each decode's rows and seconds are added to ``steps``."""
-        spec, model = self.spec, self.draft_model
-        out: list[int] = []
-        confidences: list[float] = []
-        history = list(committed)
-        while len(out) < limit:
-            room = min(checks, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
-            guess = self.index.match(history, room)[1] if spec.ngram and room > 0 else []
-            t0 = clock() if clock is not None else 0.0
-            s = model.step(catchup, history, guess, want_confidence)
-            if clock is not None:
-                steps.append((s.rows, clock() - t0))
-            catchup = []
-            new = list(guess[: s.agree])
-            owed = len(out) + len(new) < need
-            if spec.p_min <= 0 or owed or s.sure[s.agree] >= spec.p_min:
-                new.append(s.token)
-            out += new
-            history += new
-            confidences += s.sure[: len(new)]
-            if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
-                break
-        return out, confidences
 
     def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
             checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
@@ -237,12 +196,3 @@ class ModelDrafter:
 
     def accept(self, report: Report) -> None:
         pass
-
-
-def cut_at_end(out: list[int], new: Sequence[int], is_eog: Callable[[int], bool]) -> bool:
-    """Cut ``out`` (whose last ``len(new)`` tokens a step just added) after the first
-    end-of-generation token among ``new``; whether there was one."""
-    ends = [i for i, t in enumerate(new) if is_eog(t)]
-    if ends:
-        del out[len(out) - len(new) + ends[0] + 1:]
-    return bool(ends)

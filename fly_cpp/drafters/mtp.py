@@ -30,11 +30,10 @@ from fly_cpp.backend import rows
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
-from fly_cpp.basics.errors import FlyError
 from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import ngram
-from fly_cpp.drafters.draft_model import Stepped, cut_at_end
 from fly_cpp.drafters.seam import Draft, Report
+from fly_cpp.drafters.steps import Rules, Stepped, draft_steps
 
 
 class MtpHead:
@@ -152,30 +151,9 @@ class MtpDrafter:
         n-gram guesses: ``checks`` is for the draft model's seam); ``clock``: time each step by it
         (``Draft.steps``)."""
         spec, head = self.spec, self.draft_model
-        n = len(committed)
-        want_confidence = confident or spec.p_min > 0
-        history = list(committed)
-        out: list[int] = []
-        confidences: list[float | None] = []
-        steps: list[tuple[int, float]] = []
-        head.start(committed)
-        while len(out) < limit and n + len(out) <= self.ctx.target.n_ctx - 1:
-            t0 = clock() if clock is not None else 0.0
-            try:
-                s = head.step([], history, [], want_confidence)
-            except FlyError:  # the target has not decoded that far (cannot happen within the loop)
-                break
-            if clock is not None:
-                steps.append((s.rows, clock() - t0))
-            sure = s.sure[0] if s.sure else None
-            if spec.p_min > 0 and len(out) >= need and sure is not None and sure < spec.p_min:
-                break
-            out.append(s.token)
-            history.append(s.token)
-            confidences.append(sure)
-            if cut_at_end(out, [s.token], head.is_eog):
-                break
-        return Draft(out, confidences, by_model=True, steps=tuple(steps))
+        rules = Rules(limit, need, spec.p_min, confident or spec.p_min > 0, end=self.ctx.target.n_ctx - 1)
+        out, confidences, steps = draft_steps(head, committed, rules, clock=clock)
+        return Draft(out, [*confidences, *[None] * (len(out) - len(confidences))], by_model=True, steps=tuple(steps))
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         """The head's greedy token after ``committed`` (FLy's rule asks for it where no draft of

@@ -12,9 +12,10 @@ from collections.abc import Callable, Sequence
 from time import perf_counter, thread_time
 
 from fly_cpp.drafters import ngram
-from fly_cpp.drafters.draft_model import ModelDrafter, cut_at_end
+from fly_cpp.drafters.draft_model import ModelDrafter
 from fly_cpp.drafters.mtp import MtpDrafter
 from fly_cpp.drafters.seam import Draft, NgramDrafter, Report, shift_drafter
+from fly_cpp.drafters.steps import Pace, Rules, Stepped, draft_steps
 from fly_cpp.kauto.pacer import DRAFTS, Pacer
 
 
@@ -117,37 +118,11 @@ class PacedDrafter:
     def _paced(self, drafter: ModelDrafter | MtpDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
         """The draft model's tokens, step by step while one more is worth its cost (and while
         ``need`` are owed); then the prefix worth verifying."""
-        pacer, model, spec = self.pacer, drafter.draft_model, drafter.spec
-        catchup = model.start(committed)
-        out: list[int] = []
-        confidences: list[float] = []
-        chances: list[float] = []  # the chance that drafted tokens 0..i are all kept
-        history = list(committed)
-        while len(out) < limit:
-            t0 = self.now()
-            room = min(spec.ngram_tokens, limit - len(out) - 1, model.n_batch - 1)  # guess + last token fit one batch
-            checks = spec.ngram and room > 0 and model.checks_guesses
-            found = drafter.index.match(history, room)[1] if checks else []
-            guess = found[: pacer.guess_length(len(found), len(catchup))] if found else found  # as much as pays
-            s = model.step(catchup, history, guess, confident=True)
-            catchup = []
-            if found:
-                pacer.evidence.guess_checked(found, len(guess), s.agree, s.token)
-            new = list(guess[: s.agree])
-            if spec.p_min <= 0 or len(out) + len(new) < need or s.sure[s.agree] >= spec.p_min:
-                new.append(s.token)
-            out += new
-            history += new
-            confidences += s.sure[: len(new)]
-            if pacer.sharing == 1:  # a draft step's cost, with its host work (a shared one's is not its own)
-                pacer.costs.observe_draft(s.rows, self.now() - t0)
-            if cut_at_end(out, new, model.is_eog) or len(new) == s.agree:  # end of text, or the draft lost confidence
-                break
-            for q in s.sure[: len(new)]:
-                chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
-            # the next tokens are likely as predictable as the last one was
-            if len(out) >= need and not pacer.more(chances, pacer.model(s.sure[len(new) - 1] if s.sure else None)):
-                break
+        pacer, spec = self.pacer, drafter.spec
+        pace = _Paced(pacer, drafter.index if spec.ngram else None, spec.ngram_tokens, need)
+        out, confidences, _ = draft_steps(drafter.draft_model, committed, Rules(limit, need, spec.p_min, True), pace,
+                                          self.now)
+        chances = pace.chances
         out = out[:limit]
         pacer.probed(confidences[0] if confidences else None)
         while len(chances) < len(out):  # tokens after the last decision (end of text, limit)
@@ -215,3 +190,35 @@ class PacedDrafter:
         self._learn_guess(written)
         self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone
         self.planned = False
+
+
+class _Paced(Pace):
+    """k auto's pace of the draft steps: a guess checked only as far as it pays (``Pacer.guess_length``),
+    each step's price and each checked guess learned, and one more step taken only while it is
+    worth its cost at the chance that every token so far is kept (``Pacer.more``)."""
+
+    def __init__(self, pacer: Pacer, index: ngram.Index | None, most: int, need: int) -> None:
+        super().__init__()
+        self.pacer, self.index, self.most, self.need = pacer, index, most, need
+        self.found: list[int] = []  # this step's guess as looked up, before it was cut to what pays
+        self.chances: list[float] = []  # the chance that drafted tokens 0..i are all kept
+
+    def guess(self, history: Sequence[int], room: int, lag: int) -> list[int]:
+        room = min(room, self.most)
+        self.found = self.index.match(history, room)[1] if self.index is not None and room > 0 else []
+        return self.found[: self.pacer.guess_length(len(self.found), lag)] if self.found else []
+
+    def stepped(self, s: Stepped, guess: Sequence[int], seconds: float) -> None:
+        pacer = self.pacer
+        if self.found:
+            pacer.evidence.guess_checked(self.found, len(guess), s.agree, s.token)
+        self.found = []
+        if pacer.sharing == 1:  # a draft step's cost, with its host work (a shared one's is not its own)
+            pacer.costs.observe_draft(s.rows, seconds)
+
+    def more(self, out: Sequence[int], new: Sequence[int], s: Stepped) -> bool:
+        pacer, chances = self.pacer, self.chances
+        for q in s.sure[: len(new)]:
+            chances.append((chances[-1] if chances else 1.0) * pacer.model(q))
+        # the next tokens are likely as predictable as the last one was
+        return len(out) < self.need or pacer.more(chances, pacer.model(s.sure[len(new) - 1] if s.sure else None))
