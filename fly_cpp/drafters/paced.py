@@ -35,14 +35,15 @@ class PacedDrafter:
         plan timed by the wall clock then cost a stall that was not its own, ~2 ms, priced into
         every drafting round after it)."""
         self.inner, self.pacer, self.now, self.cpu = inner, pacer, now, cpu
-        self._planning = 0.0  # this round's planning and lookup, where it drafted nothing
+        # this round's planning and lookup, where it is what a planned round costs more than a rest's
+        # round: a plan that drafted nothing and priced no rest (None: not this round)
+        self._planning: float | None = None
         pacer.begin()
         self.model = inner if isinstance(inner, (ModelDrafter, MtpDrafter)) else None
         self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
         index = inner.index  # the drafter's own, over the same text: indexed once
         self.index = index if index.max_n == ngram_max else ngram.Index(ngram_max)
         self.kind = "target"  # this round's plan
-        self.planned = False  # this round's plan was made (not a round of a rest, nor one nothing may be drafted in)
         self.last_kind = "target"  # the last round's plan, once it is over
         self.confidences: list[float | None] = []
         # a round's draft, where it starts and the token trimming left out with its confidence:
@@ -87,14 +88,13 @@ class PacedDrafter:
         t0 = self.cpu()  # (the costs are loaded on first use, above: not a plan's work)
         self.kind, n = self.pacer.plan(limit, lambda: model.lag(committed) if model is not None else 0,
                                        lookup if self.use_ngram else lambda: (0, 0), model is not None, self.use_ngram)
-        self.planned = self.pacer.planned and self.pacer.rest == 0  # one that plans a rest prices it once for its rounds
         if need > 0 and model is not None and self.kind not in DRAFTS:
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind == "steady":
             n = max(n, min(need, limit))
         if self.kind != "ngram" and guess:
             self._guessed = (len(committed), guess, matched)
-        if self.kind not in DRAFTS or model is None:
+        if self.pacer.planned and self.pacer.rest == 0 and self.kind not in DRAFTS:  # a rest's price is its rounds'
             self._planning = self.cpu() - t0
         if self.kind == "ngram":
             out = self.inner.bias.cut(guess[:n])  # not past a token the logit bias bans
@@ -181,7 +181,7 @@ class PacedDrafter:
             warm = costs.observe_target(report.decoded_rows, report.target_seconds / rounds, rounds)
             costs.drafted(self.kind in DRAFTS and self.model is not None)
             costs.observe_host((report.round_seconds - report.draft_seconds - report.target_seconds) / rounds, rounds)
-            if rounds == 1 and self.planned and self.kind not in DRAFTS:
+            if rounds == 1 and self._planning is not None:
                 # what every planned round costs more than a rest's (the bundled pair: ~0.3 ms beside a 0.3 ms decode)
                 costs.observe_planning(self._planning)
         verified = self.confidences[: report.verified]  # a draft may have been dropped (n_min)
@@ -189,7 +189,7 @@ class PacedDrafter:
         self._learn_left_out(written)
         self._learn_guess(written)
         self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone
-        self.planned = False
+        self._planning = None
 
 
 class _Paced(Pace):

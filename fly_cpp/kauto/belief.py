@@ -82,14 +82,8 @@ class Draw:
         drafting (or looking up): their evidence aged by ``AGE`` a round, as arrays."""
         hits, trials, prior = self.guessed if guesses else (self.hits, self.trials, self.prior)
         s = _ages(most)
-        weighed = trials * s + PRIOR
-        mean = (hits * s + PRIOR * prior) / weighed
-        sd = np.sqrt(np.maximum(mean * (1 - mean), 0.0) / (weighed + 1))
-        forecast, seconds, n = self.record
-        if n <= 0 or seconds <= 0:
-            return mean, sd, np.ones_like(s)
-        pseudo = CORRECTION_PRIOR * (seconds / n)
-        return mean, sd, (s * forecast + pseudo) / (s * seconds + pseudo)
+        mean, variance = _posterior(hits * s, trials * s, prior)
+        return mean, np.sqrt(variance), np.broadcast_to(_correction(self.record, s), s.shape)
 
 
 @functools.cache
@@ -104,7 +98,7 @@ def _correction(record: Sequence[float], s: float = 1.0) -> float:
     CORRECTION_PRIOR rounds."""
     forecast, seconds, rounds = record
     if rounds <= 0 or seconds <= 0:
-        return 1.0
+        return 1.0  # (``s`` may be an array: ``Draw.aged``)
     mean = seconds / rounds  # a pseudo-round: a mean round that ran as forecast
     return (s * forecast + CORRECTION_PRIOR * mean) / (s * seconds + CORRECTION_PRIOR * mean)
 
@@ -112,7 +106,7 @@ def _correction(record: Sequence[float], s: float = 1.0) -> float:
 def _posterior(hits: float, trials: float, prior: float) -> tuple[float, float]:
     """(mean, variance) of a Beta with ``PRIOR`` pseudo-observations of ``prior``."""
     mean = (hits + PRIOR * prior) / (trials + PRIOR)
-    return mean, max(mean * (1 - mean), 0.0) / (trials + PRIOR + 1)
+    return mean, np.maximum(mean * (1 - mean), 0.0) / (trials + PRIOR + 1)  # (scalars, or arrays: ``Draw.aged``)
 
 
 def _optimistic(hits: float, trials: float, prior: float, z: float) -> float:

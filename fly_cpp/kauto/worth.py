@@ -110,11 +110,11 @@ def tops(costs: Costs, accepts: Sequence[float], h_max: int, first: float, step:
     a = np.asarray(accepts, dtype=np.float64)
     if h_max <= 0:
         return np.full(len(a), alone(costs))
-    host, target, entering = costs.host + costs.planning, costs.target, costs.entering()
+    fixed = _fixed(costs)
     chances = np.cumprod(np.repeat(a[:, None], h_max, axis=1), axis=1)
     expected = np.cumsum(np.concatenate([np.ones((len(a), 1)), chances], axis=1), axis=1)[:, 1:]
-    prices = np.array([[host + entering + first + max(h - 1, 0) * step + target(h + 1) + costs.rollback(h, accept)
-                        for h in range(1, h_max + 1)] for accept in (a if costs.rollbacks is not None else a[:1])])
+    prices = np.array([[_seconds(costs, fixed, first, step, 0, h, accept) for h in range(1, h_max + 1)]
+                       for accept in (a if costs.rollbacks is not None else a[:1])])
     return np.maximum((expected / prices).max(axis=1), alone(costs))
 
 
@@ -124,10 +124,20 @@ def rates(costs: Costs, accepts: Iterable[float], first: float, step: float, lea
     probability ``accepts[i]`` given the earlier ones were: the first draft step costs ``first``
     (yielding the ``lead`` tokens before its own), later ones ``step``, and one target decode of
     h+1 rows verifies them (``best`` has the whole price)."""
-    host, target, entering = costs.host + costs.planning, costs.target, costs.entering()
+    fixed = _fixed(costs)
     for h, expected in enumerate(kept(accepts), start=1):
-        steps = max(h - lead - 1, 0)
-        yield h, expected / (host + entering + first + steps * step + target(h + 1) + costs.rollback(h, accept))
+        yield h, expected / _seconds(costs, fixed, first, step, lead, h, accept)
+
+
+def _fixed(costs: Costs) -> float:
+    """What any planned round costs beside its decodes: host time, planning, the switch to a batch."""
+    return costs.host + costs.planning + costs.entering()
+
+
+def _seconds(costs: Costs, fixed: float, first: float, step: float, lead: int, h: int, accept: float) -> float:
+    """Seconds of a round drafting h tokens (``rates``): ``fixed``, the draft steps (the first
+    yielding ``lead`` tokens before its own), the target's decode of h+1 rows, the rollback."""
+    return fixed + first + max(h - lead - 1, 0) * step + costs.target(h + 1) + costs.rollback(h, accept)
 
 
 def loosening(costs: Costs, exact: float, loose: float, unsure: float, window: int,
