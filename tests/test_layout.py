@@ -257,3 +257,41 @@ def test_no_file_grows_past_what_a_reader_takes_in() -> None:
     assert len((ROOT / "fly_cpp" / "engine" / "engine.py").read_text(encoding="utf-8").splitlines()) < ENGINE
     backend = [p for p in (ROOT / "fly_cpp" / "backend").glob("*.py")]
     assert len(backend) >= 7 and not [p for p in backend if str(p.relative_to(ROOT)) in STILL_LONG]
+
+
+DRAFTER_NAMES = ("Drafter", "DraftModel", "MtpHead", "Throttled")
+
+
+def drafter_probes(src: str) -> list[str]:
+    """Where ``src`` asks what a drafter is rather than using its seam: an isinstance against a
+    drafter class, a getattr or hasattr (each a line)."""
+    hits = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name = node.func.id
+            if name == "isinstance" and len(node.args) == 2 and any(d in ast.unparse(node.args[1]) for d in DRAFTER_NAMES):
+                hits.append(f"{node.lineno} isinstance")
+            elif name in ("getattr", "hasattr"):
+                hits.append(f"{node.lineno} {name}")
+    return hits
+
+
+def test_no_drafter_is_unwrapped_or_probed() -> None:
+    """The drafters, the round and the engine's control face use a drafter through its seam
+    (``fly_cpp.drafters.seam``: ``Drafter``, ``BaseDrafter.model``, ``Drafter.pacer``); a
+    caller's drafter has its shape read once, at the API's edge (``seam.as_drafter``)."""
+    mods = modules()
+    found = []
+    for name, path in mods.items():
+        if name.startswith(("fly_cpp.drafters.", "fly_cpp.rounds.")) or name in ("fly_cpp.engine.control", "fly_cpp.engine.batchloop"):
+            src = path.read_text(encoding="utf-8")
+            if name == "fly_cpp.drafters.seam":
+                src = src[: src.index("class _Whole")]  # the edge: a caller's object completed
+            found += [f"{name}:{hit}" for hit in drafter_probes(src)]
+    assert found == []
+
+
+def test_the_probe_check_sees_the_shapes_it_forbids() -> None:
+    src = ("def f(d, x):\n    if isinstance(d, ModelDrafter):\n        pass\n    getattr(d, 'shift', None)\n"
+           "    hasattr(d, 'pacer')\n    isinstance(x, str)\n")
+    assert drafter_probes(src) == ["2 isinstance", "4 getattr", "5 hasattr"]

@@ -91,7 +91,7 @@ class DraftModel:
         cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
         longer n-gram than it looks up, no room in the cache); the caller then steps in Python."""
         n = len(committed)
-        if (not getattr(self.ctx, "drafts_natively", False) or self.bias or self.draws is not None
+        if (not self.ctx.drafts_natively or self.bias or self.draws is not None
                 or (spec.ngram and spec.ngram_max > native.MAX_NGRAM) or n + limit - 1 > self.ctx.n_ctx):
             return None
         if len(self._hist) < n + limit:
@@ -145,6 +145,8 @@ class ModelDrafter:
     (k auto's controller prices them for a fixed k, ``Control.base_drafter``). They never change which tokens
     are drafted: an agreed guess token is the draft's own greedy token."""
 
+    pacer = None  # a fixed k's (k auto paces it from outside: ``fly_cpp.drafters.paced``)
+
     def __init__(self, draft_model: DraftModel, spec: SpecSettings, checks: int | None = None) -> None:
         self.draft_model = draft_model
         self.spec = spec
@@ -154,6 +156,11 @@ class ModelDrafter:
     @property
     def bias(self) -> LogitBias:
         return self.draft_model.bias
+
+    @property
+    def model(self) -> ModelDrafter:
+        """The drafter whose model k auto drives step by step: this one."""
+        return self
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.draft_model.prefill(prompt)

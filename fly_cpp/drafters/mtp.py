@@ -113,6 +113,8 @@ class MtpDrafter:
     token, or where the head's top probability falls under ``p_min`` once ``need`` tokens are
     drafted. The head's choices see the generation's logit bias."""
 
+    pacer = None  # a fixed k's (k auto paces it from outside: ``fly_cpp.drafters.paced``)
+
     def __init__(self, ctx: MtpContext, spec: SpecSettings, bias: LogitBias = NO_BIAS,
                  draws: Sampler | None = None) -> None:
         self.ctx = ctx
@@ -123,6 +125,11 @@ class MtpDrafter:
     @property
     def bias(self) -> LogitBias:
         return self.draft_model.bias
+
+    @property
+    def model(self) -> MtpDrafter:
+        """The drafter whose head k auto drives step by step: this one."""
+        return self
 
     @property
     def steps(self) -> int:
@@ -163,3 +170,7 @@ class MtpDrafter:
 
     def accept(self, report: Report) -> None:
         pass
+
+    def shift(self, keep: int, drop: int) -> None:
+        """The head's cache pairs each position with the target's state there: after a shift
+        it catches up by common prefix (``exact``), as after any rollback."""

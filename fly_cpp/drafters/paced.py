@@ -12,9 +12,7 @@ from collections.abc import Callable, Sequence
 from time import perf_counter, thread_time
 
 from fly_cpp.drafters import ngram
-from fly_cpp.drafters.draft_model import ModelDrafter
-from fly_cpp.drafters.mtp import MtpDrafter
-from fly_cpp.drafters.seam import Draft, NgramDrafter, Report, shift_drafter
+from fly_cpp.drafters.seam import BaseDrafter, Draft, ModelDrafting, Report
 from fly_cpp.drafters.steps import Pace, Rules, Stepped, draft_steps
 from fly_cpp.kauto.pacer import DRAFTS, Pacer
 
@@ -26,7 +24,7 @@ class PacedDrafter:
     each step whether one more is worth its cost, and leaves out trailing tokens not worth
     verifying."""
 
-    def __init__(self, inner: ModelDrafter | MtpDrafter | NgramDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
+    def __init__(self, inner: BaseDrafter, pacer: Pacer, ngram_max: int, ngram_tokens: int,
                  use_ngram: bool, now: Callable[[], float] = perf_counter,
                  cpu: Callable[[], float] = thread_time) -> None:
         """One per generation; the pacer carries over from one to the next. ``now``: the clock
@@ -39,7 +37,7 @@ class PacedDrafter:
         # round: a plan that drafted nothing and priced no rest (None: not this round)
         self._planning: float | None = None
         pacer.begin()
-        self.model = inner if isinstance(inner, (ModelDrafter, MtpDrafter)) else None
+        self.model = inner.model
         self.ngram_tokens, self.use_ngram = ngram_tokens, use_ngram
         index = inner.index  # the drafter's own, over the same text: indexed once
         self.index = index if index.max_n == ngram_max else ngram.Index(ngram_max)
@@ -71,7 +69,7 @@ class PacedDrafter:
     def shift(self, keep: int, drop: int) -> None:
         """A context shift moved the text: what was left to learn by position is dropped."""
         self._unverified = self._guessed = None
-        shift_drafter(self.inner, keep, drop)
+        self.inner.shift(keep, drop)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         guess: list[int] = []
@@ -115,7 +113,7 @@ class PacedDrafter:
             return found
         return Draft(alone=1 + self.pacer.rest if self.kind == "target" else 0)
 
-    def _paced(self, drafter: ModelDrafter | MtpDrafter, committed: Sequence[int], limit: int, need: int) -> Draft:
+    def _paced(self, drafter: ModelDrafting, committed: Sequence[int], limit: int, need: int) -> Draft:
         """The draft model's tokens, step by step while one more is worth its cost (and while
         ``need`` are owed); then the prefix worth verifying."""
         pacer, spec = self.pacer, drafter.spec

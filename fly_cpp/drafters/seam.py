@@ -18,13 +18,15 @@ decider (``fly_cpp.drafters.paced``) drives the draft model one ``DraftModel.ste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias
 from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import ngram
+from fly_cpp.drafters.steps import Stepper
+from fly_cpp.kauto.pacer import Pacer
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Report:
 
 
 class Drafter(Protocol):
+    pacer: Pacer | None  # the k auto controller that paces its rounds (None: not paced)
+
     def begin(self, prompt: Sequence[int]) -> None: ...
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft: ...
@@ -88,10 +92,52 @@ class Drafter(Protocol):
 
     def accept(self, report: Report) -> None: ...
 
+    def shift(self, keep: int, drop: int) -> None:
+        """A context shift (``fly_cpp.rounds.shift``) dropped ``drop`` positions after the first
+        ``keep``: a drafter with a cache moves it as the target's moved; one without finds the
+        shifted text by common prefix on its next draft."""
+
+
+class ModelDrafting(Protocol):
+    """A drafter whose model drafts one decode at a time (``draft_model``, a
+    ``fly_cpp.drafters.steps.Stepper``: the draft model or the target's MTP head), as k auto's
+    drafter (``fly_cpp.drafters.paced``) drives it: its settings, its n-gram index over the text,
+    the logit bias its choices see, its cache's lag and its own draft."""
+
+    spec: SpecSettings
+    index: ngram.Index
+
+    @property
+    def draft_model(self) -> Stepper: ...
+
+    @property
+    def bias(self) -> LogitBias: ...
+
+    def lag(self, committed: Sequence[int]) -> int: ...
+
+    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
+            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft: ...
+
+
+class BaseDrafter(Drafter, Protocol):
+    """One of the pair's own drafters, before any pacing: its n-gram index, its logit bias and
+    ``model``, the drafter itself where a model drafts step by step (None: n-gram lookup alone)."""
+
+    index: ngram.Index
+
+    @property
+    def bias(self) -> LogitBias: ...
+
+    @property
+    def model(self) -> ModelDrafting | None: ...
+
 
 class NgramDrafter:
     """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
     ends before a token the logit bias bans). It has no model of its own to offer candidates."""
+
+    model = None  # no model drafts step by step
+    pacer = None
 
     def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
         self.spec = spec
@@ -111,10 +157,15 @@ class NgramDrafter:
     def accept(self, report: Report) -> None:
         pass
 
+    def shift(self, keep: int, drop: int) -> None:
+        pass
+
 
 class _Plain:
     """Any object with ``draft(committed, limit)`` returning a list of tokens (or a ``Draft``),
     as a whole drafter: it offers no candidates and learns nothing."""
+
+    pacer = None
 
     def __init__(self, inner: object) -> None:
         self.inner = inner
@@ -132,21 +183,35 @@ class _Plain:
     def accept(self, report: Report) -> None:
         pass
 
+    def shift(self, keep: int, drop: int) -> None:
+        pass
 
-def shift_drafter(drafter: object, keep: int, drop: int) -> None:
-    """Tell ``drafter`` of a context shift (``fly_cpp.rounds.shift``) where it follows one itself
-    (its ``shift(keep, drop)``: the draft model moves its cache as the target's moved); any
-    other drafter finds the shifted text by common prefix on its next draft."""
-    follow = getattr(drafter, "shift", None)
-    if callable(follow):
-        follow(keep, drop)
+
+class _Whole:
+    """A caller's full drafter missing the seam's optional parts: one that follows no context
+    shift itself finds the shifted text by common prefix on its next draft; one without a pacer
+    is paced by none."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.begin, self.draft, self.candidate, self.accept = inner.begin, inner.draft, inner.candidate, inner.accept
+        self.pacer: Pacer | None = getattr(inner, "pacer", None)
+        follow = getattr(inner, "shift", None)
+        if callable(follow):
+            self.shift = follow
+
+    def shift(self, keep: int, drop: int) -> None:
+        pass
 
 
 def as_drafter(drafter: object) -> Drafter:
-    """``drafter`` as the whole seam: a full ``Drafter`` as it is, and the simplest custom one,
-    an object with ``draft(committed, limit) -> list[int]``, wrapped."""
+    """A caller's ``drafter`` as the whole seam: a full ``Drafter`` as it is (completed where it
+    lacks ``shift`` or ``pacer``), and the simplest custom one, an object with ``draft(committed,
+    limit) -> list[int]``, wrapped. The one place a drafter's shape is read off the object: the
+    caller's, at the API's edge."""
     if all(callable(getattr(drafter, name, None)) for name in ("begin", "draft", "candidate", "accept")):
-        return drafter  # type: ignore[return-value]
+        full: Drafter = drafter  # type: ignore[assignment]
+        return full if callable(getattr(drafter, "shift", None)) and hasattr(drafter, "pacer") else _Whole(full)
     if not callable(getattr(drafter, "draft", None)):
         raise TypeError(f"a drafter needs a draft(committed, limit) method, got {type(drafter).__name__}")
     return _Plain(drafter)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fly_cpp.drafters.draft_model import ModelDrafter
-from fly_cpp.drafters.seam import Draft, Drafter, Report, shift_drafter
+from fly_cpp.drafters.seam import Draft, Drafter, Report
 from fly_cpp.engine.scheduler import Scheduler
 from fly_cpp.kauto.pacer import Pacer
 from fly_cpp.rounds.runs import MAX_RUN
@@ -37,7 +36,7 @@ class Throttled:
     window needs, else left to the target alone; k auto's ``pacer`` is told that its rounds share
     their decodes and prices the shared round."""
 
-    def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, model: ModelDrafter | None,
+    def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, model: Drafter | None,
                  k: int = 0) -> None:
         self.inner, self.steps, self.pacer = inner, steps, pacer
         self.together = model if k > 0 else None  # drafting under load needs the draft model: a shared decode a step
@@ -76,7 +75,7 @@ class Throttled:
         return self.inner.candidate(committed)
 
     def shift(self, keep: int, drop: int) -> None:
-        shift_drafter(self.inner, keep, drop)
+        self.inner.shift(keep, drop)
 
     def accept(self, report: Report) -> None:
         if not self.planned:  # k auto planned no round under load, nor learns from one

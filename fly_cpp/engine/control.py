@@ -22,7 +22,7 @@ from fly_cpp.config import AUTO, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters.mtp import MtpDrafter
 from fly_cpp.drafters.paced import PacedDrafter
-from fly_cpp.drafters.seam import Drafter, NgramDrafter
+from fly_cpp.drafters.seam import BaseDrafter, Drafter, NgramDrafter
 from fly_cpp.engine.batchloop import Throttled
 from fly_cpp.engine.scheduler import Scheduler
 from fly_cpp.kauto import loosening, recall, worth
@@ -143,21 +143,21 @@ class Control:
 
     def drafting(self, spec: SpecSettings, request: Request, slot: int, given: Drafter | None) -> Drafting:
         """How a generation of ``spec`` (``request``'s, as settled) drafts in ``slot``: with
-        ``given`` (a caller's drafter) or the pair's own (``base_drafter``, drawing as
-        ``Request.draft_sampler`` says; paced under k auto, sampled rounds learned apart from
-        greedy ones); with several slots, in step with the others' rounds
-        (``fly_cpp.engine.batchloop.Throttled``)."""
+        ``given`` (a caller's drafter, paced by its own pacer where it has one) or the pair's
+        own (``base_drafter``, drawing as ``Request.draft_sampler`` says; paced under k auto,
+        sampled rounds learned apart from greedy ones); with several slots, in step with the
+        others' rounds (``fly_cpp.engine.batchloop.Throttled``)."""
         if spec.mode == "target":
             return Drafting()
+        head = self._head(slot)
         base = self.base_drafter(spec, request.bias, slot, request.draft_sampler()) if given is None else None
         made = self.paced(base, spec, slot, not request.sampling.greedy) if base is not None else given
         assert made is not None
-        pacer = made.pacer if isinstance(made, PacedDrafter) else None  # a pacer of this pair's, or the caller's own
+        pacer = made.pacer  # a pacer of this pair's, or the caller's own
         if len(self.pair.views) > 1:  # under load the draft model's fixed-k rounds, in step with the others'
-            made = Throttled(made, self.steps, pacer, base if isinstance(base, ModelDrafter) else None,
-                             spec.k_slots if spec.auto else int(spec.k))
-        return Drafting(made, pacer, Steady() if self.steady_batches(spec) else None,
-                        "mtp" if isinstance(base, MtpDrafter) else "")
+            together = base if base is not None and base.model is not None and not head else None
+            made = Throttled(made, self.steps, pacer, together, spec.k_slots if spec.auto else int(spec.k))
+        return Drafting(made, pacer, Steady() if self.steady_batches(spec) else None, "mtp" if base is not None and head else "")
 
     def drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
                 sampling: SamplingSettings | None = None) -> Drafter:
@@ -173,11 +173,16 @@ class Control:
         return self.paced(self.base_drafter(spec, bias, slot, draws), spec, slot,
                           sampling is not None and not sampling.greedy)
 
+    def _head(self, slot: int) -> bool:
+        """Whether the target's MTP head drafts in ``slot`` (a head and no draft model there)."""
+        return self.pair.mtp is not None and self.pair.views[slot][1] is None
+
     def base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
-                     draws: Sampler | None = None) -> ModelDrafter | MtpDrafter | NgramDrafter:
+                     draws: Sampler | None = None) -> BaseDrafter:
         """Who drafts for ``spec`` in ``slot``, before any pacing (``draws``: ``drafting``'s)."""
         draft_ctx = self.pair.views[slot][1]
-        if self.pair.mtp is not None and draft_ctx is None:
+        if self._head(slot):
+            assert self.pair.mtp is not None
             return MtpDrafter(self.pair.mtp, spec, bias, draws)
         if draft_ctx is not None:
             n_vocab = min(self.pair.target.model.n_vocab, draft_ctx.model.n_vocab)
@@ -185,13 +190,12 @@ class Control:
                                 None if spec.auto else self._guess_checks(spec))
         return NgramDrafter(spec, bias)
 
-    def paced(self, base: ModelDrafter | MtpDrafter | NgramDrafter, spec: SpecSettings, slot: int,
-              sampled: bool = False) -> Drafter:
+    def paced(self, base: BaseDrafter, spec: SpecSettings, slot: int, sampled: bool = False) -> Drafter:
         """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k);
         ``sampled``: for a generation at T > 0 (its drafts keep at other rates)."""
         if not spec.auto:
             return base
-        key = (*self._key(base, spec, slot), *(("sampled",) if sampled else ()))
+        key = (*self._key(spec, slot), *(("sampled",) if sampled else ()))
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
             # the costs are measured where the pacer first needs them, on the step loop in the
@@ -201,11 +205,11 @@ class Control:
             self._records[id(pacer)] = record
         return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
 
-    def _key(self, base: Drafter | None, spec: SpecSettings, slot: int) -> tuple[object, ...]:
+    def _key(self, spec: SpecSettings, slot: int) -> tuple[object, ...]:
         """A pacer's key: one per slot and mode (the head learns apart from n-gram lookup on the
         same file, steady rounds apart from planned ones)."""
         return (slot, spec.mode, spec.policy(), spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.k_max,
-                spec.cross_round_window, *(("mtp",) if isinstance(base, MtpDrafter) else ()),
+                spec.cross_round_window, *(("mtp",) if self._head(slot) else ()),
                 *(("steady",) if self._steady(spec) else ()))
 
     def _steady(self, spec: SpecSettings) -> bool:

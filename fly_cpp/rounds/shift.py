@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
-from fly_cpp.drafters.seam import Drafter, shift_drafter
+from fly_cpp.drafters.seam import Drafter
 from fly_cpp.rounds.request import Shift
 from fly_cpp.rounds.step import Stats
 from fly_cpp.rounds.verify import Verifier
@@ -32,6 +32,6 @@ def shift(how: Shift, committed: list[int], target: Context | Seq, drafter: Draf
     target.shift(keep, drop)
     del committed[keep:keep + drop]
     if drafter is not None:
-        shift_drafter(drafter, keep, drop)
+        drafter.shift(keep, drop)
     stats.shifted()
     return True
