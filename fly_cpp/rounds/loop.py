@@ -41,6 +41,7 @@ from fly_cpp.drafters.seam import Draft, Drafter, Report
 from fly_cpp.rounds.accept import Verdict
 from fly_cpp.rounds.constrain import Constraint, Rules
 from fly_cpp.rounds.crossround import Window
+from fly_cpp.rounds.keep import Keep
 from fly_cpp.rounds.output import Output
 from fly_cpp.rounds.prefill import prefill
 from fly_cpp.rounds.request import Request
@@ -48,7 +49,7 @@ from fly_cpp.rounds.runs import Runs
 from fly_cpp.rounds.scoring import token_probs
 from fly_cpp.rounds.shape import Steady, padded
 from fly_cpp.rounds.shift import shift
-from fly_cpp.rounds.step import Progress, Round, Step
+from fly_cpp.rounds.step import Progress, Round, Step, TokenProbs
 from fly_cpp.rounds.verify import Verifier
 
 
@@ -141,27 +142,16 @@ class _Loop:
         return False
 
     def round(self, room: int, prompt_left: bool) -> float | None:
-        """One round: draft, verify the draft in one target decode, keep what the verdict keeps,
-        tell the drafter. Returns when the target's decode ended (None: the round verified
-        nothing: the target decoded alone in a native run, or an open window was refuted)."""
-        request, spec, target, drafter, out, window = (
-            self.request, self.spec, self.target, self.drafter, self.out, self.window)
-        committed = self.committed
+        """One round: draft, verify the draft in one target decode, apply what it keeps, tell
+        the drafter. Returns when the target's decode ended (None: the round verified nothing:
+        the target decoded alone in a native run, or an open window was refuted)."""
+        spec, target, drafter, window, committed = self.spec, self.target, self.drafter, self.window, self.committed
         # a round verifies at most k drafts, in one batch, within the cache and the token budget
-        budget = request.max_tokens - self.stats.n_tokens - len(out.held) - 1
+        budget = self.request.max_tokens - self.stats.n_tokens - len(self.out.held) - 1
         limit = min(spec.max_draft, room - 1, target.n_batch - 1, max(budget, window.left))
         t0 = perf_counter()
         draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
-        # rounds the drafter leaves to the target alone, of those it would be asked about
-        alone = min(draft.alone, room - 1, budget)
-        last = limit <= 0 and window.pending is None  # nothing may be drafted: the text's last token
-        if self.runs is not None and drafter is not None and (alone > 1 or last) and not draft.tokens and not prompt_left:
-            # decoded as one run, as target-only decodes
-            t1, before = perf_counter(), len(committed)
-            decoding = self.runs.run(committed, out, max(alone, 1))
-            self.stats.draft_seconds += t1 - t0
-            drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, perf_counter() - t0, 1,
-                                  len(committed) - before))
+        if self._alone(draft, min(draft.alone, room - 1, budget), limit <= 0 and window.pending is None, prompt_left, t0):
             return None
         drafted = self.verify.usable(committed, draft.tokens)
         if len(drafted) < min(spec.n_min, limit) and window.pending is None:
@@ -178,78 +168,77 @@ class _Loop:
         verdict, chosen = self.verify(logits, drafted, committed, own=draft.by_model, cross_round=window.enabled,
                                       window_left=window.left, max_left=window.max_left())
         record = Round(self.stats.n_rounds + 1, len(drafted), draft_seconds=t1 - t0, target_seconds=t2 - t1)
-        if verdict.refuted_at is not None:
-            record.refuted_rounds = self._refute(record.number)
-        else:
-            self._keep(record, logits, draft, drafted, verdict, chosen)
+        self._apply(record, logits, drafted, draft.by_model, verdict, chosen)
         self.stats.add(record)
-        if drafter is not None:
-            kept = verdict.accepted if verdict.refuted_at is None else 0
-            drafter.accept(Report(draft, len(drafted), kept, committed, record.draft_seconds, t2 - t1,
-                                  perf_counter() - t0, width))
+        if drafter is not None:  # how the round went, for the drafter
+            drafter.accept(Report(draft, len(drafted), verdict.accepted if verdict.refuted_at is None else 0, committed,
+                                  record.draft_seconds, t2 - t1, perf_counter() - t0, width))
         return t2
 
-    def _keep(self, record: Round, logits: np.ndarray, draft: Draft, drafted: list[int], verdict: Verdict,
-              chosen: list[int] | None) -> None:
-        """What a verified round keeps: the drafted tokens the verdict keeps and the target's
-        own token after them (or the draft model's own there, kept loosely: FLy's ask), the
-        window opened, held or confirmed; the cache rolled back to all but the last of them."""
-        request, spec, target, drafter, out, window, verify = (
-            self.request, self.spec, self.target, self.drafter, self.out, self.window, self.verify)
-        committed = self.committed
-        if verify.own_only and not draft.by_model and verdict.accepted and drafter is not None:
-            # guesses the target kept may stand where the draft model would have said
-            # something else, loosely kept: FLy's rule there needs the draft model's token
-            cut = verify.first_open(logits, committed, drafted[: verdict.accepted])
-            if cut is not None:
-                verdict = verdict.stop_at(cut, drafted[cut])
-        base, n = len(committed), verdict.accepted
-        emitted = [*drafted[:n], verdict.next_token]
-        asked = None  # the draft model's own token where the target wrote next_token, kept loosely
-        record.confirmed = int(window.observe(verdict, len(drafted), base, chosen, record.number))
-        if record.confirmed:
+    def _alone(self, draft: Draft, alone: int, last: bool, prompt_left: bool, t0: float) -> bool:
+        """Decode the rounds a drafter left to the target alone (``alone`` of them), or the text's
+        last token (``last``: nothing may be drafted), as one native run, as target-only decodes;
+        whether it did."""
+        runs, drafter, committed = self.runs, self.drafter, self.committed
+        if runs is None or drafter is None or not (alone > 1 or last) or draft.tokens or prompt_left:
+            return False
+        t1, before = perf_counter(), len(committed)
+        decoding = runs.run(committed, self.out, max(alone, 1))
+        self.stats.draft_seconds += t1 - t0
+        drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, perf_counter() - t0, 1, len(committed) - before))
+        return True
+
+    def _apply(self, record: Round, logits: np.ndarray, drafted: list[int], by_model: bool, verdict: Verdict,
+               chosen: np.ndarray) -> None:
+        """Apply the round's verdict: a refuted window rolled back, else what the round keeps
+        (the verifier's ``Keep``) committed and released, the open window's mismatch given a way
+        back, the cache rolled back to all but the last committed token."""
+        out, window, committed = self.out, self.window, self.committed
+        if verdict.refuted_at is not None:
+            record.refuted_rounds = self._refute(record.number)
+            return
+        candidate = self.drafter.candidate if self.drafter is not None else None
+        keep = self.verify.keep(logits, drafted, committed, verdict, chosen, window, by_model, candidate, record.number)
+        base, tokens = len(committed), list(keep.tokens)
+        record.tally(keep)
+        if keep.confirmed:
             out.confirm()
-        if (window.pending is None and verify.own_only and drafter is not None
-                and not (n < len(drafted) and draft.by_model)):
-            t4 = perf_counter()
-            asked = self._ask(record, logits[n], committed + drafted[:n], verdict.next_token)
-            record.draft_seconds += perf_counter() - t4
-            if asked is not None:
-                emitted[-1] = asked
-                if spec.window > 1:  # kept pending the draft model's continuation
-                    window.hold(base + n, verdict.next_token, spec.window - 1, record.number)
-                    record.provisional += 1
-                else:
-                    record.loose += 1
-        # n_probs: the rows that verified the emitted tokens are the target's view of them
-        probs = token_probs(logits, emitted, request.n_probs) if request.n_probs else None
-        pending = window.pending
-        if probs is not None and pending is not None and base <= pending.pos < base + len(emitted):
-            at = pending.pos - base  # the target's own token there, should the window fail
-            window.correction_probs(token_probs(logits[at:], [pending.correction], request.n_probs)[0])
+        probs, pending = self._probs(logits, tokens, base), window.pending
         if pending is not None and base <= pending.pos:  # opened this round: it may come back to its mismatch
-            target.checkpoint(pending.pos)
-        if pending is not None and pending.pos < base + len(emitted) - 1:
-            emitted.pop()  # while a window is open the target's own token after the drafts proves nothing
-        target.truncate(base + len(emitted) - 1)  # invariant: the cache holds all but the last committed token
-        record.exact += verdict.n_exact
-        record.loose += len(verdict.loose)
-        record.gate_rejected += verdict.gate_rejected
-        record.guard_rejected += verdict.guard_rejected
-        record.provisional += verdict.provisional is not None
-        record.committed = verdict.accepted + 1
-        for i, token in enumerate(emitted):
+            self.target.checkpoint(pending.pos)
+        if pending is not None and pending.pos < base + len(tokens) - 1:
+            tokens.pop()  # while a window is open the target's own token after the drafts proves nothing
+        self.target.truncate(base + len(tokens) - 1)  # invariant: the cache holds all but the last committed token
+        self._commit(record, keep, tokens, probs)
+
+    def _commit(self, record: Round, keep: Keep, tokens: list[int], probs: list[TokenProbs] | None) -> None:
+        """Commit and release a round's ``tokens`` (those ``keep`` keeps, less one a window's
+        opening left unproved), each as it was kept; a held token that ends the text refutes its
+        window (it cannot be completed past the end)."""
+        out, window, committed = self.out, self.window, self.committed
+        base = len(committed)
+        for i, token in enumerate(tokens):
             held = window.holds(base + i)
-            if held and out.is_eog(token):  # a window cannot be completed past the end of the text
+            if held and out.is_eog(token):
                 record.refuted_rounds = self._refute(record.number)
                 break
             committed.append(token)
-            own = asked is not None and i == n
-            loose = i in verdict.loose or window.is_pending(base + i) or own
-            out.add(token, drafted=i < n or own, loose=loose, round=record.number, hold=held,
-                    probs=probs[i] if probs is not None else None)
+            own = keep.asked and i == keep.verdict.accepted
+            out.add(token, drafted=i < keep.verdict.accepted or own, loose=keep.loose(i) or window.is_pending(base + i),
+                    round=record.number, hold=held, probs=probs[i] if probs is not None else None)
             if out.finish is not None:
                 break
+
+    def _probs(self, logits: np.ndarray, tokens: list[int], base: int) -> list[TokenProbs] | None:
+        """With ``n_probs``, the target's view of the round's ``tokens`` (from the rows that
+        verified them), and of its own token at a window opened among them, should it fail."""
+        n_probs, pending = self.request.n_probs, self.window.pending
+        if not n_probs:
+            return None
+        if pending is not None and base <= pending.pos < base + len(tokens):
+            at = pending.pos - base
+            self.window.correction_probs(token_probs(logits[at:], [pending.correction], n_probs)[0])
+        return token_probs(logits, tokens, n_probs)
 
     def _open_first(self, row: np.ndarray, chosen: int) -> bool:
         """At the prompt's last row (``chosen``: the target's token there): could the rule keep
@@ -266,17 +255,6 @@ class _Loop:
         drafter.begin(committed)
         self.stats.asked()
         return self._own_token(row, committed, chosen) is not None
-
-    def _ask(self, record: Round, row: np.ndarray, history: list[int], chosen: int) -> int | None:
-        """FLy's rule where no draft of the draft model's reached (the target decoded alone, an
-        n-gram guess stood there, or every drafted token was kept): if the target was unsure there
-        and some other token could be kept, the draft model's own token there is a candidate like any
-        drafted one. Returns it when it passes the gate and the safeguards (its window is judged by
-        the next rounds), else None."""
-        if self.drafter is None or not self.verify.may_loosen(row, chosen):
-            return None
-        record.asked += 1
-        return self._own_token(row, history, chosen)
 
     def _own_token(self, row: np.ndarray, history: list[int], chosen: int) -> int | None:
         """The draft model's own token after ``history``, where it passes the gate and the

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from fly_cpp.rounds.keep import Keep
+
 
 @dataclass(frozen=True, slots=True)
 class TokenProbs:
@@ -83,6 +85,20 @@ class Round:
     committed: int = 1
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+
+    def tally(self, keep: Keep) -> None:
+        """Count what the round keeps (``fly_cpp.rounds.verify.Keep``): the verdict's counts, the
+        draft model's token where FLy asked for it (kept loosely, or pending its window)."""
+        verdict = keep.verdict
+        self.confirmed = int(keep.confirmed)
+        self.asked += keep.n_asked
+        self.draft_seconds += keep.ask_seconds
+        self.exact += verdict.n_exact
+        self.loose += len(verdict.loose) + (keep.asked and not keep.held)
+        self.gate_rejected += verdict.gate_rejected
+        self.guard_rejected += verdict.guard_rejected
+        self.provisional += (verdict.provisional is not None) + keep.held
+        self.committed = verdict.accepted + 1
 
 
 @dataclass

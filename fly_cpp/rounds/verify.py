@@ -27,7 +27,8 @@ it or the target's token there spells a digit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from time import perf_counter
 
 import numpy as np
 
@@ -36,6 +37,8 @@ from fly_cpp.backend.sampling import Sampler
 from fly_cpp.basics.fences import Fences
 from fly_cpp.rounds.accept import Facts, Verdict, admitted, entropy_needed, judge
 from fly_cpp.rounds.constrain import Constraint
+from fly_cpp.rounds.crossround import Window
+from fly_cpp.rounds.keep import Keep
 from fly_cpp.rounds.request import Request
 
 
@@ -53,6 +56,7 @@ class Verifier:
         self.sampler = Sampler(request.sampling, request.seed, request.bias, len(request.prompt))
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
+        self.window_size = request.spec.window  # tokens an asked mismatch's window spans (1: none)
 
     def rebase(self, committed: list[int], drop: int) -> None:
         """Before a context shift takes ``drop`` tokens out of ``committed`` (``fly_cpp.rounds.shift``):
@@ -174,3 +178,37 @@ class Verifier:
         facts = self.facts(logits, drafted, committed, np.flatnonzero((draft_ids != chosen[:m]) & (draft_ids != second)),
                            chosen, own)
         return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts, **options), chosen
+
+    def keep(self, logits: np.ndarray, drafted: list[int], committed: list[int], verdict: Verdict,
+             chosen: np.ndarray, window: Window, by_model: bool, candidate: Callable[[Sequence[int]], int | None] | None,
+             number: int) -> Keep:
+        """Round ``number``'s keep from its ``verdict`` (``__call__``'s, with ``chosen``), the open
+        ``window`` told of it. Under FLy's plan-independent rule (``own_only``) a guess the target
+        kept stands only where the draft model's own token could not have been loosened instead,
+        and where no draft of the draft model's reached the target's token, the draft model's own
+        token there (``candidate``; None: no draft model) is kept loosely when it passes the gate
+        and the safeguards, held for its window where the rule has one."""
+        own_only = self.own_only and candidate is not None
+        if own_only and not by_model and verdict.accepted:
+            cut = self.first_open(logits, committed, drafted[: verdict.accepted])
+            if cut is not None:
+                verdict = verdict.stop_at(cut, drafted[cut])
+        n = verdict.accepted
+        confirmed = window.observe(verdict, len(drafted), len(committed), chosen, number)
+        tokens = [*drafted[:n], verdict.next_token]
+        if not own_only or window.pending is not None or (n < len(drafted) and by_model):
+            return Keep(verdict, tokens, confirmed=confirmed)
+        assert candidate is not None
+        t0, history, row = perf_counter(), committed + drafted[:n], logits[n]
+        if not self.may_loosen(row, verdict.next_token):
+            return Keep(verdict, tokens, confirmed=confirmed, ask_seconds=perf_counter() - t0)
+        token = candidate(history)
+        kept = token is not None and self.admits(row, token, history, verdict.next_token)
+        seconds = perf_counter() - t0
+        if not kept:
+            return Keep(verdict, tokens, confirmed=confirmed, n_asked=1, ask_seconds=seconds)
+        assert token is not None
+        held = self.window_size > 1
+        if held:  # kept pending the draft model's continuation
+            window.hold(len(committed) + n, verdict.next_token, self.window_size - 1, number)
+        return Keep(verdict, [*tokens[:-1], token], True, held, confirmed, 1, seconds)
