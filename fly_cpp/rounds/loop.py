@@ -243,7 +243,7 @@ class _Loop:
     def _open_first(self, row: np.ndarray, chosen: int) -> bool:
         """At the prompt's last row (``chosen``: the target's token there): could the rule keep
         another token in the first position? Under FLy's plan-independent rule only the draft
-        model's own token can be kept there, so it is asked, as a round asks (``_ask``); the
+        model's own token can be kept there, so it is asked, as a round asks (``Verifier.keep``); the
         published rule may keep whatever a first draft holds wherever the gate is open."""
         verify, drafter, committed = self.verify, self.drafter, self.committed
         assert drafter is not None
