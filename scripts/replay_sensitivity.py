@@ -26,20 +26,19 @@ rp = importlib.util.module_from_spec(_spec)
 sys.modules["replay_pacer"] = rp
 _spec.loader.exec_module(rp)  # type: ignore[union-attr]
 
-from fly_cpp.kauto import belief, costs, decayed, evidence, pacer, planner  # noqa: E402
+from fly_cpp.kauto import belief, costs, decayed, evidence, pacer, planner, worth  # noqa: E402
 
 # constant -> the modules that read it by name (a module that imported it keeps its own binding)
 READERS = {"PRICE_SPREAD": [belief], "UNCHECKED_SPREAD": [belief], "CORRECTION_PRIOR": [belief],
-           "AGE": [belief, planner], "SEEN": [pacer], "PAIR_SEEN": [pacer], "PRIOR": [evidence, belief],
-           "MEMORY": [evidence, belief], "PROBE_MEMORY": [evidence], "PAIR_MEMORY": [evidence],
-           "AGREE_PRIOR": [evidence, rp], "ROUND": [decayed, belief, evidence, costs],
-           "MIN_SHALLOW": [costs], "MAX_PER_ROW": [costs]}
+           "AGE": [belief, planner], "PAIR_SEEN": [pacer], "PRIOR": [evidence, belief],
+           "MEMORY": [evidence, belief], "AGREE_PRIOR": [evidence, rp], "ROUND": [decayed, belief, evidence, costs],
+           "MIN_SHALLOW": [costs], "CHECK_TOLERANCE": [costs, worth]}
+# constant -> (module, name) of the constants derived from it, moved with it
+DERIVED = {"CHECK_TOLERANCE": [(costs, "MAX_PER_ROW")]}
 # half and double; for a weight of old evidence m, (1 - m) halved and doubled
 MOVES = {"PRICE_SPREAD": [0.075, 0.3], "UNCHECKED_SPREAD": [1.0, 4.0], "CORRECTION_PRIOR": [1.0, 4.0],
-         "AGE": [0.98, 0.995], "SEEN": [4, 16],
-         "PAIR_SEEN": [16, 64], "PRIOR": [1.0, 4.0], "MEMORY": [0.98, 0.995], "PROBE_MEMORY": [0.96, 0.99],
-         "PAIR_MEMORY": [0.99, 0.9975], "AGREE_PRIOR": [0.25, 0.75], "ROUND": [0.05, 0.2], "MIN_SHALLOW": [0.125, 0.5],
-         "MAX_PER_ROW": [1.25, 2.0]}
+         "AGE": [0.98, 0.995], "PAIR_SEEN": [16, 64], "PRIOR": [1.0, 4.0], "MEMORY": [0.98, 0.995],
+         "AGREE_PRIOR": [0.25, 0.75], "ROUND": [0.05, 0.2], "MIN_SHALLOW": [0.125, 0.5], "CHECK_TOLERANCE": [1.25, 2.0]}
 ARGS = argparse.Namespace(target_scale=1.0, batch_scale=1.0, draft_scale=1.0, host_ms=0.5, fresh=False)
 
 
@@ -84,12 +83,12 @@ def main() -> None:
             continue
         for value in values:
             kept = int(value) if isinstance(today, int) else value
-            for m in modules:
-                setattr(m, name, kept)
+            for m, attr in [(m, name) for m in modules] + DERIVED.get(name, []):
+                setattr(m, attr, kept)
             got = speedups(recs)
             print(f"| {name} | {today:g} | {kept:g} | {' | '.join(f'{got[k] / base[k]:.3f}' for k in base)} |", flush=True)
-        for m in modules:
-            setattr(m, name, today)
+        for m, attr in [(m, name) for m in modules] + DERIVED.get(name, []):
+            setattr(m, attr, today)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fly_cpp.kauto.decayed import ROUND, ema
-from fly_cpp.kauto.evidence import MEMORY, PRIOR, Evidence
+from fly_cpp.kauto.evidence import BINS, MEMORY, PRIOR, Evidence
 
 # the log-spread of a price learned long ago: what a machine's speed may have drifted since (a
 # machine whose one-row decodes ran 0.70x their cached curve: docs/k-auto.md)
@@ -125,8 +125,10 @@ class Belief:
         self.unpriced = 0  # rounds since a warm one-row target decode was timed
         self._held: dict[str, float] = {}  # price draws held until their plan's decode is timed warm
 
-    def draw(self, matched: int, draft_checked: bool, firsts_needed: float) -> Draw:
-        """This round's draw; ``matched``: the length of the match the round's guess continues."""
+    def draw(self, matched: int, draft_checked: bool) -> Draw:
+        """This round's draw; ``matched``: the length of the match the round's guess continues.
+        The first drafted tokens' confidences say what a probe is worth once they number as many
+        (decayed) as their histogram has bins (replays: 4 or 16 of them no change, 2026-12-02)."""
         rng, ev = self.rng, self.evidence
         z = self._held.get("accept", rng.gauss(0.0, 1.0))
         s = AGE ** self.idle
@@ -145,7 +147,7 @@ class Belief:
         return Draw(accept, ev.model.mean(), guesses(matched), guesses.surest(), math.exp(zt * target_spread),
                     math.exp(zd * spread), _correction(record), self.pace, tuple(ev.firsts.counts),
                     tuple(ev.model.of_bin(b) for b in range(len(ev.firsts.counts))),
-                    ev.firsts.total() >= firsts_needed, hits, trials, ev.model.prior, spread, rng.random(),
+                    ev.firsts.total() >= BINS, hits, trials, ev.model.prior, spread, rng.random(),
                     record, self._surest_guesses())
 
     def _surest_guesses(self) -> tuple[float, float, float]:

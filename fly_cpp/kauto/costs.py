@@ -33,12 +33,14 @@ from fly_cpp.kauto.rollback_costs import Rollbacks
 # a decode on a shallower cache than measured costs at least this share of it (b77ce9f: the costly
 # target's 17 rows took 92 ms at 8 tokens of context, 207 ms at 250; replays: 0.125 no change, 0.5 +1.5% fast)
 MIN_SHALLOW = 0.25
-MAX_PER_ROW = 1.5  # a batch of n rows costs at most this times n one-row decodes (2-row Q4_K_M on a CPU: 2.02)
 _TABLE_ROWS = 2 * LARGEST_TIMED  # curve values kept ready for batches up to this many rows
 MEDIAN_OF = 3  # a price is the median of at least this many warm decodes: a calibration's per size, a live check of a cached one
-# a cached curve off by more than this factor either way is rescaled at once, and cached rescaled
-# (073c613: a calibration taken beside other work priced one-row decodes 26% fast, and drafting stopped)
+# how far a price may be off what was expected and still be believed: a cached curve off by more than
+# this factor either way is rescaled at once, and cached rescaled (073c613: a calibration taken beside
+# other work priced one-row decodes 26% fast, and drafting stopped); a batch of n rows costs at most this
+# times n one-row decodes (``MAX_PER_ROW``; 2-row Q4_K_M on a CPU: 2.02, 1.01 a row; replays: 1.25 and 2 no change)
 CHECK_TOLERANCE = 1.5
+MAX_PER_ROW = CHECK_TOLERANCE
 
 
 @dataclass(frozen=True)

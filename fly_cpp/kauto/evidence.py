@@ -23,15 +23,11 @@ BINS = 10  # confidence bins of the acceptance model (its resolution, not a tuni
 # pseudo-observations of the prior in each bin, prior mean the bin's confidence (replays,
 # scripts/replay_sensitivity.py: 1 and 4 move the GPU-shaped fast pair +3.4% and -8.6%, the rest within 2%)
 PRIOR = 2.0
-# weight of old acceptance evidence per new observation, recent text counting more (replays: 0.98
-# loses 7% on the GPU-shaped fast pair, 0.995 gains 5% there and loses 0.7% on the F16 pair)
+# weight of old evidence per new observation, recent text counting more: acceptance, guesses, the first
+# drafted tokens' confidences and the pair's long-run record of drafting alike (replays: 0.98 loses 7% on
+# the GPU-shaped fast pair, 0.995 gains 5% there and loses 0.7% on the F16 pair; the first tokens' own
+# 0.98 and the long run's own 0.995 it replaced moved every recording by 0.1% at most, 2026-12-02)
 MEMORY = 0.99
-# weight of an old first token's confidence per new one (b06910f; replays: 0.96 and 0.99 lose 1.0%
-# and 1.1% on the fast pair)
-PROBE_MEMORY = 0.98
-# weight of an old drafting round in the pair's long-run record, ~200 rounds (c620094: a
-# predictable answer after an unpredictable one was decoded 44 rounds alone; replays: 0.99 -0.7% fast)
-PAIR_MEMORY = 0.995
 AGREE_PRIOR = 0.5  # the draft model's agreement with an n-gram guess token before any is seen: even odds (replays: 0.25 and 0.75 within 0.3%)
 
 
@@ -177,14 +173,14 @@ class Evidence:
         self.model = Acceptance(0.6)  # drafted tokens kept, by the draft's confidence
         self.guesses = Guesses(0.3)  # n-gram guesses kept, by the length of their match
         self.agree = Acceptance(AGREE_PRIOR)  # the draft model's agreement with the guesses it checks
-        self.firsts = Histogram(BINS, PROBE_MEMORY)  # first drafted tokens of rounds, by confidence bin
+        self.firsts = Histogram(BINS, MEMORY)  # first drafted tokens of rounds, by confidence bin
         # drafted tokens kept by their depth in the round (1: the first), each depth leaning on the
         # mean: where the draft agrees in long runs, deep tokens are kept more often than the mean
         # says (steady rounds' length, ``Pacer.steady``)
         self.depths = ByKey()
         # drafting rounds over a long run: the seconds the target alone would have taken for
         # their tokens, their own seconds, rounds (``Pacer.lost_long``)
-        self.drafted_long = Tally(3, PAIR_MEMORY)
+        self.drafted_long = Tally(3, MEMORY)
         # speculating rounds of late: the seconds their forecasts gave their tokens, their own seconds,
         # rounds (``fly_cpp.kauto.belief``'s correction; a process's own: the prices it forecast by are too)
         self.realized = Tally(3, 1 - ROUND)

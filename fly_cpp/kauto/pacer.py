@@ -19,9 +19,6 @@ from fly_cpp.kauto.belief import Belief, Draw
 from fly_cpp.kauto.costs import Costs
 from fly_cpp.kauto.evidence import Acceptance, Evidence, Guesses, bin_of
 
-# first drafted tokens (decayed) before their confidences say what a probe is worth (test_pacing:
-# a cold start's few rounds; replays: 4 and 16 no change)
-SEEN = 8.0
 # drafting rounds (decayed) before the long run can say that drafting does not pay here (d421677: a
 # fresh process began on an unpredictable text and its ~24 losing rounds stopped drafting for good)
 PAIR_SEEN = 32.0
@@ -112,7 +109,7 @@ class Pacer:
                                        depths=[depths(j, mean) for j in range(1, self.k_max + 1)])[1]
             width = self.width
         n, self.matched = guess()  # looked up also when guesses cannot pay: the round's text judges it
-        draw = self.belief.draw(self.matched, self.costs.draft_checked, SEEN)
+        draw = self.belief.draw(self.matched, self.costs.draft_checked)
         limits = planner.Limits(limit, has_draft, lag() if has_draft else 0, n, self.matched, width, self.sharing > 1,
                                 self._then, guesses)
         chosen = planner.plan(draw, self.costs, limits)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from fly_cpp.kauto.costs import Costs
+from fly_cpp.kauto.costs import CHECK_TOLERANCE, Costs
 
 # FLy's loosening under k auto with a draft model is priced (``loosening``) and kept only where its
 # rate beats exact matching's by this much: a gain a calibration's timing noise cannot make up
@@ -27,11 +27,6 @@ LOOSE_MARGIN = 1.03
 # where the target's MTP head drafts, FLy loosens only where a head step costs less than this share of a
 # target decode (no probe drafts with a head: ``fly_cpp.kauto.loosening.Verdict.of_head``)
 ASK_SHARE = 0.1
-# slots draft together under k auto only where the priced rate beats drafting nothing by this much: on the
-# F16 Qwen pair (2-core CPU) rounds drafted together ran 0.84-0.94x drafting nothing at -np 2 and -np 4
-# (a cache per slot or one) where the cost curves priced them at 0.93-1.2x (the draft's batched steps cost
-# 1.2-1.4x their calibrated price beside the target, and a round kept in step waits: docs/slots.md)
-TOGETHER_MARGIN = 1.5
 
 
 def kept(accepts: Iterable[float], expected: float = 1.0, chance: float = 1.0) -> Iterator[float]:
@@ -74,9 +69,13 @@ def together(costs: Costs, accept: float, slots: int, h_max: int) -> int:
     (``fly_cpp.engine.batchloop.Rounds``): each step one draft decode for all of them (the first also
     catching up one token each), then one target decode of every slot's h+1 rows, against a
     target decode of one row each. Here a drafted row costs what it adds to a batch that other
-    slots' real rows already pay for. 0 unless the best h beats that by ``TOGETHER_MARGIN``."""
+    slots' real rows already pay for. 0 unless the best h beats that by the tolerance of a price
+    (``costs.CHECK_TOLERANCE``): on the F16 Qwen pair (2-core CPU) rounds drafted together ran
+    0.84-0.94x drafting nothing at -np 2 and -np 4 (a cache per slot or one) where the cost curves
+    priced them at 0.93-1.2x (the draft's batched steps cost 1.2-1.4x their calibrated price beside
+    the target, and a round kept in step waits: docs/slots.md)."""
     plain = slots / (slots * costs.host + costs.target(slots))
-    top, top_h = plain * TOGETHER_MARGIN, 0
+    top, top_h = plain * CHECK_TOLERANCE, 0
     for h, expected in enumerate(kept(itertools.repeat(accept, h_max)), start=1):
         seconds = (slots * costs.host + costs.draft(2 * slots) + (h - 1) * costs.draft(slots)
                    + costs.target(slots * (h + 1)))
