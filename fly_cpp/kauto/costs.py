@@ -141,6 +141,8 @@ class Costs:
         self.planning = 0.0  # seconds a planned round spends planning and looking up, lately (a rest's rounds do not)
         self.switch = 0.0  # seconds a target decode of the other kind than the last costs over a warm one, lately
         self.depth = 0  # tokens in the caches this round (both models hold about as many)
+        self._priced_at: tuple[object, ...] = ()  # the state ``_prices`` were found at (``target``)
+        self._prices: dict[int, float] = {}
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
         self._draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
@@ -158,9 +160,16 @@ class Costs:
         self.depth = depth
 
     def target(self, rows: int) -> float:
-        """Seconds of one target decode of ``rows`` rows, now."""
-        scale = self.target_scale if rows <= 1 or self.batch_scale is None else self.batch_scale
-        return self.target_curve(rows, self.depth) * scale
+        """Seconds of one target decode of ``rows`` rows, now: kept until the depth, the scales or
+        the curve move (a plan asks for the same few ~100 times: 0.15 ms a planned round)."""
+        state = (self.depth, self.target_scale, self.batch_scale, self.target_curve)
+        if state != self._priced_at:
+            self._priced_at, self._prices = state, {}
+        price = self._prices.get(rows)
+        if price is None:
+            scale = self.target_scale if rows <= 1 or self.batch_scale is None else self.batch_scale
+            price = self._prices[rows] = self.target_curve(rows, self.depth) * scale
+        return price
 
     def draft(self, rows: int) -> float:
         """Seconds of one draft decode of ``rows`` rows, now (0 without a draft model)."""

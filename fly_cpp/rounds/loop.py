@@ -180,7 +180,7 @@ class _Loop:
         last token (``last``: nothing may be drafted), as one native run, as target-only decodes;
         whether it did."""
         runs, drafter, committed = self.runs, self.drafter, self.committed
-        if runs is None or drafter is None or not (alone > 1 or last) or draft.tokens or prompt_left:
+        if runs is None or drafter is None or not (alone > 0 or last) or draft.tokens or prompt_left:
             return False
         t1, before = perf_counter(), len(committed)
         decoding = runs.run(committed, self.out, max(alone, 1))
