@@ -72,6 +72,7 @@ class Control:
         self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
         self._pacers: dict[tuple[object, ...], Pacer] = {}
         self._verdicts: dict[str, loosening.Verdict] = {}  # whether fly loosens, by accept rule (``verdict``)
+        self._settled: dict[SpecSettings, SpecSettings] = {}  # a request's settings as ``loosening`` settles them
         self._cost_key: str | None = None  # the pair's (``cost_key``)
         self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
@@ -94,11 +95,17 @@ class Control:
         n-gram lookup alone never asks for a model's token: nothing to weigh. Decided for the
         pair, so that a request gives the same text in any slot, with one slot or several,
         whatever the load."""
-        if spec.mode != "fly" or spec.loosen != "auto" or not spec.auto or not spec.policy().loosens:
+        if spec.mode != "fly" or spec.loosen != "auto" or not spec.auto:
             return spec
-        if self.pair.draft is None and self.pair.mtp is None or self.verdict(spec, slot).loosen:
-            return spec
-        return dataclasses.replace(spec, loosen="off")
+        settled = self._settled.get(spec)  # decided once a process: the same settings, the same answer
+        if settled is None:
+            if len(self._settled) >= 256:  # requests of many settings: kept for the latest
+                self._settled.clear()
+            loosens = spec.policy().loosens and (self.pair.draft is None and self.pair.mtp is None
+                                                 or self.verdict(spec, slot).loosen)
+            settled = self._settled[spec] = spec if loosens or not spec.policy().loosens else \
+                dataclasses.replace(spec, loosen="off")
+        return settled
 
     def verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
         """What loosening gains on this pair under ``spec``'s accept rule (``fly_cpp.kauto.loosening``):

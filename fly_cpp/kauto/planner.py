@@ -143,6 +143,9 @@ def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
 
 
 def _erf(z: np.ndarray) -> np.ndarray:
-    """``math.erf`` at each of ``z``, the same numbers (numpy has none; through a ufunc of
-    Python objects it took a planned round 0.2 ms)."""
-    return np.fromiter(map(math.erf, z.tolist()), dtype=np.float64, count=len(z))
+    """erf at each of ``z`` (numpy has none), within 1.5e-7 (Abramowitz and Stegun 7.1.26): mapping
+    ``math.erf`` over the rounds took a planned round 0.2 ms; the recordings replay the same."""
+    a = np.abs(z)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
+    return np.sign(z) * (1.0 - poly * np.exp(-a * a))

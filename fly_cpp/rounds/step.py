@@ -7,7 +7,7 @@ The same Step flows unchanged from the loop to the CLI, the Python API and the s
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from fly_cpp.rounds.keep import Keep
 
@@ -231,7 +231,7 @@ class Stats:
         # field by field: ``asdict`` deep-copied every round's accepted length and the whole pacing
         # dump, kept or not (0.3 ms an answer of the bundled pair's 30)
         left_out = ("accepted_lengths",) if pacing else ("accepted_lengths", "pacing")
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out}
+        out = {name: value for name, value in vars(self).items() if name not in left_out}
         out["draft_lengths"] = dict(self.draft_lengths)
         for name in ("pacing", "rollback"):
             if out.get(name) is not None:
