@@ -51,22 +51,22 @@ from pathlib import Path
 import numpy as np
 
 from fly_cpp.backend import rows
-from fly_cpp.kauto import worth
 from fly_cpp.backend.cache import common_prefix
+from fly_cpp.backend.sampling import NO_BIAS
+from fly_cpp.basics.errors import FlyError
 from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.bench.summary import geomean
 from fly_cpp.config import ModelSettings, SpecSettings
-from fly_cpp.kauto.costs import Costs, Curve
 from fly_cpp.drafters.draft_model import ModelDrafter
-from fly_cpp.drafters.steps import Stepped
-from fly_cpp.drafters.seam import Draft, Drafter, NgramDrafter, Report
-from fly_cpp.engine.engine import Engine
-from fly_cpp.basics.errors import FlyError
-from fly_cpp.kauto.evidence import AGREE_PRIOR
 from fly_cpp.drafters.paced import PacedDrafter
+from fly_cpp.drafters.seam import Draft, Drafter, DraftRules, NgramDrafter, Report
+from fly_cpp.drafters.steps import Stepped
+from fly_cpp.engine.engine import Engine
+from fly_cpp.kauto import worth
+from fly_cpp.kauto.costs import Costs, Curve
+from fly_cpp.kauto.evidence import AGREE_PRIOR
 from fly_cpp.kauto.pacer import Pacer
-from fly_cpp.backend.sampling import NO_BIAS
 
 OFF = -1  # a drafted token off the target's path: never kept
 DEFAULTS = SpecSettings()  # k auto's longest draft and the drafter's n-gram lookup, as the engine runs them
@@ -265,8 +265,9 @@ def drafter_for(how: dict, trace: Trace, clock: Clock, pacer: Pacer | None) -> t
     spec = SpecSettings(k=how.get("k", K_MAX), ngram=how.get("ngram", True), p_min=how.get("p_min", 0.0))
     if pacer is None:  # a fixed k checks the guesses that pay at the prior agreement, as the engine prices them
         checks = worth.guess_length(clock.costs, AGREE_PRIOR, spec.ngram_tokens, 0) if spec.ngram else None
-        return (ModelDrafter(model, spec, checks) if model is not None else NgramDrafter(spec)), None
-    inner = ModelDrafter(model, spec) if model is not None else NgramDrafter(spec)
+        rules = DraftRules.of(spec)
+        return (ModelDrafter(model, rules, checks) if model is not None else NgramDrafter(rules)), None
+    inner = ModelDrafter(model, DraftRules.of(spec)) if model is not None else NgramDrafter(DraftRules.of(spec))
     return PacedDrafter(inner, pacer, DEFAULTS.ngram_max, DEFAULTS.ngram_tokens, use_ngram=True, now=clock.now,
                         cpu=clock.now), None
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 from fly_cpp.rounds.accept import Verdict
 from fly_cpp.config import SpecSettings
 from fly_cpp.rounds.crossround import Window
+from fly_cpp.rounds.rules import RoundRules
 
 
 def window(**spec) -> Window:
-    return Window(SpecSettings(mode="fly", cross_round=True, **spec))
+    return Window(RoundRules.of(SpecSettings(mode="fly", cross_round=True, **spec)))
 
 
 def test_enabled_only_where_fly_can_loosen():
     assert window().enabled
-    assert not Window(SpecSettings(mode="spd", cross_round=True)).enabled
+    assert not Window(RoundRules.of(SpecSettings(mode="spd", cross_round=True))).enabled
     assert not window(window=0).enabled and not window(entropy_threshold=float("inf")).enabled
-    off = Window(SpecSettings(mode="fly", cross_round=False))
+    off = Window(RoundRules.of(SpecSettings(mode="fly", cross_round=False)))
     assert not off.enabled and off.max_left() is None
 
 
 def test_on_by_default_under_the_guarded_rule_only():
-    assert Window(SpecSettings(mode="fly")).enabled
-    assert not Window(SpecSettings(mode="fly", fly_rule="paper")).enabled  # the published rule, bit for bit
-    assert Window(SpecSettings(mode="fly", fly_rule="paper", cross_round=True)).enabled
+    assert Window(RoundRules.of(SpecSettings(mode="fly"))).enabled
+    assert not Window(RoundRules.of(SpecSettings(mode="fly", fly_rule="paper"))).enabled  # the published rule, bit for bit
+    assert Window(RoundRules.of(SpecSettings(mode="fly", fly_rule="paper", cross_round=True))).enabled
 
 
 def test_hold_then_confirm():

@@ -14,6 +14,7 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
 from fly_cpp.models import bundled
+from fly_cpp.drafters.seam import DraftRules
 
 pytestmark = pytest.mark.skipif(not native.has_draft_run(), reason=f"no native draft runs: {native.status()}")
 PROMPT = "Once upon a time, there was a little girl named Lily. She liked to play with her ball. One day"
@@ -28,7 +29,7 @@ def draft_path():
 def _drafter(model: Model, spec: SpecSettings, n_batch: int, checks: int | None = None,
              n_vocab: int | None = None) -> ModelDrafter:
     ctx = Context(model, n_ctx=512, n_threads=1, n_batch=n_batch)
-    return ModelDrafter(DraftModel(ctx, n_vocab or model.n_vocab), spec, checks)
+    return ModelDrafter(DraftModel(ctx, n_vocab or model.n_vocab), DraftRules.of(spec), checks)
 
 
 def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:

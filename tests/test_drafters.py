@@ -14,7 +14,7 @@ from fly_cpp.backend.model import Model
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.kauto.costs import Costs, Curve
 from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters.seam import NgramDrafter, Report
+from fly_cpp.drafters.seam import DraftRules, NgramDrafter, Report
 from fly_cpp.drafters.paced import PacedDrafter
 from fly_cpp.kauto.pacer import Pacer
 
@@ -28,7 +28,7 @@ def model(stories_draft):
 
 
 def drafter_on(ctx: Context, spec: SpecSettings) -> ModelDrafter:
-    return ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), spec)
+    return ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), DraftRules.of(spec))
 
 
 def greedy(model: Model, committed: list[int], n: int) -> list[int]:
@@ -69,7 +69,7 @@ def test_a_fixed_k_checks_only_the_guess_tokens_it_is_given(model, monkeypatch, 
     monkeypatch.setattr(DraftModel, "step", counted)
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time, there was a")
     with Context(model, n_ctx=256, n_threads=1, n_ubatch=1) as ctx:
-        drafted = ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), SpecSettings(k=8), checks).draft(committed, 8).tokens
+        drafted = ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), DraftRules.of(SpecSettings(k=8)), checks).draft(committed, 8).tokens
     assert seen and max(seen) <= checks and (checks == 0 or max(seen) == checks)  # the text repeats: a guess is found
     assert drafted == greedy(model, committed, len(drafted))
 
@@ -106,7 +106,7 @@ def test_a_draft_ends_at_end_of_text(period_is_eos, ngram):
 
 
 def test_ngram_drafter_copies_from_the_context():
-    d = NgramDrafter(SpecSettings(ngram_max=3, ngram_tokens=4))
+    d = NgramDrafter(DraftRules.of(SpecSettings(ngram_max=3, ngram_tokens=4)))
     assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 10).tokens == [4, 5, 6, 1]
     assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 2).tokens == [4, 5]
     assert d.draft([1, 2, 3], 4).tokens == []
@@ -178,7 +178,7 @@ def test_a_callers_own_paced_drafter_runs_in_a_generation(stories, stories_draft
     spec = SpecSettings(mode="spd")
     with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
         costs = Costs(Curve((1, 2, 4, 8), (1e-3, 1.1e-3, 1.3e-3, 1.8e-3)), Curve((1, 2, 4), (1e-4, 1.2e-4, 1.5e-4)))
-        own = PacedDrafter(NgramDrafter(spec), Pacer(lambda: costs, k_max=16), 4, 6, use_ngram=True)
+        own = PacedDrafter(NgramDrafter(DraftRules.of(spec)), Pacer(lambda: costs, k_max=16), 4, 6, use_ngram=True)
         alone = engine.generate("Once upon a time", spec=SpecSettings(mode="target"), sampling=GREEDY,
                                 max_tokens=24).run()
         gen = engine.generate("Once upon a time", spec=spec, sampling=GREEDY, max_tokens=24, drafter=own).run()

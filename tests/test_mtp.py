@@ -18,6 +18,7 @@ from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.basics.errors import FlyError
 from fly_cpp.drafters.mtp import MtpDrafter
 from fly_cpp.backend.rollback import CHECKPOINTS, SNAPSHOTS
+from fly_cpp.drafters.seam import DraftRules
 
 PROMPTS = ["Hello world, this is a test of the hybrid model.", "def fib(n):\n    return", "The capital of France is"]
 WAYS = {SNAPSHOTS: {}, CHECKPOINTS: {"n_ubatch": 1}}
@@ -115,7 +116,7 @@ def test_a_rejection_rolls_the_hybrid_back_and_the_head_follows(engine):
     want = target_tokens(engine, PROMPTS[0], n=40)
     spec = SpecSettings(mode="spd", k=4, ngram=False, spec_type="draft-mtp")
     mark = dataclasses.replace(engine.target.rollbacks)
-    drafter = MtpDrafter(engine.mtp_ctx, spec)
+    drafter = MtpDrafter(engine.mtp_ctx, DraftRules.of(spec))
     got = engine.generate(PROMPTS[0], spec=spec, max_tokens=40, sampling=GREEDY,
                           drafter=Altered(drafter, {2, 3, 5})).run()
     assert got.tokens == want
@@ -133,7 +134,7 @@ def test_multi_turn_reuses_both_caches(engine):
     first = engine.generate(PROMPTS[2], spec=spec, max_tokens=24, sampling=GREEDY).run()
     turn2 = engine.tokenize(PROMPTS[2]) + first.tokens + engine.tokenize(" And then", add_special=False)
     exact = engine.mtp_ctx.exact
-    steps = MtpDrafter(engine.mtp_ctx, spec)
+    steps = MtpDrafter(engine.mtp_ctx, DraftRules.of(spec))
     got = engine.generate(turn2, spec=spec, max_tokens=24, sampling=GREEDY, drafter=steps).run()
     assert got.stats.n_cached >= len(turn2) - 8
     assert exact > len(engine.tokenize(PROMPTS[2]))  # the head kept the first turn

@@ -6,12 +6,13 @@ from __future__ import annotations
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.rounds.output import Finish, Output
 from fly_cpp.rounds.request import Request
+from fly_cpp.rounds.rules import RoundRules
 
 EOG = 0
 
 
 def output(max_tokens: int = 10, stop: tuple[str, ...] = ()) -> Output:
-    request = Request((1, 2), SpecSettings(), SamplingSettings(), max_tokens, stop, seed=0)
+    request = Request((1, 2), RoundRules.of(SpecSettings()), SamplingSettings(), max_tokens, stop, seed=0)
     return Output(request, piece=lambda t: f"<{t}>".encode(), is_eog=lambda t: t == EOG)
 
 

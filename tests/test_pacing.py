@@ -22,7 +22,7 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.kauto import worth
 from fly_cpp.kauto.costs import Costs, Curve
 from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters.seam import Draft, NgramDrafter, Report
+from fly_cpp.drafters.seam import Draft, DraftRules, NgramDrafter, Report
 from fly_cpp.kauto.evidence import Acceptance, Guesses
 from fly_cpp.drafters.paced import PacedDrafter
 from fly_cpp.kauto.pacer import Pacer
@@ -105,7 +105,7 @@ def generation(p: Pacer) -> Generation:
         return _GENERATIONS[id(p)][1]
     model = _DRAFT[0]
     ctx = Context(model, n_ctx=N_CTX, n_threads=1)
-    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), SpecSettings(ngram=False))
+    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), DraftRules.of(SpecSettings(ngram=False)))
     clock = Clock(ctx, p.costs)
     drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=clock, cpu=clock)
     prompt = model.tokenize(PROMPT)
@@ -220,7 +220,7 @@ def test_a_cached_draft_curve_too_dear_for_any_exploration_is_checked_and_drafti
     assert p.best(1.0, 16, p.costs.draft(1), p.costs.draft(1))[1] == 0
     model = _DRAFT[0]
     ctx = Context(model, n_ctx=N_CTX, n_threads=1)
-    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), SpecSettings(ngram=False))
+    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), DraftRules.of(SpecSettings(ngram=False)))
     clock = Clock(ctx, CPU_F16)  # live steps: the true curve
     drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=clock, cpu=clock)
     prompt = model.tokenize(PROMPT)
@@ -265,7 +265,7 @@ def test_rounds_under_load_teach_acceptance_but_not_timings():
     record of drafting rounds; what the target kept does teach acceptance."""
     p = pacer(CPU_F16)
     simulate(p, accept=0.9, rounds=50)
-    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
     p.share(4)
     scales, pace, drafted, learned = p.costs.as_dict(), p.pace, list(p.evidence.realized.sums), p.model.state()
     p.observe("draft", [0.95, 0.95], 1, 2, 5.0)
@@ -387,7 +387,7 @@ def test_guesses_that_a_few_misses_made_not_worth_verifying_are_tried_again_when
     p = pacer(flat)
     for _ in range(20):
         p.guesses.observe([None], 0)
-    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
     text, kinds = [1, 2, 3, 4, 5] * 2, []
     for _ in range(400):
         wrote = [text[len(text) - 5 + i % 5] for i in range(9)]  # the target goes on repeating, as the guesses say
@@ -439,7 +439,7 @@ def test_a_guess_that_would_pay_if_switching_kinds_were_free_is_not_verified():
 
 def test_an_unverified_guess_teaches_the_acceptance_of_its_match_length():
     p = pacer(CPU_Q4)  # a compute-bound target: a 1-row decode is cheap, no guess pays yet
-    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
     text = [1, 2, 3, 4, 5, 9, 8, 1, 2, 3]  # "1 2 3" seen before (not "8 1 2 3"): a 3-token match, guessing "4 5 9 8 1 2"
     assert play(drafter, text, [4]).tokens == [] and drafter.last_kind == "target"  # the target wrote 4, as guessed
     assert list(p.guesses.trials) == [3] and p.guesses(3) == pytest.approx((1 + 2 * p.guesses.mean()) / 3)
@@ -484,7 +484,7 @@ def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_i
     """Trimming leaves unsure tokens unverified, so their confidence would never learn how often
     such tokens are right; the round's committed tokens tell, when the ones before it were kept."""
     p = pacer(CPU_F16)
-    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
+    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=False)
     prior = p.model(0.35)
 
     def round_after(wrote: list[int]) -> None:  # [7, 8] verified, 9 left out with confidence 0.35
@@ -508,7 +508,7 @@ def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_
     verifies: the cost of the decode is that of all of them, but only the verified drafts say
     anything about acceptance (a trimmed token's confidence must not count as a miss)."""
     p = pacer(CPU_F16)
-    drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
+    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=False)
     drafter.kind, drafter.confidences = "draft", [0.95, 0.95, 0.35, 0.35]  # the last two left out of the batch
     seen, widths = p.model.trials[:], []
     p.costs.observe_target = lambda rows, seconds, count=1: widths.append(rows) or True
@@ -579,7 +579,7 @@ def test_each_generation_begins_a_new_text_for_its_pacer():
     simulate(p, accept=0.95, rounds=200)
     simulate(p, accept=0.02, rounds=600, seed=3)
     trials = p.model.all_trials
-    PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=True)
+    PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
     assert p.model.all_trials < 0.5 * trials
 
 
@@ -643,7 +643,7 @@ def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
     ends = []
     for run in (False, True):
         p = pacer(CPU_Q4)
-        drafter = PacedDrafter(NgramDrafter(SpecSettings()), p, 4, 6, use_ngram=False)
+        drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=False)
         text = list(range(100, 140))
         draft = drafter.draft(text, 8)
         assert draft.tokens == [] and draft.alone == 1 + p.rest > 1  # nothing can pay: a rest

@@ -3,6 +3,8 @@ last one learned (the first rounds of a fresh ``fly-cpp generate`` are not a col
 
 from __future__ import annotations
 
+import time
+
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.kauto import recall
 from fly_cpp.kauto.evidence import Evidence
@@ -35,3 +37,17 @@ def test_a_malformed_record_is_ignored(tmp_path, monkeypatch):
     assert recall.load("abc") is None
     recall.store("abc", Evidence())  # a broken file is replaced
     assert recall.load("abc") is not None
+
+
+def test_what_a_generation_taught_is_kept_once_the_step_loop_is_idle(stories, stories_draft, tmp_path, monkeypatch):
+    """Kept when the loop runs out of work, not at the generation's end (where other slots'
+    decodes would wait for the write), nor only at close: a process killed later keeps it."""
+    kept = tmp_path / "evidence.json"
+    monkeypatch.setenv("FLY_CPP_EVIDENCE", str(kept))
+    with _engine(stories, stories_draft) as e:
+        e.generate("Once upon a time", spec=SpecSettings(loosen="on"), sampling=SamplingSettings(temperature=0),
+                   max_tokens=40).run()
+        deadline = time.monotonic() + 30  # the loop writes it once it is idle, after the answer is out
+        while not kept.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert kept.exists()  # before the engine closes

@@ -10,6 +10,7 @@ from fly_cpp.backend import native
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.rounds.request import Request
+from fly_cpp.rounds.rules import RoundRules
 from fly_cpp.rounds.runs import Runs
 
 pytestmark = pytest.mark.skipif(not native.has_greedy_run(), reason=f"no native greedy runs: {native.status()}")
@@ -34,13 +35,13 @@ def _both(engine, prompt, **kw):
 
 def test_the_engine_runs_target_only_greedy_natively(engine):
     assert engine.target.runs_natively
-    request = Request(tuple(engine.tokenize("Once")), TARGET, GREEDY, 8, (), 0)
+    request = Request(tuple(engine.tokenize("Once")), RoundRules.of(TARGET), GREEDY, 8, (), 0)
     assert Runs.make(request, engine.target, drafting=False, constrained=False) is not None
     for changed in (SamplingSettings(temperature=0.7), SamplingSettings(temperature=0, repeat_penalty=1.1)):
-        assert Runs.make(Request(request.prompt, TARGET, changed, 8, (), 0), engine.target, False, False) is None
+        assert Runs.make(Request(request.prompt, RoundRules.of(TARGET), changed, 8, (), 0), engine.target, False, False) is None
     # with a drafter, the rounds it leaves to the target alone run where verification is exact
     assert Runs.make(request, engine.target, drafting=True, constrained=False) is not None
-    loose = Request(request.prompt, SpecSettings(mode="fly", loosen="on"), GREEDY, 8, (), 0)
+    loose = Request(request.prompt, RoundRules.of(SpecSettings(mode="fly", loosen="on")), GREEDY, 8, (), 0)
     assert Runs.make(loose, engine.target, drafting=True, constrained=False) is None
     assert Runs.make(request, engine.target, drafting=False, constrained=True) is None
 

@@ -34,7 +34,9 @@ def post(client, path, status=200, **body):
 @pytest.mark.parametrize("mode", ["fly", "spd", "target"])
 def test_completion_grammar_and_json_schema(client, mode):
     out = post(client, "/completion", prompt="Once upon a time", n_predict=30, grammar=WORDS, mode=mode)
-    assert re.fullmatch(r"[a-z]+( [a-z]+)*", out["content"]), out["content"]
+    # a text the token limit cuts may end inside the grammar: after a word's space (sampled by
+    # default, with a fresh seed each time, so now and then it does)
+    assert re.fullmatch(r"[a-z]+( [a-z]+)* ?", out["content"]), out["content"]
     out = post(client, "/completion", prompt="Once upon a time", n_predict=200, json_schema=SCHEMA, mode=mode)
     jsonschema.validate(json.loads(out["content"]), SCHEMA)
 
@@ -67,7 +69,7 @@ def test_bad_constraints_are_400(client, path, body, says):
 def test_python_api(stories, stories_draft):
     with Fly(stories, stories_draft, n_ctx=512) as fly:
         out = fly.create_completion("Once upon a time", max_tokens=30, grammar=WORDS)
-        assert re.fullmatch(r"[a-z]+( [a-z]+)*", out["choices"][0]["text"])
+        assert re.fullmatch(r"[a-z]+( [a-z]+)* ?", out["choices"][0]["text"])  # sampled: may stop after a space
         fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
         out = fly.create_chat_completion(CHAT, max_tokens=200, response_format=fmt, temperature=0.7, seed=1)
         jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), SCHEMA)

@@ -9,6 +9,7 @@ import pytest
 
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.rounds.request import Request
+from fly_cpp.rounds.rules import RoundRules
 from fly_cpp.rounds.verify import Verifier
 
 V = 8
@@ -29,7 +30,7 @@ def logits(best: list[int], flat: list[bool]) -> np.ndarray:
 def verifier(mode: str = "fly", temperature: float = 0.0, **sampling) -> Verifier:
     """Greedy unless a temperature is given."""
     spec = SpecSettings(mode=mode, k=8, window=2, entropy_threshold=0.3, fly_rule="paper")  # window and gate alone
-    return Verifier(Request((1,), spec, SamplingSettings(temperature=temperature, **sampling), 16, (), seed=0))
+    return Verifier(Request((1,), RoundRules.of(spec), SamplingSettings(temperature=temperature, **sampling), 16, (), seed=0))
 
 
 def test_greedy_exact_loose_and_gate():
@@ -82,7 +83,7 @@ def guarded(**spec) -> Verifier:
     draft model's own tokens: ``own=True`` below); token 7 spells a code fence."""
     settings = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="guarded",
                             **{"loose_min_ratio": 0.0, "cross_round": False, **spec})
-    return Verifier(Request((1,), settings, GREEDY, 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
+    return Verifier(Request((1,), RoundRules.of(settings), GREEDY, 16, (), seed=0), lambda t: PIECES.get(t, b"a"))
 
 
 PIECES = {7: b"```", 6: b" 80", 5: b"5"}  # token 7 spells a code fence; every other token "a"
@@ -116,7 +117,7 @@ def test_guarded_facts_ratio_rank_and_support():
     v, _ = guarded()(rows, drafted, [0])
     assert (v.accepted, v.guard_rejected) == (1, True)
     paper = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3, fly_rule="paper")
-    v, _ = Verifier(Request((1,), paper, GREEDY, 16, (), seed=0))(rows, drafted, [0])
+    v, _ = Verifier(Request((1,), RoundRules.of(paper), GREEDY, 16, (), seed=0))(rows, drafted, [0])
     assert v.loose == (1,)  # the paper's rule keeps it
 
 
@@ -126,7 +127,7 @@ def test_guarded_sampling_refuses_what_the_sampler_cannot_draw():
     rows[1, 3] = 0.8  # open the gate
     spec = SpecSettings(mode="fly", k=8, window=2, entropy_threshold=0.3)
     for min_p, kept in ((0.05, False), (0.0, True)):
-        v = Verifier(Request((1,), spec, SamplingSettings(temperature=0.01, top_k=0, top_p=1.0, min_p=min_p), 16, (),
+        v = Verifier(Request((1,), RoundRules.of(spec), SamplingSettings(temperature=0.01, top_k=0, top_p=1.0, min_p=min_p), 16, (),
                              seed=0))
         facts = v.facts(rows, [1, 6, 3, 4], [0], np.array([1]), np.array([1, 2, 3, 4, 5]))
         assert bool(facts.supported[1]) is kept

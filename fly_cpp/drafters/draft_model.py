@@ -12,9 +12,8 @@ from fly_cpp.backend import native, rows
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
-from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import ngram
-from fly_cpp.drafters.seam import Draft, Report
+from fly_cpp.drafters.seam import Draft, DraftRules, Report
 from fly_cpp.drafters.steps import Pace, Rules, Stepped, draft_steps
 
 
@@ -83,16 +82,16 @@ class DraftModel:
         self.path = [*history, *guess[:agree], int(best[agree])]
         return Stepped(best, agree, sure, len(batch))
 
-    def run(self, committed: Sequence[int], limit: int, need: int, spec: SpecSettings,
+    def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules,
             confident: bool, checks: int | None = None) -> tuple[list[int], list[float]] | None:
         """``ModelDrafter.draft``'s steps inside the native library, after ``start``: the same
         tokens and confidences, without returning to Python per step (``checks``: the most
-        n-gram guess tokens a step checks; None: ``spec.ngram_tokens``). None where the library
+        n-gram guess tokens a step checks; None: ``drafting.ngram_tokens``; ``drafting``: the drafters' rules). None where the library
         cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
         longer n-gram than it looks up, no room in the cache); the caller then steps in Python."""
         n = len(committed)
         if (not self.ctx.drafts_natively or self.bias or self.draws is not None
-                or (spec.ngram and spec.ngram_max > native.MAX_NGRAM) or n + limit - 1 > self.ctx.n_ctx):
+                or (drafting.ngram and drafting.ngram_max > native.MAX_NGRAM) or n + limit - 1 > self.ctx.n_ctx):
             return None
         if len(self._hist) < n + limit:
             grown = np.zeros(max(2 * len(self._hist), n + limit, 1024), dtype=np.int32)
@@ -101,8 +100,8 @@ class DraftModel:
         keep = common_prefix(self._text, committed)
         self._hist[keep:n] = committed[keep:]
         self._text = list(committed)
-        tokens = spec.ngram_tokens if checks is None else checks
-        rules = native.DraftRules(limit, need, spec.p_min, confident, spec.ngram_max if spec.ngram and tokens else 0,
+        tokens = drafting.ngram_tokens if checks is None else checks
+        rules = native.DraftRules(limit, need, drafting.p_min, confident, drafting.ngram_max if drafting.ngram and tokens else 0,
                                   tokens)
         if not (self._own <= n <= len(self.path) and common_prefix(self.path, committed) == n):
             self._own = n  # a new path, not the continuation of the last one (as ``step``)
@@ -139,7 +138,7 @@ class ModelDrafter:
     falls under ``p_min`` (llama.cpp's rule) once ``need`` tokens are drafted. The draft's
     choices see the generation's logit bias, as the target's do.
 
-    ``checks``: the most guess tokens one step checks (None: ``spec.ngram_tokens``; 0: none).
+    ``checks``: the most guess tokens one step checks (None: ``rules.ngram_tokens``; 0: none).
     A step over more rows is not always nearly free: on a CPU a Q4_K_M draft's two-row decode
     costs 2.4x its one-row decode, so there the checks cost more than the agreed tokens save
     (k auto's controller prices them for a fixed k, ``Control.base_drafter``). They never change which tokens
@@ -147,11 +146,11 @@ class ModelDrafter:
 
     pacer = None  # a fixed k's (k auto paces it from outside: ``fly_cpp.drafters.paced``)
 
-    def __init__(self, draft_model: DraftModel, spec: SpecSettings, checks: int | None = None) -> None:
+    def __init__(self, draft_model: DraftModel, rules: DraftRules, checks: int | None = None) -> None:
         self.draft_model = draft_model
-        self.spec = spec
-        self.checks = spec.ngram_tokens if checks is None else checks
-        self.index = ngram.Index(spec.ngram_max)
+        self.rules = rules
+        self.checks = rules.ngram_tokens if checks is None else checks
+        self.index = ngram.Index(rules.ngram_max)
 
     @property
     def bias(self) -> LogitBias:
@@ -175,17 +174,17 @@ class ModelDrafter:
         ``clock``: step in Python and time each decode by it (``Draft.steps``), the same tokens."""
         if limit <= 0:
             return Draft()
-        spec, model = self.spec, self.draft_model
+        drafting, model = self.rules, self.draft_model
         checks = self.checks if checks is None else checks
         catchup = model.start(committed)
-        want_confidence = confident or spec.p_min > 0
-        ran = None if clock is not None else model.run(committed, limit, need, spec, want_confidence, checks)
+        want_confidence = confident or drafting.p_min > 0
+        ran = None if clock is not None else model.run(committed, limit, need, drafting, want_confidence, checks)
         steps: list[tuple[int, float]] = []
         if ran is not None:
             out, confidences = ran
         else:  # stepped in Python (the native run's reference): the plain pace, its guesses as found
-            pace = Pace((lambda history, room: self.index.match(history, room)[1]) if spec.ngram else None, checks)
-            rules = Rules(limit, need, spec.p_min, want_confidence)
+            pace = Pace((lambda history, room: self.index.match(history, room)[1]) if drafting.ngram else None, checks)
+            rules = Rules(limit, need, drafting.p_min, want_confidence)
             out, confidences, steps = draft_steps(model, committed, rules, pace, clock, catchup)
         out = out[:limit]
         return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True, steps=tuple(steps))

@@ -30,9 +30,8 @@ from fly_cpp.backend import rows
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
-from fly_cpp.config import SpecSettings
 from fly_cpp.drafters import ngram
-from fly_cpp.drafters.seam import Draft, Report
+from fly_cpp.drafters.seam import Draft, DraftRules, Report
 from fly_cpp.drafters.steps import Rules, Stepped, draft_steps
 
 
@@ -115,12 +114,12 @@ class MtpDrafter:
 
     pacer = None  # a fixed k's (k auto paces it from outside: ``fly_cpp.drafters.paced``)
 
-    def __init__(self, ctx: MtpContext, spec: SpecSettings, bias: LogitBias = NO_BIAS,
+    def __init__(self, ctx: MtpContext, rules: DraftRules, bias: LogitBias = NO_BIAS,
                  draws: Sampler | None = None) -> None:
         self.ctx = ctx
-        self.spec = spec
+        self.rules = rules
         self.draft_model = MtpHead(ctx, bias, draws)  # the name k auto's drafter drives a model's steps by
-        self.index = ngram.Index(spec.ngram_max)
+        self.index = ngram.Index(rules.ngram_max)
 
     @property
     def bias(self) -> LogitBias:
@@ -142,8 +141,8 @@ class MtpDrafter:
     def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
         if limit <= 0:
             return Draft()
-        if self.spec.ngram and need == 0:  # an open window is completed by the head's own tokens
-            guess = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
+        if self.rules.ngram and need == 0:  # an open window is completed by the head's own tokens
+            guess = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
             if guess:
                 return Draft(guess, [None] * len(guess))
         return self.own(committed, limit, need, confident)
@@ -157,8 +156,8 @@ class MtpDrafter:
         not decoded ``committed[:-1]``, which the loop's invariant rules out; a head checks no
         n-gram guesses: ``checks`` is for the draft model's seam); ``clock``: time each step by it
         (``Draft.steps``)."""
-        spec, head = self.spec, self.draft_model
-        rules = Rules(limit, need, spec.p_min, confident or spec.p_min > 0, end=self.ctx.target.n_ctx - 1)
+        drafting, head = self.rules, self.draft_model
+        rules = Rules(limit, need, drafting.p_min, confident or drafting.p_min > 0, end=self.ctx.target.n_ctx - 1)
         out, confidences, steps = draft_steps(head, committed, rules, clock=clock)
         return Draft(out, [*confidences, *[None] * (len(out) - len(confidences))], by_model=True, steps=tuple(steps))
 

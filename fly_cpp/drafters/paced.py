@@ -59,7 +59,7 @@ class PacedDrafter:
         prefill, 0.998x without). A loosening rule asks the draft model for its token wherever
         the target was unsure, drafting or not, so there the draft needs the prompt anyway
         (caught up inside the first ask it cost the Q4_K_M pair a third of its speed)."""
-        loosens = self.model is not None and self.model.spec.policy().loosens
+        loosens = self.model is not None and self.model.rules.loosens
         if loosens or not (self.pacer.lost_long() or self.pacer.rest > 0):  # a rest goes on into this text
             self.inner.begin(prompt)
 
@@ -102,7 +102,7 @@ class PacedDrafter:
             if self.kind in ("draft", "explore"):
                 found = self._paced(model, committed, n, need)
             else:  # the draft's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
-                checks = self.pacer.guess_length(model.spec.ngram_tokens, model.lag(committed))
+                checks = self.pacer.guess_length(model.rules.ngram_tokens, model.lag(committed))
                 costs, alone = self.pacer.costs, self.pacer.sharing == 1  # a shared step's cost is not its own
                 timed = alone and not costs.draft_checked  # its timed steps check a cached draft curve
                 found = model.own(committed, n, need, confident=True, checks=checks, clock=self.now if timed else None)
@@ -116,9 +116,9 @@ class PacedDrafter:
     def _paced(self, drafter: ModelDrafting, committed: Sequence[int], limit: int, need: int) -> Draft:
         """The draft model's tokens, step by step while one more is worth its cost (and while
         ``need`` are owed); then the prefix worth verifying."""
-        pacer, spec = self.pacer, drafter.spec
-        pace = _Paced(pacer, drafter.index if spec.ngram else None, spec.ngram_tokens, need)
-        out, confidences, _ = draft_steps(drafter.draft_model, committed, Rules(limit, need, spec.p_min, True), pace,
+        pacer, drafting = self.pacer, drafter.rules
+        pace = _Paced(pacer, drafter.index if drafting.ngram else None, drafting.ngram_tokens, need)
+        out, confidences, _ = draft_steps(drafter.draft_model, committed, Rules(limit, need, drafting.p_min, True), pace,
                                           self.now)
         chances = pace.chances
         out = out[:limit]

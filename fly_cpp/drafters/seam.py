@@ -30,6 +30,25 @@ from fly_cpp.kauto.pacer import Pacer
 
 
 @dataclass(frozen=True)
+class DraftRules:
+    """How a generation's drafters draft, resolved once from its settings (``of``): n-gram lookup
+    on (``ngram``), over matches of up to ``ngram_max`` tokens continued by up to ``ngram_tokens``;
+    a model's token kept while its top probability is at least ``p_min`` (llama.cpp's rule); and
+    whether the round's accept rule ``loosens`` (it asks the draft model for its token wherever the
+    target was unsure, drafting or not)."""
+
+    ngram: bool
+    ngram_max: int
+    ngram_tokens: int
+    p_min: float
+    loosens: bool
+
+    @classmethod
+    def of(cls, spec: SpecSettings) -> DraftRules:
+        return cls(spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.p_min, spec.policy().loosens)
+
+
+@dataclass(frozen=True)
 class Draft:
     """One round's proposal. ``confidences``: the draft model's top probability at each token
     (None for an n-gram guess no model step checked). ``by_model``: every token is the draft
@@ -104,7 +123,7 @@ class ModelDrafting(Protocol):
     drafter (``fly_cpp.drafters.paced``) drives it: its settings, its n-gram index over the text,
     the logit bias its choices see, its cache's lag and its own draft."""
 
-    spec: SpecSettings
+    rules: DraftRules
     index: ngram.Index
 
     @property
@@ -139,16 +158,16 @@ class NgramDrafter:
     model = None  # no model drafts step by step
     pacer = None
 
-    def __init__(self, spec: SpecSettings, bias: LogitBias = NO_BIAS) -> None:
-        self.spec = spec
+    def __init__(self, rules: DraftRules, bias: LogitBias = NO_BIAS) -> None:
+        self.rules = rules
         self.bias = bias
-        self.index = ngram.Index(spec.ngram_max)
+        self.index = ngram.Index(rules.ngram_max)
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
-        found = self.bias.cut(self.index.match(committed, min(self.spec.ngram_tokens, limit))[1])
+        found = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
         return Draft(found, [None] * len(found))
 
     def candidate(self, committed: Sequence[int]) -> int | None:

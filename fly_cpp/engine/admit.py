@@ -16,6 +16,7 @@ from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.engine.loading import Loaded, check_rollback
 from fly_cpp.rounds.constrain import Lazy, Rules
 from fly_cpp.rounds.request import Request, Shift
+from fly_cpp.rounds.rules import RoundRules
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,6 @@ def admit(pair: Loaded, tokens: list[int], n_ctx: int, spec: SpecSettings, sampl
     if rules is not None and sampling.grammar_trigger:
         rules = Lazy(rules, sampling.grammar_trigger, model.tokenize, piece=piece)
     seed = sampling.seed if sampling.seed is not None else secrets.randbits(32)
-    request = Request(tuple(tokens), spec, sampling, max_tokens, tuple(stop), seed, bias,
+    request = Request(tuple(tokens), RoundRules.of(spec), sampling, max_tokens, tuple(stop), seed, bias,
                       min(n_probs, model.n_vocab), cache_prompt, shift)
     return Admitted(request, rules, piece)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from time import perf_counter
 
 from fly_cpp.backend.batch import Seq
 from fly_cpp.backend.context import Context
@@ -22,7 +21,7 @@ from fly_cpp.config import AUTO, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
 from fly_cpp.drafters.mtp import MtpDrafter
 from fly_cpp.drafters.paced import PacedDrafter
-from fly_cpp.drafters.seam import BaseDrafter, Drafter, NgramDrafter
+from fly_cpp.drafters.seam import BaseDrafter, Drafter, DraftRules, NgramDrafter
 from fly_cpp.engine.batchloop import Throttled
 from fly_cpp.engine.scheduler import Scheduler
 from fly_cpp.kauto import loosening, recall, worth
@@ -33,10 +32,6 @@ from fly_cpp.kauto.pacer import Pacer
 from fly_cpp.rounds.request import Request
 from fly_cpp.rounds.shape import Steady
 from fly_cpp.rounds.step import Stats
-
-# seconds between writes of k auto's evidence for the next process, and one at close (its read and
-# rewrite at every generation's end took 4.4% of the step loop at -np 4: ``save``)
-STORE_EVERY = 5.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +63,7 @@ class Control:
 
     def __init__(self, pair: Pair, steps: Scheduler) -> None:
         self.pair, self.steps = pair, steps
+        steps.when_idle(self.save)
         self._costs: Costs | None = None
         self._measuring = False  # a task is measuring the pair's costs (the others wait for them)
         self._pacers: dict[tuple[object, ...], Pacer] = {}
@@ -76,7 +72,6 @@ class Control:
         self._cost_key: str | None = None  # the pair's (``cost_key``)
         self._records: dict[int, str] = {}  # a pacer's key in the evidence kept across processes (``recall``)
         self._unsaved: set[int] = set()  # pacers (by id) whose evidence has not been kept since it grew
-        self._saved_at = -STORE_EVERY  # when the evidence was last kept
 
     # -- a request's plan ------------------------------------------------------------------
 
@@ -190,12 +185,12 @@ class Control:
         draft_ctx = self.pair.views[slot][1]
         if self._head(slot):
             assert self.pair.mtp is not None
-            return MtpDrafter(self.pair.mtp, spec, bias, draws)
+            return MtpDrafter(self.pair.mtp, DraftRules.of(spec), bias, draws)
         if draft_ctx is not None:
             n_vocab = min(self.pair.target.model.n_vocab, draft_ctx.model.n_vocab)
-            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias, draws), spec,  # type: ignore[arg-type]
+            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias, draws), DraftRules.of(spec),  # type: ignore[arg-type]
                                 None if spec.auto else self._guess_checks(spec))
-        return NgramDrafter(spec, bias)
+        return NgramDrafter(DraftRules.of(spec), bias)
 
     def paced(self, base: BaseDrafter, spec: SpecSettings, slot: int, sampled: bool = False) -> Drafter:
         """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k);
@@ -322,20 +317,18 @@ class Control:
             costs.draft_noted()
         stats.pacing = pacer.as_dict()
         if id(pacer) in self._records:  # else a caller's own paced drafter, learning for itself
-            self._unsaved.add(id(pacer))
-            if perf_counter() - self._saved_at >= STORE_EVERY:
-                self.save()
+            self._unsaved.add(id(pacer))  # kept when the step loop runs out of work (``save``)
 
     def save(self) -> None:
-        """What k auto learned, kept for the next process (``recall``): at most every
-        ``STORE_EVERY`` seconds, and when the engine closes. Written at every generation's end,
-        the evidence file's read and rewrite took 4.4% of the step loop's time at -np 4 on the
-        bundled pair (every slot's decode waited for it)."""
+        """What k auto learned, kept for the next process (``recall``): whenever the step loop runs
+        out of work (``Scheduler.when_idle``), and when the engine closes. Written at every
+        generation's end, the evidence file's read and rewrite took 4.4% of the step loop's time at
+        -np 4 on the bundled pair (every slot's decode waited for it); written when idle, it delays
+        no decode (a request that comes meanwhile waits for one write, ~1 ms)."""
         for pacer in self._pacers.values():
             if id(pacer) in self._unsaved:
                 recall.store(self._records[id(pacer)], pacer.evidence)
         self._unsaved.clear()
-        self._saved_at = perf_counter()
 
     def close(self) -> None:
         if self._unsaved:

@@ -9,7 +9,6 @@ Everything the outer layers (Python API, server, CLI, bench) need goes through i
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -34,6 +33,7 @@ from fly_cpp.kauto.pacer import Pacer
 from fly_cpp.rounds import loop, scoring
 from fly_cpp.rounds.output import Output
 from fly_cpp.rounds.request import Request, Shift
+from fly_cpp.rounds.rules import RoundRules
 from fly_cpp.rounds.step import Progress, Stats, Step
 
 T = TypeVar("T")
@@ -154,7 +154,7 @@ class Engine:
             """The loop in slot ``at``, its drafter made there (a new one begins the pacer it
             may share with a running generation), under the settings settled there."""
             settled = control.loosening(spec, at)
-            run = request if settled == spec else dataclasses.replace(request, spec=settled)
+            run = request if settled is spec else request.under(RoundRules.of(settled))
             how, stats = control.drafting(settled, request, at, given), out.stats
             if how.name:
                 stats.drafter = how.name
@@ -164,7 +164,7 @@ class Engine:
         def body(at: int) -> Iterator[Step | Progress]:
             return self._in_slot(at, start, request, out.stats, not cache_prompt)
 
-        gen = Generation(request, out, self._submitted(body, slot, request.prompt))
+        gen = Generation(request, spec, out, self._submitted(body, slot, request.prompt))
         self._open.add(gen)
         return gen
 

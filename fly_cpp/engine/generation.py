@@ -17,8 +17,8 @@ class Generation:
     with ``n_probs`` ``probs`` (one TokenProbs per token). ``close()`` abandons it early; both
     caches stay consistent."""
 
-    def __init__(self, request: Request, out: Output, steps: Iterator[Step | Progress]) -> None:
-        self.request = request
+    def __init__(self, request: Request, spec: SpecSettings, out: Output, steps: Iterator[Step | Progress]) -> None:
+        self.request, self._spec = request, spec
         self.out = out
         self.text = ""
         self.tokens: list[int] = []
@@ -65,7 +65,7 @@ class Generation:
 
     @property
     def spec(self) -> SpecSettings:
-        return self.request.spec
+        return self._spec
 
     @property
     def sampling(self) -> SamplingSettings:

@@ -163,6 +163,7 @@ class Scheduler:
         self._queued: dict[int, Task[Any]] = {}  # submitted, not admitted nor ended (single dict operations)
         self._waiting: list[Task[Any]] = []  # seen by the loop, waiting for a slot (in arrival order)
         self._closing = False
+        self._idle: list[Callable[[], None]] = []  # called each time the loop runs out of work (``when_idle``)
         self._hub: greenlet | None = None
         self._news = np.zeros(1, dtype=np.int32)  # set when a task comes or is cancelled: greedy runs end early
         self._thread = threading.Thread(target=self._main, name="fly-cpp-step", daemon=True)
@@ -202,6 +203,11 @@ class Scheduler:
         current = getcurrent()
         return next((t for t in self.busy if t is not None and t.glet is current), None)
 
+    def when_idle(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the step thread whenever the loop has run out of work, before it waits
+        for more: what can wait for no one, waits for nothing there."""
+        self._idle.append(fn)
+
     def pause(self) -> None:
         """Inside a task: let the other tasks take their next step before this one goes on."""
         if self.running_task() is None:
@@ -235,7 +241,14 @@ class Scheduler:
         self._hub = getcurrent()
         while True:
             self._news[0] = 0  # before the inbox is read: news after this point ends the next runs early
-            self._take(block=not (self.active or self._waiting or self._closing))
+            idle = not (self.active or self._waiting or self._closing)
+            if idle and self._inbox.empty():
+                try:
+                    for fn in self._idle:
+                        fn()
+                except Exception as e:  # as the loop's own failure: it goes on
+                    self._fail(e)
+            self._take(block=idle)
             if self._closing and not self.active and not self._waiting:
                 self._take(block=False)  # submitted as it closed: refused
                 for task in self._waiting:

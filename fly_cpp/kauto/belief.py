@@ -109,6 +109,17 @@ def _posterior(hits: float, trials: float, prior: float) -> tuple[float, float]:
     return mean, np.maximum(mean * (1 - mean), 0.0) / (trials + PRIOR + 1)  # (scalars, or arrays: ``Draw.aged``)
 
 
+def above(x: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """The chance that a normal draw of ``mean`` and ``sd`` exceeds ``x``, elementwise: erf by
+    Abramowitz and Stegun 7.1.26 (within 1.5e-7; numpy has none, and ``math.erf`` mapped over a
+    rest's rounds took a planned round 0.2 ms: the recordings replay the same)."""
+    z = (x - mean) / (np.maximum(sd, 1e-9) * math.sqrt(2))
+    a = np.abs(z)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
+    return 0.5 * (1 - np.sign(z) * (1.0 - poly * np.exp(-a * a)))
+
+
 def _optimistic(hits: float, trials: float, prior: float, z: float) -> float:
     mean, variance = _posterior(hits, trials, prior)
     return min(max(mean + z * math.sqrt(variance), 0.0), 1.0)

@@ -19,13 +19,12 @@ it is ample and fresh it seldom is. The plans:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from fly_cpp.kauto import worth
-from fly_cpp.kauto.belief import AGE, UNCHECKED_SPREAD, Draw
+from fly_cpp.kauto.belief import AGE, UNCHECKED_SPREAD, Draw, above
 from fly_cpp.kauto.costs import Costs
 from fly_cpp.kauto.evidence import BINS
 
@@ -131,8 +130,7 @@ def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
         for guesses, rates in kinds:
             mean, sd, correction = draw.aged(most, guesses)
             pays = np.searchsorted(rates, alone / correction * (1 + 1e-9), side="right")  # the first acceptance that pays
-            tail = _erf((pays / GRID - mean) / (np.maximum(sd, 1e-9) * math.sqrt(2)))
-            chances.append(np.where(pays <= GRID, 0.5 * (1 - tail), 0.0))
+            chances.append(np.where(pays <= GRID, above(pays / GRID, mean, sd), 0.0))
         # the chance that every draw up to round r plans the target alone, multiplied in the rounds' order
         still = np.cumprod(1 - np.stack(chances, axis=1).ravel())[len(chances) - 1::len(chances)]
         below = np.flatnonzero(still < draw.u)
@@ -141,11 +139,3 @@ def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
             return r, bool(lim.has_draft and chances[-1][r] >= chances[0][r])
     return REST_MAX, False
 
-
-def _erf(z: np.ndarray) -> np.ndarray:
-    """erf at each of ``z`` (numpy has none), within 1.5e-7 (Abramowitz and Stegun 7.1.26): mapping
-    ``math.erf`` over the rounds took a planned round 0.2 ms; the recordings replay the same."""
-    a = np.abs(z)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
-    return np.sign(z) * (1.0 - poly * np.exp(-a * a))

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fly_cpp.config import SpecSettings
 from fly_cpp.rounds.accept import Verdict
+from fly_cpp.rounds.rules import RoundRules
 from fly_cpp.rounds.step import TokenProbs
 
 
@@ -34,12 +34,11 @@ class Pending:
 class Window:
     """Off (``enabled`` False) it never holds anything, and the loop runs the in-round rule."""
 
-    def __init__(self, spec: SpecSettings) -> None:
-        policy = spec.policy()
-        self.enabled = spec.cross_round_window and policy.loosens
+    def __init__(self, rules: RoundRules) -> None:
+        self.enabled = rules.cross_round
         # under the plan-independent rule every window is finished: whether it opens must not
         # hang on how the rounds went so far
-        self.confidence = 0.0 if policy.own_only else spec.cross_round_confidence
+        self.confidence = rules.cross_round_confidence
         self.pending: Pending | None = None
         self.hits = self.misses = 0  # drafted tokens matched / rounds ended by a mismatch
 

@@ -69,12 +69,12 @@ class _Loop:
 
     def __init__(self, request: Request, target: Context, drafter: Drafter | None, out: Output,
                  steady: Steady | None, grammar: Rules | None) -> None:
-        self.request, self.spec, self.target, self.drafter, self.out, self.steady = (
-            request, request.spec, target, drafter, out, steady)
+        self.request, self.rules, self.target, self.drafter, self.out, self.steady = (
+            request, request.rules, target, drafter, out, steady)
         self.stats = out.stats
         constraint = None if grammar is None else Constraint(grammar, len(request.prompt), request.bias.banned)
         self.constrained = constraint is not None
-        self.verify, self.window = Verifier(request, out.detok.piece, constraint), Window(request.spec)
+        self.verify, self.window = Verifier(request, out.detok.piece, constraint), Window(request.rules)
         self.committed = list(request.prompt)
         self.runs = Runs.make(request, target, drafter is not None, self.constrained) if steady is None else None
 
@@ -145,16 +145,16 @@ class _Loop:
         """One round: draft, verify the draft in one target decode, apply what it keeps, tell
         the drafter. Returns when the target's decode ended (None: the round verified nothing:
         the target decoded alone in a native run, or an open window was refuted)."""
-        spec, target, drafter, window, committed = self.spec, self.target, self.drafter, self.window, self.committed
+        rules, target, drafter, window, committed = self.rules, self.target, self.drafter, self.window, self.committed
         # a round verifies at most k drafts, in one batch, within the cache and the token budget
         budget = self.request.max_tokens - self.stats.n_tokens - len(self.out.held) - 1
-        limit = min(spec.max_draft, room - 1, target.n_batch - 1, max(budget, window.left))
+        limit = min(rules.max_draft, room - 1, target.n_batch - 1, max(budget, window.left))
         t0 = perf_counter()
         draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
         if self._alone(draft, min(draft.alone, room - 1, budget), limit <= 0 and window.pending is None, prompt_left, t0):
             return None
         drafted = self.verify.usable(committed, draft.tokens)
-        if len(drafted) < min(spec.n_min, limit) and window.pending is None:
+        if len(drafted) < min(rules.n_min, limit) and window.pending is None:
             drafted = []  # too short to be worth verifying (llama.cpp's --draft-min): the target decodes alone
         if window.pending is not None and not drafted:  # nothing left to complete the window with
             self.stats.refuted(self._refute(self.stats.n_rounds))

@@ -36,7 +36,7 @@ class Output:
         self.stops = StopFilter(request.stop)
         self.is_eog = is_eog
         self.max_tokens = request.max_tokens
-        self.stats = Stats(mode=request.spec.mode, n_prompt=len(request.prompt))
+        self.stats = Stats(mode=request.rules.mode, n_prompt=len(request.prompt))
         self.held: list[tuple[int, bool, bool, int, TokenProbs | None]] = []
         self.ready: list[Step] = []
         self.finish: Finish | None = None if request.max_tokens > 0 else Finish("length", "limit")

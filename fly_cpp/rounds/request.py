@@ -6,10 +6,12 @@ makes one; the loop, the verifier and the output read it and never change it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler, draft_sampler
-from fly_cpp.config import SamplingSettings, SpecSettings
+from fly_cpp.config import SamplingSettings
+from fly_cpp.rounds.rules import RoundRules
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class Shift:
 
 @dataclass(frozen=True)
 class Request:
-    """prompt: the token ids to continue. max_tokens: the most tokens to emit (0 = none).
+    """prompt: the token ids to continue. rules: how its rounds run (``fly_cpp.rounds.rules``,
+    resolved from its settings). max_tokens: the most tokens to emit (0 = none).
     stop: strings that end the text (not emitted). seed: the sampler's seed, fixed here so a
     request can be replayed exactly. bias: the sampling settings' logit_bias and ignore_eos,
     resolved to token ids. n_probs: the target's top-n log-probabilities to report with every
@@ -39,7 +42,7 @@ class Request:
     (``fly_cpp.rounds.shift``; None: it ends there)."""
 
     prompt: tuple[int, ...]
-    spec: SpecSettings
+    rules: RoundRules
     sampling: SamplingSettings
     max_tokens: int
     stop: tuple[str, ...]
@@ -48,6 +51,10 @@ class Request:
     n_probs: int = 0
     cache_prompt: bool = True
     shift: Shift | None = None
+
+    def under(self, rules: RoundRules) -> Request:
+        """This request with its rounds run by ``rules`` (as its slot settled them)."""
+        return dataclasses.replace(self, rules=rules)
 
     def draft_sampler(self) -> Sampler | None:
         """How a draft drafts for this request (``fly_cpp.backend.sampling.draft_sampler``)."""

@@ -61,7 +61,7 @@ class Runs:
         all its rounds without a drafter, with one the rounds it leaves to the target alone
         (``Draft.alone``), where verification is exact (a loosening rule may keep the draft
         model's own token where the target decoded alone, FLy's ``ask``)."""
-        plain = _raw_argmax(request, constrained) and not (drafting and request.spec.policy().loosens)
+        plain = _raw_argmax(request, constrained) and not (drafting and request.rules.policy.loosens)
         return cls(target, target.model.eog_mask) if plain and target.runs_natively else None
 
     @classmethod

@@ -52,11 +52,11 @@ class Verifier:
         every row is masked with the grammar's state there before anything reads it, so the
         accept rule only ever sees, and keeps, tokens the grammar allows."""
         self.constraint = constraint
-        self.policy = request.spec.policy()
+        self.policy = request.rules.policy
         self.sampler = Sampler(request.sampling, request.seed, request.bias, len(request.prompt))
         self.fences = Fences(piece, len(request.prompt)) if piece is not None and not self.policy.loose_in_code else None
         self.piece = piece
-        self.window_size = request.spec.window  # tokens an asked mismatch's window spans (1: none)
+        self.window_size = request.rules.window  # tokens an asked mismatch's window spans (1: none)
 
     def rebase(self, committed: list[int], drop: int) -> None:
         """Before a context shift takes ``drop`` tokens out of ``committed`` (``fly_cpp.rounds.shift``):
