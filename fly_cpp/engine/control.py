@@ -308,11 +308,17 @@ class Control:
         process starts from it, measuring nothing), or dropped when that is unfit to cache."""
         p = self.pair
         costs = self._costs
-        if costs is not None and costs.disagrees and costs.cached:
+        checked = costs is not None and costs.draft_checked_live and not costs.draft_trusted
+        if costs is not None and (costs.disagrees and costs.cached or checked and not costs.cached):
+            # cached anew as the live decodes priced them; again once the draft is checked where the
+            # target's curve was cached anew before it (else the next process met the draft's
+            # contradicted price unchecked: 2-4 in 12 runs of the 10x-dear draft test)
             costs.recached(store_live(self.cost_key(), costs, p.target_settings, p.draft_settings,
                                       head=p.mtp is not None and p.draft is None,
                                       basis=basis(p.target, p.target_settings, p.draft, p.draft_settings)))
-        elif costs is not None and costs.cached and costs.draft_checked_live and not costs.draft_trusted:
+            if checked:
+                costs.draft_noted()
+        elif costs is not None and checked:
             store_draft_checked(self.cost_key())  # checked once: the next processes need not
             costs.draft_noted()
         stats.pacing = pacer.as_dict()
