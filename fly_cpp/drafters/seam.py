@@ -151,59 +151,52 @@ class BaseDrafter(Drafter, Protocol):
     def model(self) -> ModelDrafting | None: ...
 
 
-class NgramDrafter:
+class _Quiet:
+    """The seam's other calls for a drafter with no model of its own: it offers no candidate,
+    learns nothing from a round and follows no context shift (it finds the shifted text by
+    common prefix on its next draft); nothing paces it."""
+
+    pacer = None
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        return None
+
+    def accept(self, report: Report) -> None:
+        pass
+
+    def shift(self, keep: int, drop: int) -> None:
+        pass
+
+
+class NgramDrafter(_Quiet):
     """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
     ends before a token the logit bias bans). It has no model of its own to offer candidates."""
 
     model = None  # no model drafts step by step
-    pacer = None
 
     def __init__(self, rules: DraftRules, bias: LogitBias = NO_BIAS) -> None:
         self.rules = rules
         self.bias = bias
         self.index = ngram.Index(rules.ngram_max)
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
-
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         found = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
         return Draft(found, [None] * len(found))
 
-    def candidate(self, committed: Sequence[int]) -> int | None:
-        return None
 
-    def accept(self, report: Report) -> None:
-        pass
-
-    def shift(self, keep: int, drop: int) -> None:
-        pass
-
-
-class _Plain:
+class _Plain(_Quiet):
     """Any object with ``draft(committed, limit)`` returning a list of tokens (or a ``Draft``),
     as a whole drafter: it offers no candidates and learns nothing."""
-
-    pacer = None
 
     def __init__(self, inner: object) -> None:
         self.inner = inner
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
-
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
         found = self.inner.draft(committed, limit)  # type: ignore[attr-defined]
         return found if isinstance(found, Draft) else Draft(list(found), [None] * len(found))
-
-    def candidate(self, committed: Sequence[int]) -> int | None:
-        return None
-
-    def accept(self, report: Report) -> None:
-        pass
-
-    def shift(self, keep: int, drop: int) -> None:
-        pass
 
 
 class _Whole:
