@@ -120,7 +120,7 @@ class Drafter(Protocol):
 class ModelDrafting(Protocol):
     """A drafter whose model drafts one decode at a time (``draft_model``, a
     ``fly_cpp.drafters.steps.Stepper``: the draft model or the target's MTP head), as k auto's
-    drafter (``fly_cpp.drafters.paced``) drives it: its settings, its n-gram index over the text,
+    drafter (``fly_cpp.drafters.paced``) drives it: its rules, its n-gram index over the text,
     the logit bias its choices see, its cache's lag and its own draft."""
 
     rules: DraftRules

@@ -96,10 +96,9 @@ class Control:
         if settled is None:
             if len(self._settled) >= 256:  # requests of many settings: kept for the latest
                 self._settled.clear()
-            loosens = spec.policy().loosens and (self.pair.draft is None and self.pair.mtp is None
-                                                 or self.verdict(spec, slot).loosen)
-            settled = self._settled[spec] = spec if loosens or not spec.policy().loosens else \
-                dataclasses.replace(spec, loosen="off")
+            kept = (not spec.policy().loosens or self.pair.draft is None and self.pair.mtp is None
+                    or self.verdict(spec, slot).loosen)
+            settled = self._settled[spec] = spec if kept else dataclasses.replace(spec, loosen="off")
         return settled
 
     def verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
@@ -316,10 +315,9 @@ class Control:
             costs.recached(store_live(self.cost_key(), costs, p.target_settings, p.draft_settings,
                                       head=p.mtp is not None and p.draft is None,
                                       basis=basis(p.target, p.target_settings, p.draft, p.draft_settings)))
-            if checked:
-                costs.draft_noted()
-        elif costs is not None and checked:
+        elif checked:
             store_draft_checked(self.cost_key())  # checked once: the next processes need not
+        if costs is not None and checked:
             costs.draft_noted()
         stats.pacing = pacer.as_dict()
         if id(pacer) in self._records:  # else a caller's own paced drafter, learning for itself

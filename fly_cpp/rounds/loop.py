@@ -254,14 +254,7 @@ class _Loop:
         row = np.array(row)  # a view of the target's buffer: other slots' decodes may reuse it meanwhile
         drafter.begin(committed)
         self.stats.asked()
-        return self._own_token(row, committed, chosen) is not None
-
-    def _own_token(self, row: np.ndarray, history: list[int], chosen: int) -> int | None:
-        """The draft model's own token after ``history``, where it passes the gate and the
-        safeguards at ``row`` (the target's, whose token there is ``chosen``), else None."""
-        assert self.drafter is not None
-        token = self.drafter.candidate(history)
-        return token if token is not None and self.verify.admits(row, token, history, chosen) else None
+        return verify.own_token(row, committed, chosen, drafter.candidate) is not None
 
     def _refute(self, number: int) -> int:
         """Roll back to the open window's mismatch and commit the target's own token there, in

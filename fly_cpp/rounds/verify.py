@@ -179,6 +179,13 @@ class Verifier:
                            chosen, own)
         return judge(draft_ids, chosen, rows.top_entropy(logits[:m]), policy, second, facts=facts, **options), chosen
 
+    def own_token(self, row: np.ndarray, history: list[int], chosen: int,
+                  candidate: Callable[[Sequence[int]], int | None]) -> int | None:
+        """The draft model's own token after ``history`` (``candidate``'s), where it passes the gate
+        and the safeguards at ``row`` (the target's, whose token there is ``chosen``), else None."""
+        token = candidate(history)
+        return token if token is not None and self.admits(row, token, history, chosen) else None
+
     def keep(self, logits: np.ndarray, drafted: list[int], committed: list[int], verdict: Verdict,
              chosen: np.ndarray, window: Window, by_model: bool, candidate: Callable[[Sequence[int]], int | None] | None,
              number: int) -> Keep:
@@ -202,12 +209,10 @@ class Verifier:
         t0, history, row = perf_counter(), committed + drafted[:n], logits[n]
         if not self.may_loosen(row, verdict.next_token):
             return Keep(verdict, tokens, confirmed=confirmed, ask_seconds=perf_counter() - t0)
-        token = candidate(history)
-        kept = token is not None and self.admits(row, token, history, verdict.next_token)
+        token = self.own_token(row, history, verdict.next_token, candidate)
         seconds = perf_counter() - t0
-        if not kept:
+        if token is None:
             return Keep(verdict, tokens, confirmed=confirmed, n_asked=1, ask_seconds=seconds)
-        assert token is not None
         held = self.window_size > 1
         if held:  # kept pending the draft model's continuation
             window.hold(len(committed) + n, verdict.next_token, self.window_size - 1, number)
