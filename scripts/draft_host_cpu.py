@@ -20,7 +20,7 @@ from time import thread_time
 from fly_cpp import Engine, ModelSettings, SpecSettings
 from fly_cpp.backend import native
 from fly_cpp.backend.lib import ll
-from fly_cpp.drafters.draft_model import ModelDrafter
+from fly_cpp.drafters.drafter import PairDrafter
 
 PROMPT = "Tom and Sue went to the park. They saw a big dog"
 
@@ -50,7 +50,7 @@ def main() -> None:
             finally:
                 clock[name] += thread_time() - t0
         ctx._call = timed
-    draft = ModelDrafter.draft
+    draft = PairDrafter.own
 
     def timed_draft(self, *args, **kw):  # type: ignore[no-untyped-def]
         t0 = thread_time()
@@ -58,7 +58,7 @@ def main() -> None:
             return draft(self, *args, **kw)
         finally:
             clock["drafting"] += thread_time() - t0
-    ModelDrafter.draft = timed_draft  # type: ignore[method-assign]
+    PairDrafter.own = timed_draft  # type: ignore[method-assign]
     has_run = native.has_draft_run
     results: dict[str, list[tuple[float, float, float, float]]] = {"python steps": [], "native runs": []}
     texts, stats = {}, {}

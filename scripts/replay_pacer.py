@@ -15,7 +15,7 @@ can be kept; its confidence there is taken from the same position). Policies the
 prompt against that trace, greedy and exact (loose accepts are not replayed):
 
 - ``target``: one plain decode per token;
-- ``auto``: the real ``fly_cpp.drafters.paced.PacedDrafter`` and ``fly_cpp.kauto.pacer.Pacer``, with the
+- ``auto``: the real ``fly_cpp.drafters.drafter.PairDrafter`` and ``fly_cpp.kauto.pacer.Pacer``, with the
   drafter's n-gram checks and catch-up rows, the pacer carried from prompt to prompt as in a bench;
 - ``spd@kN`` / ``spd-plain@kN``: N drafted tokens every round, with / without the drafter's n-gram
   checks; ``...pP`` stops a draft under probability P, as llama.cpp's ``--spec-draft-p-min``;
@@ -23,7 +23,7 @@ prompt against that trace, greedy and exact (loose accepts are not replayed):
 
 ``--no-draft`` replays the target with n-gram lookup alone (what ``-m`` without ``-d`` runs; the
 run needs no draft model): ``auto`` plans with no draft model, ``spd@kN`` guesses up to N tokens
-by lookup every round, as ``NgramDrafter`` does.
+by lookup every round, as the pair's drafter does without a model.
 
 The clock is the pair's calibrated curves (``fly_cpp.kauto.costs``, cached per machine) times the
 ``--*-scale`` factors; the replayed tok/s of each policy the run also measured is printed beside
@@ -58,9 +58,8 @@ from fly_cpp.bench import datasets
 from fly_cpp.bench.prompting import PromptRenderer
 from fly_cpp.bench.summary import geomean
 from fly_cpp.config import ModelSettings, SpecSettings
-from fly_cpp.drafters.draft_model import ModelDrafter
-from fly_cpp.drafters.paced import PacedDrafter
-from fly_cpp.drafters.seam import Draft, Drafter, DraftRules, NgramDrafter, Report
+from fly_cpp.drafters.drafter import PairDrafter
+from fly_cpp.drafters.seam import Draft, Drafter, DraftRules, Report
 from fly_cpp.drafters.steps import Stepped
 from fly_cpp.engine.engine import Engine
 from fly_cpp.kauto import worth
@@ -149,13 +148,14 @@ class Clock:
 
 
 class TraceModel:
-    """The draft model along a trace, as ``DraftModel`` (the seam the real drafters drive): its
+    """The draft model along a trace, as ``DraftModel`` (the ``Stepper`` the real drafter drives): its
     greedy token after any prefix of the target's output is the trace's, off that path its
     tokens are never kept; each step advances the clock by what its decode costs."""
 
     n_batch = 1 << 30
     bias = NO_BIAS
     checks_guesses = True
+    end = None
 
     def __init__(self, trace: Trace, clock: Clock) -> None:
         self.t, self.clock = trace, clock
@@ -198,6 +198,9 @@ class TraceModel:
 
     def candidate(self, committed: list[int]) -> int:
         return self.predict(committed, [])[0]
+
+    def shift(self, keep: int, drop: int) -> None:
+        """No context shift in a replay."""
 
 
 class Replay:
@@ -266,10 +269,8 @@ def drafter_for(how: dict, trace: Trace, clock: Clock, pacer: Pacer | None) -> t
     if pacer is None:  # a fixed k checks the guesses that pay at the prior agreement, as the engine prices them
         checks = worth.guess_length(clock.costs, AGREE_PRIOR, spec.ngram_tokens, 0) if spec.ngram else None
         rules = DraftRules.of(spec)
-        return (ModelDrafter(model, rules, checks) if model is not None else NgramDrafter(rules)), None
-    inner = ModelDrafter(model, DraftRules.of(spec)) if model is not None else NgramDrafter(DraftRules.of(spec))
-    return PacedDrafter(inner, pacer, DEFAULTS.ngram_max, DEFAULTS.ngram_tokens, use_ngram=True, now=clock.now,
-                        cpu=clock.now), None
+        return PairDrafter(model, rules, checks if model is not None else None), None
+    return PairDrafter(model, DraftRules.of(spec), pacer=pacer, now=clock.now, cpu=clock.now), None
 
 
 def policies(names: list[str]) -> list[tuple[str, dict]]:

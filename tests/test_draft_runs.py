@@ -12,7 +12,8 @@ from fly_cpp.backend import native
 from fly_cpp.drafters import ngram
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
-from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
+from fly_cpp.drafters.draft_model import DraftModel
+from fly_cpp.drafters.drafter import PairDrafter
 from fly_cpp.models import bundled
 from fly_cpp.drafters.seam import DraftRules
 
@@ -27,9 +28,9 @@ def draft_path():
 
 
 def _drafter(model: Model, spec: SpecSettings, n_batch: int, checks: int | None = None,
-             n_vocab: int | None = None) -> ModelDrafter:
+             n_vocab: int | None = None) -> PairDrafter:
     ctx = Context(model, n_ctx=512, n_threads=1, n_batch=n_batch)
-    return ModelDrafter(DraftModel(ctx, n_vocab or model.n_vocab), DraftRules.of(spec), checks)
+    return PairDrafter(DraftModel(ctx, n_vocab or model.n_vocab), DraftRules.of(spec), checks)
 
 
 def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,21 +47,21 @@ def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, 
     committed = model.tokenize(PROMPT)
     drafted = 0
     try:
-        assert fast.draft_model.ctx.drafts_natively
+        assert fast.stepper.ctx.drafts_natively
         for r in range(rounds):
             limit, need, confident = int(rng.integers(1, 9)), int(rng.integers(0, 3)), bool(rng.integers(0, 2))
-            a = fast.draft(committed, limit, need, confident)
+            a = fast.own(committed, limit, need, confident)
             with monkeypatch.context() as m:
                 _python_steps(m)
-                b = slow.draft(committed, limit, need, confident)
+                b = slow.own(committed, limit, need, confident)
             assert a == b, (r, limit, need, confident)
-            for d in (fast.draft_model, slow.draft_model):
+            for d in (fast.stepper, slow.stepper):
                 assert d.ctx.tokens == d.ctx.tokens[: len(d.path) - 1] and d.ctx.tokens == d.path[:-1]
-            assert fast.draft_model.ctx.tokens == slow.draft_model.ctx.tokens
+            assert fast.stepper.ctx.tokens == slow.stepper.ctx.tokens
             # the run's cache shares the text's and the draft's int objects (compared by identity each round)
-            fast_tokens = fast.draft_model.ctx.tokens
+            fast_tokens = fast.stepper.ctx.tokens
             assert all(x is y for x, y in zip(fast_tokens, [*committed, *a.tokens]))
-            assert (fast.draft_model.path, fast.draft_model._own) == (slow.draft_model.path, slow.draft_model._own)
+            assert (fast.stepper.path, fast.stepper._own) == (slow.stepper.path, slow.stepper._own)
             drafted += len(a)
             kept = int(rng.integers(0, len(a) + 1))
             correction = int(rng.integers(3, model.n_vocab))
@@ -71,8 +72,8 @@ def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, 
             if len(committed) > 400:
                 committed = committed[:60]  # a new request sharing part of the text
     finally:
-        fast.draft_model.ctx.close()
-        slow.draft_model.ctx.close()
+        fast.stepper.ctx.close()
+        slow.stepper.ctx.close()
     return drafted
 
 
@@ -87,7 +88,7 @@ def test_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, p_min
 
 @pytest.mark.parametrize("checks", [0, 2])
 def test_draft_runs_check_as_many_guess_tokens_as_the_python_steps(draft_path, monkeypatch, checks):
-    """A fixed k whose guess checks are priced (``ModelDrafter.checks``): none, or at most 2 a step."""
+    """A fixed k whose guess checks are priced (``PairDrafter.checks``): none, or at most 2 a step."""
     with Model(draft_path) as model:
         assert _compare(model, SpecSettings(mode="spd", k=8), monkeypatch, seed=7 + checks, checks=checks) > 0
 

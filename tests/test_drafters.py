@@ -13,9 +13,9 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.config import SamplingSettings, SpecSettings
 from fly_cpp.kauto.costs import Costs, Curve
-from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters.seam import DraftRules, NgramDrafter, Report
-from fly_cpp.drafters.paced import PacedDrafter
+from fly_cpp.drafters.draft_model import DraftModel
+from fly_cpp.drafters.drafter import PairDrafter
+from fly_cpp.drafters.seam import DraftRules, Report
 from fly_cpp.kauto.pacer import Pacer
 
 GREEDY = SamplingSettings(temperature=0)
@@ -27,8 +27,8 @@ def model(stories_draft):
         yield m
 
 
-def drafter_on(ctx: Context, spec: SpecSettings) -> ModelDrafter:
-    return ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), DraftRules.of(spec))
+def drafter_on(ctx: Context, spec: SpecSettings, pacer: Pacer | None = None) -> PairDrafter:
+    return PairDrafter(DraftModel(ctx, ctx.model.n_vocab), DraftRules.of(spec), pacer=pacer)
 
 
 def greedy(model: Model, committed: list[int], n: int) -> list[int]:
@@ -69,7 +69,7 @@ def test_a_fixed_k_checks_only_the_guess_tokens_it_is_given(model, monkeypatch, 
     monkeypatch.setattr(DraftModel, "step", counted)
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time, there was a")
     with Context(model, n_ctx=256, n_threads=1, n_ubatch=1) as ctx:
-        drafted = ModelDrafter(DraftModel(ctx, ctx.model.n_vocab), DraftRules.of(SpecSettings(k=8)), checks).draft(committed, 8).tokens
+        drafted = PairDrafter(DraftModel(ctx, ctx.model.n_vocab), DraftRules.of(SpecSettings(k=8)), checks).draft(committed, 8).tokens
     assert seen and max(seen) <= checks and (checks == 0 or max(seen) == checks)  # the text repeats: a guess is found
     assert drafted == greedy(model, committed, len(drafted))
 
@@ -106,7 +106,7 @@ def test_a_draft_ends_at_end_of_text(period_is_eos, ngram):
 
 
 def test_ngram_drafter_copies_from_the_context():
-    d = NgramDrafter(DraftRules.of(SpecSettings(ngram_max=3, ngram_tokens=4)))
+    d = PairDrafter(None, DraftRules.of(SpecSettings(ngram_max=3, ngram_tokens=4)))
     assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 10).tokens == [4, 5, 6, 1]
     assert d.draft([1, 2, 3, 4, 5, 6, 1, 2, 3], 2).tokens == [4, 5]
     assert d.draft([1, 2, 3], 4).tokens == []
@@ -126,7 +126,8 @@ def test_a_paced_draft_learns_its_agreement_with_guesses_it_left_unchecked(model
         drafter.draft(committed, 1)  # the cache holds the text: no catch-up to share a decode with
         assert pacer.guess_length(6, 0) == 0
         seen = pacer.agree.all_trials
-        PacedDrafter(drafter, pacer, 4, 6, use_ngram=True)._paced(drafter, committed, 8, 0)
+        paced = drafter_on(ctx, SpecSettings(k=8), pacer)
+        paced._paced(pacer, drafter.stepper, committed, 8, 0)
         assert pacer.agree.all_trials > seen  # evidence, though no guess was checked
         assert pacer.agree.all_hits > 0  # the draft went on as the earlier text did
 
@@ -141,11 +142,11 @@ def test_a_steady_round_checks_the_guess_tokens_that_pay(model, monkeypatch):
     monkeypatch.setattr(pacer, "plan", lambda *a, **k: ("steady", 4))
     committed = model.tokenize("Once upon a time, there was a girl. Once upon a time")
     with Context(model, n_ctx=256, n_threads=1) as ctx:
-        inner = drafter_on(ctx, SpecSettings(k=8))
-        checks, own = [], inner.own
-        monkeypatch.setattr(inner, "own", lambda *a, **k: checks.append(k.get("checks")) or own(*a, **k))
-        PacedDrafter(inner, pacer, 4, 6, use_ngram=True).draft(committed, 8)
-        assert checks == [0] and inner.checks == 6  # this round's, told with the round: the drafter's own unchanged
+        drafter = drafter_on(ctx, SpecSettings(k=8), pacer)
+        checks, own = [], drafter.own
+        monkeypatch.setattr(drafter, "own", lambda *a, **k: checks.append(k.get("checks")) or own(*a, **k))
+        drafter.draft(committed, 8)
+        assert checks == [0] and drafter.checks == 6  # this round's, told with the round: the drafter's own unchanged
 
 
 def test_guesses_pay_alone_where_the_draft_model_cannot(model):
@@ -158,7 +159,7 @@ def test_guesses_pay_alone_where_the_draft_model_cannot(model):
     pacer = Pacer(lambda: costs, k_max=16)
     assert pacer.best(1.0, 16, costs.draft(1), costs.draft(1))[1] == 0  # not even an always-right draft pays
     with Context(model, n_ctx=256, n_threads=1) as ctx:
-        drafter = PacedDrafter(drafter_on(ctx, SpecSettings()), pacer, 4, 6, use_ngram=True)
+        drafter = drafter_on(ctx, SpecSettings(), pacer)
         pattern = [10, 11, 12, 13, 14, 15, 16]
         text, kinds = pattern * 2, []
         for _ in range(300):
@@ -172,13 +173,13 @@ def test_guesses_pay_alone_where_the_draft_model_cannot(model):
 
 
 def test_a_callers_own_paced_drafter_runs_in_a_generation(stories, stories_draft):
-    """A PacedDrafter made by the caller (its own pacer, not the engine's) drafts a generation
+    """A paced drafter made by the caller (its own pacer, not the engine's) drafts a generation
     and leaves its pacing in the stats; it learns for itself, so nothing is stored for the
     next process."""
     spec = SpecSettings(mode="spd")
     with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(stories_draft), n_ctx=256)) as engine:
         costs = Costs(Curve((1, 2, 4, 8), (1e-3, 1.1e-3, 1.3e-3, 1.8e-3)), Curve((1, 2, 4), (1e-4, 1.2e-4, 1.5e-4)))
-        own = PacedDrafter(NgramDrafter(DraftRules.of(spec)), Pacer(lambda: costs, k_max=16), 4, 6, use_ngram=True)
+        own = PairDrafter(None, DraftRules.of(spec), pacer=Pacer(lambda: costs, k_max=16))
         alone = engine.generate("Once upon a time", spec=SpecSettings(mode="target"), sampling=GREEDY,
                                 max_tokens=24).run()
         gen = engine.generate("Once upon a time", spec=spec, sampling=GREEDY, max_tokens=24, drafter=own).run()

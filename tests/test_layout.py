@@ -143,7 +143,7 @@ def test_the_seam_check_sees_the_shapes_it_forbids(tmp_path: Path) -> None:
 # generation's ``Stats``, a round's ``Round``)
 SEAMED = ("fly_cpp.engine.engine", "fly_cpp.engine.admit", "fly_cpp.engine.loading", "fly_cpp.rounds.loop", "fly_cpp.rounds.verify", "fly_cpp.rounds.output",
           "fly_cpp.rounds.crossround", "fly_cpp.rounds.runs", "fly_cpp.rounds.shift", "fly_cpp.rounds.prefill", "fly_cpp.engine.batchloop",
-          "fly_cpp.drafters.seam", "fly_cpp.drafters.draft_model", "fly_cpp.drafters.mtp", "fly_cpp.engine.control", "fly_cpp.drafters.paced", "fly_cpp.kauto.pacer",
+          "fly_cpp.drafters.seam", "fly_cpp.drafters.draft_model", "fly_cpp.drafters.mtp", "fly_cpp.engine.control", "fly_cpp.drafters.drafter", "fly_cpp.kauto.pacer",
           "fly_cpp.kauto.worth", "fly_cpp.kauto.costs", "fly_cpp.kauto.evidence", "fly_cpp.kauto.calibrate", "fly_cpp.kauto.recall")
 RECORDS = {"stats", "record"}
 
@@ -192,7 +192,7 @@ def test_the_seam_crossing_check_sees_the_shapes_it_forbids(tmp_path: Path) -> N
 # k auto's tuning constants: the modules that decide (how far to draft, whether to loosen, what a
 # decode costs) and those that measure (timing the curves, caching them, the rollback's price).
 # The budgets only shrink; each constant says what measured it (issue 53: 41 in all before).
-DECIDING = ("fly_cpp.engine.control", "fly_cpp.drafters.paced", "fly_cpp.kauto.pacer", "fly_cpp.kauto.planner", "fly_cpp.kauto.belief", "fly_cpp.kauto.worth",
+DECIDING = ("fly_cpp.engine.control", "fly_cpp.drafters.drafter", "fly_cpp.kauto.pacer", "fly_cpp.kauto.planner", "fly_cpp.kauto.belief", "fly_cpp.kauto.worth",
             "fly_cpp.kauto.evidence", "fly_cpp.kauto.decayed", "fly_cpp.kauto.costs")
 MEASURING = ("fly_cpp.kauto.calibrate", "fly_cpp.kauto.costcache", "fly_cpp.kauto.rollback_costs")
 PRICING = ("fly_cpp.kauto.prior",)  # what decodes cost before any is timed (issue 66: the calibration's place)
@@ -278,7 +278,7 @@ def drafter_probes(src: str) -> list[str]:
 
 def test_no_drafter_is_unwrapped_or_probed() -> None:
     """The drafters, the round and the engine's control face use a drafter through its seam
-    (``fly_cpp.drafters.seam``: ``Drafter``, ``BaseDrafter.model``, ``Drafter.pacer``); a
+    (``fly_cpp.drafters.seam``: ``Drafter``, ``Drafter.pacer``; the steppers' ``Stepper``); a
     caller's drafter has its shape read once, at the API's edge (``seam.as_drafter``)."""
     mods = modules()
     found = []

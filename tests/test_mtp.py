@@ -16,7 +16,8 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.basics.errors import FlyError
-from fly_cpp.drafters.mtp import MtpDrafter
+from fly_cpp.drafters.drafter import PairDrafter
+from fly_cpp.drafters.mtp import MtpHead
 from fly_cpp.backend.rollback import CHECKPOINTS, SNAPSHOTS
 from fly_cpp.drafters.seam import DraftRules
 
@@ -100,7 +101,7 @@ def test_fly_with_mtp_drafts_is_reproducible(engine):
 class Altered:
     """The MTP drafter with the drafts of chosen rounds altered: the target rejects them there."""
 
-    def __init__(self, inner: MtpDrafter, rounds: set[int]) -> None:
+    def __init__(self, inner: PairDrafter, rounds: set[int]) -> None:
         self.inner, self.rounds, self.round = inner, rounds, 0
 
     def draft(self, committed, limit):
@@ -116,7 +117,7 @@ def test_a_rejection_rolls_the_hybrid_back_and_the_head_follows(engine):
     want = target_tokens(engine, PROMPTS[0], n=40)
     spec = SpecSettings(mode="spd", k=4, ngram=False, spec_type="draft-mtp")
     mark = dataclasses.replace(engine.target.rollbacks)
-    drafter = MtpDrafter(engine.mtp_ctx, DraftRules.of(spec))
+    drafter = PairDrafter(MtpHead(engine.mtp_ctx), DraftRules.of(spec))
     got = engine.generate(PROMPTS[0], spec=spec, max_tokens=40, sampling=GREEDY,
                           drafter=Altered(drafter, {2, 3, 5})).run()
     assert got.tokens == want
@@ -134,7 +135,7 @@ def test_multi_turn_reuses_both_caches(engine):
     first = engine.generate(PROMPTS[2], spec=spec, max_tokens=24, sampling=GREEDY).run()
     turn2 = engine.tokenize(PROMPTS[2]) + first.tokens + engine.tokenize(" And then", add_special=False)
     exact = engine.mtp_ctx.exact
-    steps = MtpDrafter(engine.mtp_ctx, DraftRules.of(spec))
+    steps = PairDrafter(MtpHead(engine.mtp_ctx), DraftRules.of(spec))
     got = engine.generate(turn2, spec=spec, max_tokens=24, sampling=GREEDY, drafter=steps).run()
     assert got.stats.n_cached >= len(turn2) - 8
     assert exact > len(engine.tokenize(PROMPTS[2]))  # the head kept the first turn

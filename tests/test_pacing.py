@@ -2,8 +2,8 @@
 it pays it drafts about as far as it pays, and it explores less and less while the draft keeps
 being wrong.
 
-The drafting loop is the real one: ``simulate`` drives k auto's drafter (``PacedDrafter``) over
-a real ``ModelDrafter`` on the tiny draft model (stories260K in Q4_0, a real llama.cpp context)
+The drafting loop is the real one: ``simulate`` drives the pair's drafter (``PairDrafter``) paced
+over a real ``DraftModel`` on the tiny draft model (stories260K in Q4_0, a real llama.cpp context)
 through its seam, ``draft`` then ``accept``. The target and the clock are simulated: the target
 keeps each drafted token with a given probability, and every decode takes what the made-up cost
 tables say (no clock is read)."""
@@ -21,10 +21,10 @@ from fly_cpp.backend.model import Model
 from fly_cpp.config import SpecSettings
 from fly_cpp.kauto import worth
 from fly_cpp.kauto.costs import Costs, Curve
-from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters.seam import Draft, DraftRules, NgramDrafter, Report
+from fly_cpp.drafters.draft_model import DraftModel
+from fly_cpp.drafters.drafter import PairDrafter
+from fly_cpp.drafters.seam import Draft, DraftRules, Report
 from fly_cpp.kauto.evidence import Acceptance, Guesses
-from fly_cpp.drafters.paced import PacedDrafter
 from fly_cpp.kauto.pacer import Pacer
 from fly_cpp.rounds.request import Shift
 
@@ -45,7 +45,7 @@ def pacer(costs: Costs) -> Pacer:
     return Pacer(lambda: own, k_max=16)
 
 
-def play(drafter: PacedDrafter, text: list[int], wrote: list[int], limit: int = 8) -> Draft:
+def play(drafter: PairDrafter, text: list[int], wrote: list[int], limit: int = 8) -> Draft:
     """One round through the seam: the drafter drafts after ``text``, then hears that the
     target wrote ``wrote`` (drafted tokens are kept as far as they agree with it)."""
     draft = drafter.draft(text, limit)
@@ -57,7 +57,7 @@ def play(drafter: PacedDrafter, text: list[int], wrote: list[int], limit: int = 
 
 
 class Clock:
-    """The simulated clock of the draft steps (``PacedDrafter``'s ``now``): time passes only
+    """The simulated clock of the draft steps (``PairDrafter``'s ``now``): time passes only
     when the draft model decodes, as long as the made-up draft table says for the rows its
     cache grew by since the last reading (without n-gram checks a step's rows are exactly
     that: the catch-up and the token it continues from)."""
@@ -77,8 +77,8 @@ class Clock:
 class Generation:
     """One pacer's generation: its drafter on its own draft context, and the text so far."""
 
-    drafter: PacedDrafter
-    model: ModelDrafter
+    drafter: PairDrafter
+    model: DraftModel
     text: list[int]
     prompt: int  # its length: kept through context shifts
 
@@ -93,21 +93,21 @@ def draft_model(stories_draft):
         _DRAFT.append(m)
         yield m
         for _, gen in _GENERATIONS.values():
-            gen.model.draft_model.ctx.close()
+            gen.model.ctx.close()
         _GENERATIONS.clear()
         _DRAFT.clear()
 
 
 def generation(p: Pacer) -> Generation:
-    """The generation ``p`` drafts in: begun on its first simulation (a new ``PacedDrafter``
+    """The generation ``p`` drafts in: begun on its first simulation (a new ``PairDrafter``
     begins a new text for its pacer), continued by the next ones."""
     if id(p) in _GENERATIONS:
         return _GENERATIONS[id(p)][1]
     model = _DRAFT[0]
     ctx = Context(model, n_ctx=N_CTX, n_threads=1)
-    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), DraftRules.of(SpecSettings(ngram=False)))
+    inner = DraftModel(ctx, model.n_vocab)
     clock = Clock(ctx, p.costs)
-    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=clock, cpu=clock)
+    drafter = PairDrafter(inner, DraftRules.of(SpecSettings(ngram=False)), pacer=p, now=clock, cpu=clock)
     prompt = model.tokenize(PROMPT)
     drafter.begin(prompt)
     gen = Generation(drafter, inner, list(prompt), len(prompt))
@@ -130,14 +130,14 @@ def other_token(rng: random.Random, n_vocab: int, not_this: int | None) -> int:
 
 def simulate(p: Pacer, accept: float, rounds: int, seed: int = 0,
              live: Costs | None = None) -> tuple[float, dict[str, int]]:
-    """Rounds of the real drafter (``PacedDrafter`` over the draft model) against a simulated
+    """Rounds of the real drafter (``PairDrafter`` over the draft model) against a simulated
     target that keeps each drafted token with probability ``accept`` and then writes one token
     of its own (the draft's next token, where the draft made one, with probability ``accept``
     too); each decode takes what ``p``'s made-up tables say (``live``: other tables, where the
     pacer's are wrong). Returns (tokens per second, plans)."""
     rng = random.Random(seed)
     gen = generation(p)
-    drafter, model = gen.drafter, gen.model.draft_model
+    drafter, model = gen.drafter, gen.model
     target, draft_costs = (live or p.costs).target_curve, (live or p.costs).draft_curve
     n_vocab = model.n_vocab
     tokens = seconds = 0.0
@@ -220,9 +220,9 @@ def test_a_cached_draft_curve_too_dear_for_any_exploration_is_checked_and_drafti
     assert p.best(1.0, 16, p.costs.draft(1), p.costs.draft(1))[1] == 0
     model = _DRAFT[0]
     ctx = Context(model, n_ctx=N_CTX, n_threads=1)
-    inner = ModelDrafter(DraftModel(ctx, model.n_vocab), DraftRules.of(SpecSettings(ngram=False)))
+    inner = DraftModel(ctx, model.n_vocab)
     clock = Clock(ctx, CPU_F16)  # live steps: the true curve
-    drafter = PacedDrafter(inner, p, 4, 6, use_ngram=False, now=clock, cpu=clock)
+    drafter = PairDrafter(inner, DraftRules.of(SpecSettings(ngram=False)), pacer=p, now=clock, cpu=clock)
     prompt = model.tokenize(PROMPT)
     drafter.begin(prompt)
     _GENERATIONS[id(p)] = (p, Generation(drafter, inner, list(prompt), len(prompt)))
@@ -265,7 +265,7 @@ def test_rounds_under_load_teach_acceptance_but_not_timings():
     record of drafting rounds; what the target kept does teach acceptance."""
     p = pacer(CPU_F16)
     simulate(p, accept=0.9, rounds=50)
-    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
+    drafter = PairDrafter(None, DraftRules.of(SpecSettings()), pacer=p)
     p.share(4)
     scales, pace, drafted, learned = p.costs.as_dict(), p.pace, list(p.evidence.realized.sums), p.model.state()
     p.observe("draft", [0.95, 0.95], 1, 2, 5.0)
@@ -387,7 +387,7 @@ def test_guesses_that_a_few_misses_made_not_worth_verifying_are_tried_again_when
     p = pacer(flat)
     for _ in range(20):
         p.guesses.observe([None], 0)
-    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
+    drafter = PairDrafter(None, DraftRules.of(SpecSettings()), pacer=p)
     text, kinds = [1, 2, 3, 4, 5] * 2, []
     for _ in range(400):
         wrote = [text[len(text) - 5 + i % 5] for i in range(9)]  # the target goes on repeating, as the guesses say
@@ -439,7 +439,7 @@ def test_a_guess_that_would_pay_if_switching_kinds_were_free_is_not_verified():
 
 def test_an_unverified_guess_teaches_the_acceptance_of_its_match_length():
     p = pacer(CPU_Q4)  # a compute-bound target: a 1-row decode is cheap, no guess pays yet
-    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
+    drafter = PairDrafter(None, DraftRules.of(SpecSettings()), pacer=p)
     text = [1, 2, 3, 4, 5, 9, 8, 1, 2, 3]  # "1 2 3" seen before (not "8 1 2 3"): a 3-token match, guessing "4 5 9 8 1 2"
     assert play(drafter, text, [4]).tokens == [] and drafter.last_kind == "target"  # the target wrote 4, as guessed
     assert list(p.guesses.trials) == [3] and p.guesses(3) == pytest.approx((1 + 2 * p.guesses.mean()) / 3)
@@ -484,7 +484,7 @@ def test_a_token_left_out_of_the_batch_is_evidence_when_the_target_then_writes_i
     """Trimming leaves unsure tokens unverified, so their confidence would never learn how often
     such tokens are right; the round's committed tokens tell, when the ones before it were kept."""
     p = pacer(CPU_F16)
-    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=False)
+    drafter = PairDrafter(None, DraftRules.of(SpecSettings(ngram=False)), pacer=p)
     prior = p.model(0.35)
 
     def round_after(wrote: list[int]) -> None:  # [7, 8] verified, 9 left out with confidence 0.35
@@ -508,7 +508,7 @@ def test_a_padded_round_teaches_costs_by_the_rows_decoded_and_acceptance_by_the_
     verifies: the cost of the decode is that of all of them, but only the verified drafts say
     anything about acceptance (a trimmed token's confidence must not count as a miss)."""
     p = pacer(CPU_F16)
-    drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=False)
+    drafter = PairDrafter(None, DraftRules.of(SpecSettings(ngram=False)), pacer=p)
     drafter.kind, drafter.confidences = "draft", [0.95, 0.95, 0.35, 0.35]  # the last two left out of the batch
     seen, widths = p.model.trials[:], []
     p.costs.observe_target = lambda rows, seconds, count=1: widths.append(rows) or True
@@ -546,7 +546,7 @@ def test_a_new_text_is_soon_tried_where_the_last_one_ended_unpredictable():
     p.rest = 0  # the long rest that ended the last text over
     p.begin()
     gen = _GENERATIONS.pop(id(p))[1]
-    gen.model.draft_model.ctx.close()
+    gen.model.ctx.close()
     simulate(p, accept=0.95, rounds=200, seed=4)
     assert drafting(p.plans) - before > 60
 
@@ -579,7 +579,7 @@ def test_each_generation_begins_a_new_text_for_its_pacer():
     simulate(p, accept=0.95, rounds=200)
     simulate(p, accept=0.02, rounds=600, seed=3)
     trials = p.model.all_trials
-    PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=True)
+    PairDrafter(None, DraftRules.of(SpecSettings()), pacer=p)
     assert p.model.all_trials < 0.5 * trials
 
 
@@ -602,7 +602,7 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
     for i in range(3000):
         kind, limit = p.plan(16, lambda: 0, lambda: (0, 0), True)
         drafted, chances = 0, []
-        while kind in ("draft", "explore") and drafted < limit:  # stepped while a step pays (``PacedDrafter``)
+        while kind in ("draft", "explore") and drafted < limit:  # stepped while a step pays (``PairDrafter``)
             drafted += 1
             chances.append((chances[-1] if chances else 1.0) * p.model(0.9))
             costs.observe_draft(1, 0.65 * MS)
@@ -643,7 +643,7 @@ def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
     ends = []
     for run in (False, True):
         p = pacer(CPU_Q4)
-        drafter = PacedDrafter(NgramDrafter(DraftRules.of(SpecSettings())), p, 4, 6, use_ngram=False)
+        drafter = PairDrafter(None, DraftRules.of(SpecSettings(ngram=False)), pacer=p)
         text = list(range(100, 140))
         draft = drafter.draft(text, 8)
         assert draft.tokens == [] and draft.alone == 1 + p.rest > 1  # nothing can pay: a rest

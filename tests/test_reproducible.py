@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.drafters.seam import Draft, DraftRules, NgramDrafter
+from fly_cpp.drafters.drafter import PairDrafter
+from fly_cpp.drafters.seam import Draft, DraftRules
 
 PROMPTS = ["Once upon a time", "The little dog ran to the", "Lily wanted to", "One day, a big bird"]
 GREEDY = SamplingSettings(temperature=0)
@@ -25,7 +26,7 @@ class OtherPlans:
     window is owed)."""
 
     def __init__(self, inner, seed: int) -> None:
-        self.inner, self.rng, self.ngram = inner, random.Random(seed), NgramDrafter(DraftRules.of(SpecSettings()))
+        self.inner, self.rng, self.ngram = inner, random.Random(seed), PairDrafter(None, DraftRules.of(SpecSettings()))
 
     def begin(self, prompt):
         self.inner.begin(prompt)

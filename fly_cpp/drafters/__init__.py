@@ -1,3 +1,4 @@
-"""The drafters: the seam the round calls (``seam``: Draft, Report, the n-gram drafter), the draft
-model's steps and native runs (``draft_model``), n-gram lookup (``ngram``), the MTP head (``mtp``),
-and k auto's paced drafter (``paced``), which drafts what the pacer plans."""
+"""The drafters: the seam the round calls (``seam``: Draft, Report, a caller's drafter), the pair's
+one drafter (``drafter``: n-gram lookup chained with a stepper, at a fixed k or as k auto's pacer
+plans), the one step loop and its ``Stepper`` (``steps``), the steppers (the draft model with its
+native runs, ``draft_model``; the target's MTP head, ``mtp``) and n-gram lookup (``ngram``)."""

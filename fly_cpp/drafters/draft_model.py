@@ -1,10 +1,10 @@
-"""The draft model as a drafter: its context one decode at a time (``DraftModel.step``), and
-``ModelDrafter``, which drafts a fixed k with it (k auto's drafter, ``fly_cpp.drafters.paced``, drives
-the same steps)."""
+"""The draft model's context one decode at a time (``DraftModel.step``), a
+``fly_cpp.drafters.steps.Stepper``, with its native run of a fixed k's steps (``DraftModel.run``);
+the pair's drafter (``fly_cpp.drafters.drafter``) drafts with it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -12,9 +12,8 @@ from fly_cpp.backend import native, rows
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
-from fly_cpp.drafters import ngram
-from fly_cpp.drafters.seam import Draft, DraftRules, Report
-from fly_cpp.drafters.steps import Pace, Rules, Stepped, draft_steps
+from fly_cpp.drafters.seam import DraftRules
+from fly_cpp.drafters.steps import Stepped
 
 
 class DraftModel:
@@ -25,6 +24,7 @@ class DraftModel:
     n-gram guess in the same decode (``checks_guesses``)."""
 
     checks_guesses = True
+    end = None  # its cache has the target's room: no bound of its own
 
     def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS, draws: Sampler | None = None) -> None:
         """``draws``: the target's sampler, which the draft draws its tokens with (None: its argmax)."""
@@ -84,7 +84,7 @@ class DraftModel:
 
     def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules,
             confident: bool, checks: int | None = None) -> tuple[list[int], list[float]] | None:
-        """``ModelDrafter.draft``'s steps inside the native library, after ``start``: the same
+        """A fixed k's steps (``PairDrafter.own``) inside the native library, after ``start``: the same
         tokens and confidences, without returning to Python per step (``checks``: the most
         n-gram guess tokens a step checks; None: ``drafting.ngram_tokens``; ``drafting``: the drafters' rules). None where the library
         cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
@@ -127,78 +127,3 @@ class DraftModel:
         if self._own <= n < len(self.path) and common_prefix(self.path, committed) == n:
             return self.path[n]
         return self.step(self.start(committed), committed, []).token
-
-
-class ModelDrafter:
-    """Greedy drafting with a draft model, up to the round's limit (a fixed k), optionally
-    multi-level: an n-gram guess is first checked by the draft model in one forward pass (exact
-    match, plus the draft's own next token), so one draft forward pass can yield several draft
-    tokens. The tokens its cache lags behind (the catch-up) go into the same decode as the first
-    draft step. It stops after an end-of-generation token, or where the draft's top probability
-    falls under ``p_min`` (llama.cpp's rule) once ``need`` tokens are drafted. The draft's
-    choices see the generation's logit bias, as the target's do.
-
-    ``checks``: the most guess tokens one step checks (None: ``rules.ngram_tokens``; 0: none).
-    A step over more rows is not always nearly free: on a CPU a Q4_K_M draft's two-row decode
-    costs 2.4x its one-row decode, so there the checks cost more than the agreed tokens save
-    (k auto's controller prices them for a fixed k, ``Control.base_drafter``). They never change which tokens
-    are drafted: an agreed guess token is the draft's own greedy token."""
-
-    pacer = None  # a fixed k's (k auto paces it from outside: ``fly_cpp.drafters.paced``)
-
-    def __init__(self, draft_model: DraftModel, rules: DraftRules, checks: int | None = None) -> None:
-        self.draft_model = draft_model
-        self.rules = rules
-        self.checks = rules.ngram_tokens if checks is None else checks
-        self.index = ngram.Index(rules.ngram_max)
-
-    @property
-    def bias(self) -> LogitBias:
-        return self.draft_model.bias
-
-    @property
-    def model(self) -> ModelDrafter:
-        """The drafter whose model k auto drives step by step: this one."""
-        return self
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.draft_model.prefill(prompt)
-
-    def lag(self, committed: Sequence[int]) -> int:
-        return self.draft_model.lag(committed)
-
-    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-              checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
-        """Up to ``limit`` tokens; ``confident``: also keep the draft's confidence in each;
-        ``checks``: the most guess tokens a step checks this time (None: the drafter's own);
-        ``clock``: step in Python and time each decode by it (``Draft.steps``), the same tokens."""
-        if limit <= 0:
-            return Draft()
-        drafting, model = self.rules, self.draft_model
-        checks = self.checks if checks is None else checks
-        catchup = model.start(committed)
-        want_confidence = confident or drafting.p_min > 0
-        ran = None if clock is not None else model.run(committed, limit, need, drafting, want_confidence, checks)
-        steps: list[tuple[int, float]] = []
-        if ran is not None:
-            out, confidences = ran
-        else:  # stepped in Python (the native run's reference): the plain pace, its guesses as found
-            pace = Pace((lambda history, room: self.index.match(history, room)[1]) if drafting.ngram else None, checks)
-            rules = Rules(limit, need, drafting.p_min, want_confidence)
-            out, confidences, steps = draft_steps(model, committed, rules, pace, clock, catchup)
-        out = out[:limit]
-        return Draft(out, (confidences or [None] * len(out))[: len(out)], by_model=True, steps=tuple(steps))
-
-    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
-        """The model's own draft (``draft``: the guesses it checks are its own choices too)."""
-        return self.draft(committed, limit, need, confident, checks, clock)
-
-    def candidate(self, committed: Sequence[int]) -> int:
-        return self.draft_model.candidate(committed)
-
-    def shift(self, keep: int, drop: int) -> None:
-        self.draft_model.shift(keep, drop)
-
-    def accept(self, report: Report) -> None:
-        pass

@@ -11,18 +11,17 @@ token is one more decode, paired with the head's own state from the row before (
 past the first see its own states, not the target's: the next round decodes those positions
 again with the target's). This is llama.cpp's ``draft-mtp`` for a single head.
 
-``MtpHead`` is that context one decode at a time, shaped as ``DraftModel`` is for a draft
-model, so that k auto's drafter (``fly_cpp.drafters.paced``) drives the head as it drives a draft model:
-step by step while one more is worth its measured cost. ``MtpDrafter`` drafts a fixed k.
-
-n-gram lookup chains in front, as before the draft model: where the text so far repeats an
-earlier stretch, the continuation found there is the draft (the head cannot check a guess in
-one pass: each of its rows needs the state the row before produced).
+``MtpHead`` is that context one decode at a time, a ``fly_cpp.drafters.steps.Stepper`` as the
+draft model is, so that the pair's drafter (``fly_cpp.drafters.drafter``) drafts with the head as
+with a draft model: a fixed k, or step by step while one more is worth its measured cost. n-gram
+lookup chains in front of it there: where the text so far repeats an earlier stretch, the
+continuation found there is the draft (the head cannot check a guess in one pass: each of its
+rows needs the state the row before produced).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,8 +29,7 @@ from fly_cpp.backend import rows
 from fly_cpp.backend.cache import common_prefix
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.backend.sampling import NO_BIAS, LogitBias, Sampler
-from fly_cpp.drafters import ngram
-from fly_cpp.drafters.seam import Draft, DraftRules, Report
+from fly_cpp.drafters.seam import DraftRules
 from fly_cpp.drafters.steps import Rules, Stepped, draft_steps
 
 
@@ -53,8 +51,33 @@ class MtpHead:
         self.decodes = 0
         self._state: np.ndarray | None = None  # the head's state after its last row (None: catch up first)
 
+    @property
+    def end(self) -> int | None:
+        """The head drafts no further than the target's context can verify."""
+        return self.ctx.target.n_ctx - 1
+
     def is_eog(self, token: int) -> bool:
         return self.ctx.model.is_eog(token)
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Nothing before the rounds: the head pairs each position with the target's state there,
+        so its first step catches up on the prompt the target decoded."""
+
+    def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules, confident: bool,
+            checks: int | None = None) -> None:
+        """The head has no native run: it steps."""
+        return None
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        """The head's greedy token after ``committed`` (FLy's rule asks for it where no draft of
+        the head's reached): one catch-up decode (none where the target has not decoded
+        ``committed[:-1]``, which the loop's invariant rules out)."""
+        out, _, _ = draft_steps(self, committed, Rules(1, 1, end=self.end))
+        return out[0] if out else None
+
+    def shift(self, keep: int, drop: int) -> None:
+        """The head's cache pairs each position with the target's state there: after a shift
+        it catches up by common prefix (``exact``), as after any rollback."""
 
     def lag(self, committed: Sequence[int]) -> int:
         """Tokens the head's cache must catch up on before drafting after ``committed``."""
@@ -104,72 +127,3 @@ class MtpHead:
             logits, state = ctx.decode(tokens[lo:lo + ctx.n_batch], states[lo:lo + ctx.n_batch])
         ctx.paired(n)
         return logits, state, len(tokens)
-
-
-class MtpDrafter:
-    """Greedy drafting with the target's MTP head, up to the round's limit (a fixed k; under k
-    auto ``fly_cpp.drafters.paced`` drives ``head`` step by step); it stops after an end-of-generation
-    token, or where the head's top probability falls under ``p_min`` once ``need`` tokens are
-    drafted. The head's choices see the generation's logit bias."""
-
-    pacer = None  # a fixed k's (k auto paces it from outside: ``fly_cpp.drafters.paced``)
-
-    def __init__(self, ctx: MtpContext, rules: DraftRules, bias: LogitBias = NO_BIAS,
-                 draws: Sampler | None = None) -> None:
-        self.ctx = ctx
-        self.rules = rules
-        self.draft_model = MtpHead(ctx, bias, draws)  # the name k auto's drafter drives a model's steps by
-        self.index = ngram.Index(rules.ngram_max)
-
-    @property
-    def bias(self) -> LogitBias:
-        return self.draft_model.bias
-
-    @property
-    def model(self) -> MtpDrafter:
-        """The drafter whose head k auto drives step by step: this one."""
-        return self
-
-    @property
-    def steps(self) -> int:
-        """The head's decodes so far."""
-        return self.draft_model.decodes
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        pass
-
-    def draft(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False) -> Draft:
-        if limit <= 0:
-            return Draft()
-        if self.rules.ngram and need == 0:  # an open window is completed by the head's own tokens
-            guess = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
-            if guess:
-                return Draft(guess, [None] * len(guess))
-        return self.own(committed, limit, need, confident)
-
-    def lag(self, committed: Sequence[int]) -> int:
-        return self.draft_model.lag(committed)
-
-    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
-        """Up to ``limit`` of the head's own tokens after ``committed`` (empty where the target has
-        not decoded ``committed[:-1]``, which the loop's invariant rules out; a head checks no
-        n-gram guesses: ``checks`` is for the draft model's seam); ``clock``: time each step by it
-        (``Draft.steps``)."""
-        drafting, head = self.rules, self.draft_model
-        rules = Rules(limit, need, drafting.p_min, confident or drafting.p_min > 0, end=self.ctx.target.n_ctx - 1)
-        out, confidences, steps = draft_steps(head, committed, rules, clock=clock)
-        return Draft(out, [*confidences, *[None] * (len(out) - len(confidences))], by_model=True, steps=tuple(steps))
-
-    def candidate(self, committed: Sequence[int]) -> int | None:
-        """The head's greedy token after ``committed`` (FLy's rule asks for it where no draft of
-        the head's reached): one catch-up decode."""
-        found = self.own(committed, 1, 1)
-        return found.tokens[0] if found.tokens else None
-
-    def accept(self, report: Report) -> None:
-        pass
-
-    def shift(self, keep: int, drop: int) -> None:
-        """The head's cache pairs each position with the target's state there: after a shift
-        it catches up by common prefix (``exact``), as after any rollback."""

@@ -12,20 +12,18 @@ tokens are owed, though: an open deferred window is completed only by the draft 
 continuation, so the first ``need`` tokens come from the draft model whatever its confidence
 (fewer only at the end of the text or of ``limit``).
 
-Data flows one way: a drafter never calls up into whoever decides how far to draft; that
-decider (``fly_cpp.drafters.paced``) drives the draft model one ``DraftModel.step`` at a time.
+Data flows one way: a drafter never calls up into whoever decides how far to draft; the pair's
+own drafter (``fly_cpp.drafters.drafter``) drives its model one ``Stepper.step`` at a time, as its
+pacer plans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fly_cpp.backend.sampling import NO_BIAS, LogitBias
 from fly_cpp.config import SpecSettings
-from fly_cpp.drafters import ngram
-from fly_cpp.drafters.steps import Stepper
 from fly_cpp.kauto.pacer import Pacer
 
 
@@ -117,49 +115,23 @@ class Drafter(Protocol):
         shifted text by common prefix on its next draft."""
 
 
-class ModelDrafting(Protocol):
-    """A drafter whose model drafts one decode at a time (``draft_model``, a
-    ``fly_cpp.drafters.steps.Stepper``: the draft model or the target's MTP head), as k auto's
-    drafter (``fly_cpp.drafters.paced``) drives it: its rules, its n-gram index over the text,
-    the logit bias its choices see, its cache's lag and its own draft."""
-
-    rules: DraftRules
-    index: ngram.Index
-
-    @property
-    def draft_model(self) -> Stepper: ...
-
-    @property
-    def bias(self) -> LogitBias: ...
-
-    def lag(self, committed: Sequence[int]) -> int: ...
-
-    def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
-            checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft: ...
-
-
-class BaseDrafter(Drafter, Protocol):
-    """One of the pair's own drafters, before any pacing: its n-gram index, its logit bias and
-    ``model``, the drafter itself where a model drafts step by step (None: n-gram lookup alone)."""
-
-    index: ngram.Index
-
-    @property
-    def bias(self) -> LogitBias: ...
-
-    @property
-    def model(self) -> ModelDrafting | None: ...
-
-
-class _Quiet:
-    """The seam's other calls for a drafter with no model of its own: it offers no candidate,
-    learns nothing from a round and follows no context shift (it finds the shifted text by
-    common prefix on its next draft); nothing paces it."""
+class _Plain:
+    """Any object with ``draft(committed, limit)`` returning a list of tokens (or a ``Draft``),
+    as a whole drafter: it offers no candidates, learns nothing from a round and follows no
+    context shift (it finds the shifted text by common prefix on its next draft); nothing
+    paces it."""
 
     pacer = None
 
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
     def begin(self, prompt: Sequence[int]) -> None:
         pass
+
+    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
+        found = self.inner.draft(committed, limit)  # type: ignore[attr-defined]
+        return found if isinstance(found, Draft) else Draft(list(found), [None] * len(found))
 
     def candidate(self, committed: Sequence[int]) -> int | None:
         return None
@@ -169,34 +141,6 @@ class _Quiet:
 
     def shift(self, keep: int, drop: int) -> None:
         pass
-
-
-class NgramDrafter(_Quiet):
-    """Prompt lookup alone: guesses copied from earlier in the context, no model (a guess
-    ends before a token the logit bias bans). It has no model of its own to offer candidates."""
-
-    model = None  # no model drafts step by step
-
-    def __init__(self, rules: DraftRules, bias: LogitBias = NO_BIAS) -> None:
-        self.rules = rules
-        self.bias = bias
-        self.index = ngram.Index(rules.ngram_max)
-
-    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
-        found = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
-        return Draft(found, [None] * len(found))
-
-
-class _Plain(_Quiet):
-    """Any object with ``draft(committed, limit)`` returning a list of tokens (or a ``Draft``),
-    as a whole drafter: it offers no candidates and learns nothing."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-
-    def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
-        found = self.inner.draft(committed, limit)  # type: ignore[attr-defined]
-        return found if isinstance(found, Draft) else Draft(list(found), [None] * len(found))
 
 
 class _Whole:

@@ -2,19 +2,23 @@
 ``Stepper``: the draft model, ``fly_cpp.drafters.draft_model.DraftModel``, or the target's MTP
 head, ``fly_cpp.drafters.mtp.MtpHead``) stepped until the round's rules (``Rules``) or the
 drafter's pace (``Pace``) say stop. A fixed k steps with the plain pace (n-gram guesses checked
-as they are found); k auto's drafter (``fly_cpp.drafters.paced``) paces each step by what one
-more is worth. The native draft run (``DraftModel.run``) is the fixed rule's fast path: the
-same tokens without returning to Python per step."""
+as they are found); under k auto the drafter (``fly_cpp.drafters.drafter``) paces each step by
+what one more is worth. The native draft run (``DraftModel.run``) is the fixed rule's fast path:
+the same tokens without returning to Python per step."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from fly_cpp.basics.errors import FlyError
+
+if TYPE_CHECKING:
+    from fly_cpp.backend.sampling import LogitBias
+    from fly_cpp.drafters.seam import DraftRules
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,16 @@ class Stepped:
 
 
 class Stepper(Protocol):
-    """A model that drafts one decode at a time."""
+    """A model that drafts one decode at a time, with what the drafter (``fly_cpp.drafters.drafter``)
+    asks of it besides its steps."""
 
     n_batch: int
     checks_guesses: bool  # a step can check an n-gram guess in the same decode
+    bias: LogitBias  # the generation's logit bias, which its choices see
+
+    @property
+    def end(self) -> int | None:
+        """The longest the text may grow while it drafts (None: no bound but the round's limit)."""
 
     def start(self, committed: Sequence[int]) -> list[int]:
         """A round after ``committed``: the tokens its first step catches up on."""
@@ -47,7 +57,23 @@ class Stepper(Protocol):
              confident: bool = False) -> Stepped:
         """Decode the catch-up, ``history[-1]`` and ``guess``: the token after ``history``."""
 
+    def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules, confident: bool,
+            checks: int | None = None) -> tuple[list[int], list[float]] | None:
+        """A fixed k's steps in one native call, after ``start`` (None: it cannot; step instead)."""
+
     def is_eog(self, token: int) -> bool: ...
+
+    def lag(self, committed: Sequence[int]) -> int:
+        """Tokens its cache must catch up on before drafting after ``committed``."""
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Its cache brought to ``prompt`` before the rounds (where it keeps one of its own)."""
+
+    def candidate(self, committed: Sequence[int]) -> int | None:
+        """Its own token after ``committed`` (FLy's rule asks for it where no draft reached)."""
+
+    def shift(self, keep: int, drop: int) -> None:
+        """Follow a context shift (``fly_cpp.rounds.shift``) that dropped ``drop`` positions after ``keep``."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fly_cpp.drafters.drafter import PairDrafter
 from fly_cpp.drafters.seam import Draft, Drafter, Report
 from fly_cpp.engine.scheduler import Scheduler
 from fly_cpp.kauto.pacer import Pacer
@@ -32,11 +33,11 @@ LOAD_RUN = MAX_RUN
 
 class Throttled:
     """A slot's drafter: while other slots are active, its rounds drafted with ``model`` (the
-    draft model's fixed-k drafter) up to ``k`` in step with theirs, else cut to what an open
+    pair's drafter with the draft model, at a fixed k, ``PairDrafter.fixed``) up to ``k`` in step with theirs, else cut to what an open
     window needs, else left to the target alone; k auto's ``pacer`` is told that its rounds share
     their decodes and prices the shared round."""
 
-    def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, model: Drafter | None,
+    def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, model: PairDrafter | None,
                  k: int = 0) -> None:
         self.inner, self.steps, self.pacer = inner, steps, pacer
         self.together = model if k > 0 else None  # drafting under load needs the draft model: a shared decode a step
@@ -60,7 +61,7 @@ class Throttled:
             return self.inner.draft(committed, limit, need)
         if self.together is not None and (k := self._k(active)) > 0:
             self.planned = True
-            return self.together.draft(committed, min(limit, max(k, need)), need)
+            return self.together.fixed(committed, min(limit, max(k, need)), need)
         if min(limit, need) <= 0:  # the target alone, in runs where it can (``fly_cpp.rounds.runs``) until asked again
             self.planned = True
             return Draft(alone=LOAD_RUN)

@@ -18,10 +18,11 @@ from fly_cpp.backend.context import Context
 from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.backend.sampling import LogitBias, Sampler, draft_sampler
 from fly_cpp.config import AUTO, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.drafters.draft_model import DraftModel, ModelDrafter
-from fly_cpp.drafters.mtp import MtpDrafter
-from fly_cpp.drafters.paced import PacedDrafter
-from fly_cpp.drafters.seam import BaseDrafter, Drafter, DraftRules, NgramDrafter
+from fly_cpp.drafters.draft_model import DraftModel
+from fly_cpp.drafters.drafter import PairDrafter
+from fly_cpp.drafters.mtp import MtpHead
+from fly_cpp.drafters.seam import Drafter, DraftRules
+from fly_cpp.drafters.steps import Stepper
 from fly_cpp.engine.batchloop import Throttled
 from fly_cpp.engine.scheduler import Scheduler
 from fly_cpp.kauto import loosening, recall, worth
@@ -145,20 +146,20 @@ class Control:
     def drafting(self, spec: SpecSettings, request: Request, slot: int, given: Drafter | None) -> Drafting:
         """How a generation of ``spec`` (``request``'s, as settled) drafts in ``slot``: with
         ``given`` (a caller's drafter, paced by its own pacer where it has one) or the pair's
-        own (``base_drafter``, drawing as ``Request.draft_sampler`` says; paced under k auto,
+        own (``drafter``, drawing as ``Request.draft_sampler`` says; paced under k auto,
         sampled rounds learned apart from greedy ones); with several slots, in step with the
         others' rounds (``fly_cpp.engine.batchloop.Throttled``)."""
         if spec.mode == "target":
             return Drafting()
         head = self._head(slot)
-        base = self.base_drafter(spec, request.bias, slot, request.draft_sampler()) if given is None else None
-        made = self.paced(base, spec, slot, not request.sampling.greedy) if base is not None else given
-        assert made is not None
+        own = self._drafter(spec, request.bias, slot, request.draft_sampler(), not request.sampling.greedy) \
+            if given is None else None
+        made: Drafter = own if own is not None else given  # type: ignore[assignment]
         pacer = made.pacer  # a pacer of this pair's, or the caller's own
         if len(self.pair.views) > 1:  # under load the draft model's fixed-k rounds, in step with the others'
-            together = base if base is not None and base.model is not None and not head else None
+            together = own if own is not None and own.stepper is not None and not head else None
             made = Throttled(made, self.steps, pacer, together, spec.k_slots if spec.auto else int(spec.k))
-        return Drafting(made, pacer, Steady() if self.steady_batches(spec) else None, "mtp" if base is not None and head else "")
+        return Drafting(made, pacer, Steady() if self.steady_batches(spec) else None, "mtp" if own is not None and head else "")
 
     def drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
                 sampling: SamplingSettings | None = None) -> Drafter:
@@ -171,31 +172,36 @@ class Control:
         draws = None
         if sampling is not None and sampling.seed is not None:
             draws = draft_sampler(sampling, sampling.seed, bias)
-        return self.paced(self.base_drafter(spec, bias, slot, draws), spec, slot,
-                          sampling is not None and not sampling.greedy)
+        return self._drafter(spec, bias, slot, draws, sampling is not None and not sampling.greedy)
 
     def _head(self, slot: int) -> bool:
         """Whether the target's MTP head drafts in ``slot`` (a head and no draft model there)."""
         return self.pair.mtp is not None and self.pair.views[slot][1] is None
 
-    def base_drafter(self, spec: SpecSettings, bias: LogitBias, slot: int,
-                     draws: Sampler | None = None) -> BaseDrafter:
-        """Who drafts for ``spec`` in ``slot``, before any pacing (``draws``: ``drafting``'s)."""
+    def _drafter(self, spec: SpecSettings, bias: LogitBias, slot: int, draws: Sampler | None,
+                 sampled: bool) -> PairDrafter:
+        """The pair's drafter for ``spec`` in ``slot`` (``draws``: ``drafting``'s), paced under k
+        auto by this pair's pacer for ``spec`` in ``slot``; ``sampled``: for a generation at T > 0
+        (its drafts keep at other rates)."""
+        stepper = self._stepper(slot, bias, draws)
+        checks = None if spec.auto or stepper is None else self._guess_checks(spec)
+        return PairDrafter(stepper, DraftRules.of(spec), checks, self._pacer(spec, slot, sampled) if spec.auto else None,
+                           bias)
+
+    def _stepper(self, slot: int, bias: LogitBias, draws: Sampler | None) -> Stepper | None:
+        """Who drafts step by step in ``slot``: the target's MTP head, the draft model, or none
+        (n-gram lookup alone)."""
         draft_ctx = self.pair.views[slot][1]
         if self._head(slot):
             assert self.pair.mtp is not None
-            return MtpDrafter(self.pair.mtp, DraftRules.of(spec), bias, draws)
+            return MtpHead(self.pair.mtp, bias, draws)
         if draft_ctx is not None:
             n_vocab = min(self.pair.target.model.n_vocab, draft_ctx.model.n_vocab)
-            return ModelDrafter(DraftModel(draft_ctx, n_vocab, bias, draws), DraftRules.of(spec),  # type: ignore[arg-type]
-                                None if spec.auto else self._guess_checks(spec))
-        return NgramDrafter(DraftRules.of(spec), bias)
+            return DraftModel(draft_ctx, n_vocab, bias, draws)  # type: ignore[arg-type]
+        return None
 
-    def paced(self, base: BaseDrafter, spec: SpecSettings, slot: int, sampled: bool = False) -> Drafter:
-        """``base`` paced by k auto's controller for ``spec`` in ``slot`` (as it is for a fixed k);
-        ``sampled``: for a generation at T > 0 (its drafts keep at other rates)."""
-        if not spec.auto:
-            return base
+    def _pacer(self, spec: SpecSettings, slot: int, sampled: bool) -> Pacer:
+        """k auto's controller for ``spec`` in ``slot`` (made once, kept across generations)."""
         key = (*self._key(spec, slot), *(("sampled",) if sampled else ()))
         if key not in self._pacers:
             record = recall.key(self.cost_key(), key[1:])
@@ -204,7 +210,7 @@ class Control:
             self._pacers[key] = pacer = Pacer(lambda: self.cost_model(slot=slot), spec.k_max, recall.load(record),
                                               self._steady(spec))
             self._records[id(pacer)] = record
-        return PacedDrafter(base, self._pacers[key], spec.ngram_max, spec.ngram_tokens, use_ngram=spec.ngram)
+        return self._pacers[key]
 
     def _key(self, spec: SpecSettings, slot: int) -> tuple[object, ...]:
         """A pacer's key: one per slot and mode (the head learns apart from n-gram lookup on the

@@ -81,7 +81,7 @@ def plan(draw: Draw, costs: Costs, lim: Limits) -> Plan:
     if lim.has_draft:
         first, step = costs.draft(lim.lag + 1) * draw.draft_factor, costs.draft(1) * draw.draft_factor
         mean_rate, mean_h = worth.best(costs, draw.mean, limit, first, step, floor=alone / c)
-        if g:  # the draft's first step checks the guess (``fly_cpp.drafters.paced``), and drafting goes on past it
+        if g:  # the draft's first step checks the guess (``fly_cpp.drafters.drafter``), and drafting goes on past it
             chained = worth.best(costs, draw.mean, limit, costs.draft(lim.lag + 1 + g) * draw.draft_factor, step,
                                  [draw.guess] * g, floor=alone / c)
             mean_rate, mean_h = max((mean_rate, mean_h), chained)
