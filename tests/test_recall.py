@@ -19,6 +19,9 @@ def test_a_new_process_starts_from_what_the_last_one_learned(stories, stories_dr
     spec = SpecSettings(loosen="on")  # as it is on a pair whose draft is smaller than its target
     with _engine(stories, stories_draft) as e:
         e.generate("Once upon a time", spec=spec, sampling=SamplingSettings(temperature=0), max_tokens=40).run()
+        deadline = time.monotonic() + 30  # kept once the loop is idle, before a new text ages it (``Pacer.begin``)
+        while not (tmp_path / "evidence.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         learned = e.drafter(spec).pacer.evidence.as_dict()
     assert learned["model"][0][1] > 0  # trials seen
     with _engine(stories, stories_draft) as e:  # as a new process would load it

@@ -37,6 +37,11 @@ from greenlet import getcurrent, greenlet
 
 T = TypeVar("T")
 _END = object()
+# how long the loop waits for more work before it counts as idle (``when_idle``): a client that
+# sends its next request as the last answer ends finds the loop still waiting for it (k auto's
+# evidence, handed over at every answer of one client after another, cost the bundled pair at one
+# thread 0.2 ms of a 29-ms answer on the step loop)
+IDLE_AFTER = 0.05
 
 
 class Cancelled(BaseException):
@@ -204,8 +209,9 @@ class Scheduler:
         return next((t for t in self.busy if t is not None and t.glet is current), None)
 
     def when_idle(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` on the step thread whenever the loop has run out of work, before it waits
-        for more: what can wait for no one, waits for nothing there."""
+        """Call ``fn`` on the step thread whenever the loop has run out of work and none came for
+        ``IDLE_AFTER``, before it waits for more: what can wait for no one, waits for nothing
+        there."""
         self._idle.append(fn)
 
     def pause(self) -> None:
@@ -242,13 +248,15 @@ class Scheduler:
         while True:
             self._news[0] = 0  # before the inbox is read: news after this point ends the next runs early
             idle = not (self.active or self._waiting or self._closing)
-            if idle and self._inbox.empty():
+            if not idle:
+                self._take(block=False)
+            elif not self._take(block=True, timeout=IDLE_AFTER):  # nothing came for a moment: idle
                 try:
                     for fn in self._idle:
                         fn()
                 except Exception as e:  # as the loop's own failure: it goes on
                     self._fail(e)
-            self._take(block=idle)
+                self._take(block=True)
             if self._closing and not self.active and not self._waiting:
                 self._take(block=False)  # submitted as it closed: refused
                 for task in self._waiting:
@@ -261,16 +269,20 @@ class Scheduler:
             except Exception as e:  # the loop's own failure: every task raises it, the loop goes on
                 self._fail(e)
 
-    def _take(self, block: bool) -> None:
-        """Move what has come to the inbox into the waiting list (``block``: wait for something)."""
+    def _take(self, block: bool, timeout: float | None = None) -> bool:
+        """Move what has come to the inbox into the waiting list (``block``: wait for something,
+        at most ``timeout`` seconds where given); whether anything came (a wake-up too)."""
+        came = False
         try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
             while True:
+                came = True
                 if item is not None:
                     self._waiting.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+        return came
 
     def _end(self, task: Task[Any], error: BaseException | None) -> None:
         self._queued.pop(id(task), None)

@@ -151,7 +151,8 @@ class _Loop:
         limit = min(rules.max_draft, room - 1, target.n_batch - 1, max(budget, window.left))
         t0 = perf_counter()
         draft = drafter.draft(committed, limit, window.left) if drafter is not None and limit > 0 else Draft()
-        if self._alone(draft, min(draft.alone, room - 1, budget), limit <= 0 and window.pending is None, prompt_left, t0):
+        if self._alone(draft, min(draft.alone, room - 1, budget), limit <= 0 and window.pending is None, prompt_left, t0,
+                       draft.alone > budget and budget + 1 < room):
             return None
         drafted = self.verify.usable(committed, draft.tokens)
         if len(drafted) < min(rules.n_min, limit) and window.pending is None:
@@ -175,17 +176,26 @@ class _Loop:
                                   record.draft_seconds, t2 - t1, perf_counter() - t0, width))
         return t2
 
-    def _alone(self, draft: Draft, alone: int, last: bool, prompt_left: bool, t0: float) -> bool:
+    def _alone(self, draft: Draft, alone: int, last: bool, prompt_left: bool, t0: float, to_end: bool = False) -> bool:
         """Decode the rounds a drafter left to the target alone (``alone`` of them), or the text's
         last token (``last``: nothing may be drafted), as one native run, as target-only decodes;
-        whether it did."""
+        whether it did. ``to_end``: the rest goes past the budget's last token, whose round drafts
+        nothing (``last``): it is decoded in the same run and reported as its own round, as it is
+        round by round (a native run of its own for it made a fifth of k auto's runs on the
+        bundled pair, one an answer)."""
         runs, drafter, committed = self.runs, self.drafter, self.committed
         if runs is None or drafter is None or not (alone > 0 or last) or draft.tokens or prompt_left:
             return False
         t1, before = perf_counter(), len(committed)
-        decoding = runs.run(committed, self.out, max(alone, 1))
+        decoding = runs.run(committed, self.out, max(alone, 1) + to_end)
         self.stats.draft_seconds += t1 - t0
-        drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, perf_counter() - t0, 1, len(committed) - before))
+        rounds, seconds = len(committed) - before, perf_counter() - t0
+        if to_end and rounds > alone:  # the last round's own report, its share of the run
+            share = decoding / rounds
+            drafter.accept(Report(draft, 0, 0, committed[:-1], t1 - t0, decoding - share, seconds - share, 1, alone))
+            drafter.accept(Report(Draft(), 0, 0, committed, 0.0, share, share, 1, 1))
+        else:
+            drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, seconds, 1, rounds))
         return True
 
     def _apply(self, record: Round, logits: np.ndarray, drafted: list[int], by_model: bool, verdict: Verdict,
