@@ -106,6 +106,7 @@ def test_what_the_head_taught_persists_per_pair(qwen35_mtp):
     with engine(qwen35_mtp) as e:
         e.control.use(priced(1e-3))
         run(e, spec, PROMPTS[2])
+        e.steps.call(lambda at: e.control.save())  # kept now, as once the loop is idle, before a new text ages it
         learned = e.drafter(spec).pacer.evidence.as_dict()
     assert learned != Evidence().as_dict()
     with engine(qwen35_mtp) as again:  # as a new process would load it

@@ -171,7 +171,9 @@ class PairDrafter:
             return Draft(out, list(self.confidences))
         if self.kind in DRAFTS and stepper is not None:
             if self.kind in ("draft", "explore"):
-                found = self._paced(pacer, stepper, committed, n, need)
+                # an exploration under an unchecked draft price drafts all it was planned: its warm steps check it
+                unchecked = self.kind == "explore" and not pacer.costs.draft_checked
+                found = self._paced(pacer, stepper, committed, n, n if unchecked else need)
             else:  # the stepper's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
                 checks = pacer.guess_length(self.rules.ngram_tokens, stepper.lag(committed))
                 costs, alone = pacer.costs, pacer.sharing == 1  # a shared step's cost is not its own

@@ -184,7 +184,7 @@ class Control:
         auto by this pair's pacer for ``spec`` in ``slot``; ``sampled``: for a generation at T > 0
         (its drafts keep at other rates)."""
         stepper = self._stepper(slot, bias, draws)
-        checks = None if spec.auto or stepper is None else self._guess_checks(spec)
+        checks = self._guess_checks(spec) if stepper is not None and stepper.checks_guesses and not spec.auto else None
         return PairDrafter(stepper, DraftRules.of(spec), checks, self._pacer(spec, slot, sampled) if spec.auto else None,
                            bias)
 

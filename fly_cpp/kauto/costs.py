@@ -144,7 +144,7 @@ class Costs:
         self._priced_at: tuple[object, ...] = ()  # the state ``_prices`` were found at (``target``)
         self._prices: dict[int, float] = {}
         self._batched: bool | None = None  # the target's last decode had 2+ rows (None: not since ``cold``)
-        self._draft_warm = False  # the draft model decoded in the last round too (its decodes now teach)
+        self._draft_warm = False  # the draft model decoded last round or earlier in this one (its decodes now teach)
         self._checks: dict[bool, list[float]] = {False: [], True: []}  # a cached curve's first live ratios, by kind
         self._draft_checks: list[float] = []  # the cached draft curve's first live ratios
         self._seen = {False: False, True: False}  # a warm decode of each kind (one row, a batch) was seen
@@ -317,7 +317,8 @@ class Costs:
         decode alone, a draft curve cached 3x too dear on the F16 pair stayed so: no round
         drafted, not even an exploration, its scale stayed 1.0 and the entry was kept as it
         was for every later process (``Pacer.plan`` then drafts to check it)."""
-        if self.draft_curve is None or rows <= 0 or not self._draft_warm:
+        warm, self._draft_warm = self._draft_warm, True  # the next draft decode follows this one
+        if self.draft_curve is None or rows <= 0 or not warm:
             return
         ratio = seconds / self.draft_curve(rows, self.depth)
         seen = self._draft_checks
