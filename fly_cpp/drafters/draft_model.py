@@ -85,9 +85,9 @@ class DraftModel:
     def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules,
             confident: bool, checks: int | None = None) -> tuple[list[int], list[float]] | None:
         """A fixed k's steps (``PairDrafter.own``) inside the native library, after ``start``: the same
-        tokens and confidences, without returning to Python per step (``checks``: the most
-        n-gram guess tokens a step checks; None: ``drafting.ngram_tokens``; ``drafting``: the drafters' rules). None where the library
-        cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
+        tokens and confidences, without returning to Python per step (``drafting``: the drafters'
+        rules; ``checks``: the most n-gram guess tokens a step checks, None: ``drafting.ngram_tokens``).
+        None where the library cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
         longer n-gram than it looks up, no room in the cache); the caller then steps in Python."""
         n = len(committed)
         if (not self.ctx.drafts_natively or self.bias or self.draws is not None

@@ -110,7 +110,7 @@ class PairDrafter:
             found = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
             if found or stepper is None:
                 return Draft(found, [None] * len(found))
-        return self.own(committed, limit, need) if stepper is not None else Draft()
+        return self.own(committed, limit, need)
 
     def own(self, committed: Sequence[int], limit: int, need: int = 0, confident: bool = False,
             checks: int | None = None, clock: Callable[[], float] | None = None) -> Draft:
@@ -174,7 +174,7 @@ class PairDrafter:
                 # an exploration under an unchecked draft price drafts all it was planned: its warm steps check it
                 unchecked = self.kind == "explore" and not pacer.costs.draft_checked
                 found = self._paced(pacer, stepper, committed, n, n if unchecked else need)
-            else:  # the stepper's own tokens (in one native run where it can), checking the guess tokens that pay as ``_paced`` does
+            else:  # the stepper's own tokens (one native run where it can), checking the guess tokens that pay, as ``_paced``
                 checks = pacer.guess_length(self.rules.ngram_tokens, stepper.lag(committed))
                 costs, alone = pacer.costs, pacer.sharing == 1  # a shared step's cost is not its own
                 timed = alone and not costs.draft_checked  # its timed steps check a cached draft curve

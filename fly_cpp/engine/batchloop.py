@@ -33,9 +33,9 @@ LOAD_RUN = MAX_RUN
 
 class Throttled:
     """A slot's drafter: while other slots are active, its rounds drafted with ``model`` (the
-    pair's drafter with the draft model, at a fixed k, ``PairDrafter.fixed``) up to ``k`` in step with theirs, else cut to what an open
-    window needs, else left to the target alone; k auto's ``pacer`` is told that its rounds share
-    their decodes and prices the shared round."""
+    pair's drafter with the draft model, at a fixed k: ``PairDrafter.fixed``) up to ``k`` in step
+    with theirs, else cut to what an open window needs, else left to the target alone; k auto's
+    ``pacer`` is told that its rounds share their decodes and prices the shared round."""
 
     def __init__(self, inner: Drafter, steps: Scheduler, pacer: Pacer | None, model: PairDrafter | None,
                  k: int = 0) -> None:
