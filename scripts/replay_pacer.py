@@ -64,7 +64,7 @@ from fly_cpp.drafters.steps import Stepped
 from fly_cpp.engine.engine import Engine
 from fly_cpp.kauto import worth
 from fly_cpp.kauto.costs import Costs, Curve
-from fly_cpp.kauto.evidence import AGREE_PRIOR
+from fly_cpp.kauto.evidence import Acceptance
 from fly_cpp.kauto.pacer import Pacer
 
 OFF = -1  # a drafted token off the target's path: never kept
@@ -267,7 +267,7 @@ def drafter_for(how: dict, trace: Trace, clock: Clock, pacer: Pacer | None) -> t
         return None, model
     spec = SpecSettings(k=how.get("k", K_MAX), ngram=how.get("ngram", True), p_min=how.get("p_min", 0.0))
     if pacer is None:  # a fixed k checks the guesses that pay at the prior agreement, as the engine prices them
-        checks = worth.guess_length(clock.costs, AGREE_PRIOR, spec.ngram_tokens, 0) if spec.ngram else None
+        checks = worth.guess_length(clock.costs, Acceptance().mean(), spec.ngram_tokens, 0) if spec.ngram else None
         rules = DraftRules.of(spec)
         return PairDrafter(model, rules, checks if model is not None else None), None
     return PairDrafter(model, DraftRules.of(spec), pacer=pacer, now=clock.now, cpu=clock.now), None

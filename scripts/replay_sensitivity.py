@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -26,19 +27,22 @@ rp = importlib.util.module_from_spec(_spec)
 sys.modules["replay_pacer"] = rp
 _spec.loader.exec_module(rp)  # type: ignore[union-attr]
 
-from fly_cpp.kauto import belief, costs, decayed, evidence, pacer, planner, worth  # noqa: E402
+from fly_cpp.kauto import belief, costs, decayed, evidence, planner, worth  # noqa: E402
 
 # constant -> the modules that read it by name (a module that imported it keeps its own binding)
-READERS = {"PRICE_SPREAD": [belief], "UNCHECKED_SPREAD": [belief], "CORRECTION_PRIOR": [belief],
-           "AGE": [belief, planner], "PAIR_SEEN": [pacer], "PRIOR": [evidence, belief],
-           "MEMORY": [evidence, belief], "AGREE_PRIOR": [evidence, rp], "ROUND": [decayed, belief, evidence, costs],
-           "MIN_SHALLOW": [costs], "CHECK_TOLERANCE": [costs, worth]}
-# constant -> (module, name) of the constants derived from it, moved with it
-DERIVED = {"CHECK_TOLERANCE": [(costs, "MAX_PER_ROW")]}
+READERS = {"PRICE_SPREAD": [costs, belief], "UNCHECKED_SPREAD": [belief], "CORRECTION_PRIOR": [belief],
+           "AGE": [belief, planner], "PRIOR": [evidence, belief], "MEMORY": [evidence, belief],
+           "ROUND": [decayed, belief, evidence, costs], "MIN_SHALLOW": [costs],
+           "BINS": [evidence, belief, planner]}
+# constant -> (module, name, how) of the constants derived from it, moved with it
+_TOLERANCE = lambda spread: math.exp(3 * spread)  # noqa: E731 (costs.CHECK_TOLERANCE)
+DERIVED = {"PRICE_SPREAD": [(costs, "CHECK_TOLERANCE", _TOLERANCE), (costs, "MAX_PER_ROW", _TOLERANCE),
+                            (worth, "CHECK_TOLERANCE", _TOLERANCE)],
+           "BINS": [(planner, "GRID", lambda bins: 4 * bins)]}
 # half and double; for a weight of old evidence m, (1 - m) halved and doubled
 MOVES = {"PRICE_SPREAD": [0.075, 0.3], "UNCHECKED_SPREAD": [1.0, 4.0], "CORRECTION_PRIOR": [1.0, 4.0],
-         "AGE": [0.98, 0.995], "PAIR_SEEN": [16, 64], "PRIOR": [1.0, 4.0], "MEMORY": [0.98, 0.995],
-         "AGREE_PRIOR": [0.25, 0.75], "ROUND": [0.05, 0.2], "MIN_SHALLOW": [0.125, 0.5], "CHECK_TOLERANCE": [1.25, 2.0]}
+         "AGE": [0.98, 0.995], "PRIOR": [1.0, 4.0], "MEMORY": [0.98, 0.995], "ROUND": [0.05, 0.2],
+         "MIN_SHALLOW": [0.125, 0.5], "BINS": [5, 20]}
 ARGS = argparse.Namespace(target_scale=1.0, batch_scale=1.0, draft_scale=1.0, host_ms=0.5, fresh=False)
 
 
@@ -83,12 +87,16 @@ def main() -> None:
             continue
         for value in values:
             kept = int(value) if isinstance(today, int) else value
-            for m, attr in [(m, name) for m in modules] + DERIVED.get(name, []):
-                setattr(m, attr, kept)
+            for m in modules:
+                setattr(m, name, kept)
+            for m, attr, how in DERIVED.get(name, []):
+                setattr(m, attr, how(kept))
             got = speedups(recs)
             print(f"| {name} | {today:g} | {kept:g} | {' | '.join(f'{got[k] / base[k]:.3f}' for k in base)} |", flush=True)
-        for m, attr in [(m, name) for m in modules] + DERIVED.get(name, []):
-            setattr(m, attr, today)
+        for m in modules:
+            setattr(m, name, today)
+        for m, attr, how in DERIVED.get(name, []):
+            setattr(m, attr, how(today))
 
 
 if __name__ == "__main__":

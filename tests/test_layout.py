@@ -196,7 +196,7 @@ DECIDING = ("fly_cpp.engine.control", "fly_cpp.drafters.drafter", "fly_cpp.kauto
             "fly_cpp.kauto.evidence", "fly_cpp.kauto.decayed", "fly_cpp.kauto.costs")
 MEASURING = ("fly_cpp.kauto.calibrate", "fly_cpp.kauto.costcache", "fly_cpp.kauto.rollback_costs")
 PRICING = ("fly_cpp.kauto.prior",)  # what decodes cost before any is timed (issue 66: the calibration's place)
-BUDGET = {DECIDING: 13, MEASURING: 10, PRICING: 5}
+BUDGET = {DECIDING: 8, MEASURING: 10, PRICING: 5}
 
 
 def tuning_constants(path: Path) -> list[tuple[str, bool]]:

@@ -626,13 +626,12 @@ def test_a_gpus_switching_costs_do_not_keep_drafting_off():
     assert tokens / seconds > 1.02 / (2.06 * MS)
 
 
-def test_a_new_generation_starts_cold_even_where_drafting_never_paid():
+def test_a_new_generation_starts_cold():
     costs = Costs(Curve((1, 4), (2 * MS, 3 * MS)), Curve((1,), (1 * MS,)))
     p = Pacer(lambda: costs, k_max=16)
-    p.evidence.drafted_long.sums = [1.0, 100.0, 40.0]  # 40 drafting rounds that lost: the record is kept
     assert p.costs.observe_target(4, 3 * MS) is False and p.costs.observe_target(4, 3 * MS)
     p.begin()  # the prompt's decode came between: the next batch is not warm
-    assert p.evidence.drafted_long.sums == [1.0, 100.0, 40.0] and p.costs.observe_target(4, 3 * MS) is False
+    assert p.costs.observe_target(4, 3 * MS) is False
 
 
 def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
@@ -661,22 +660,6 @@ def test_a_run_of_the_rest_teaches_the_pacer_as_its_rounds_one_by_one():
     assert (rest, plans, idle) == (rest2, plans2, idle2) and rest == 0
     assert pace == pytest.approx(pace2) and scale == pytest.approx(scale2) and scale < 1
     assert host == pytest.approx(host2) and host > 0
-
-
-def test_drafting_rounds_are_weighed_against_the_target_at_their_own_depth():
-    """Drafting rounds 5% slower than the target alone where they ran (early in a text) lost,
-    though deeper into a text the target alone runs far slower than they did."""
-    costs = Costs(Curve((1, 2, 4, 8), (1 * MS, 1.6 * MS, 2.8 * MS, 5 * MS), 0, (6e-6, 1.2e-5, 2.4e-5, 4.8e-5)),
-                  Curve((1, 2, 4, 8), (0.2 * MS, 0.25 * MS, 0.4 * MS, 0.8 * MS)))
-    p = Pacer(lambda: costs, k_max=16)
-    p.costs.at(50)
-    rate = 0.95 * p.alone()  # tokens a second the drafting rounds emitted
-    for _ in range(60):
-        p.costs.at(50)
-        p.observe("draft", [0.9, 0.9], 2, 3, 3 / rate)
-    p.costs.at(400)
-    assert rate > 2 * p.alone()  # weighed at this depth they would have won
-    assert p.lost_long()
 
 
 def test_the_record_of_speculating_rounds_corrects_the_forecasts():

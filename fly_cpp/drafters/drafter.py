@@ -66,10 +66,10 @@ class PairDrafter:
     # -- the seam ----------------------------------------------------------------------------
 
     def begin(self, prompt: Sequence[int]) -> None:
-        """The stepper's cache brought to the prompt before the rounds, unless k auto's drafting
-        has lost to the target alone over a long run on this pair and verification is exact:
-        the rounds then rest, and the draft catches up in the first one that drafts. Where no
-        round drafts, that prefill was work for nothing, and it evicted the target's weights
+        """The stepper's cache brought to the prompt before the rounds, unless k auto is resting
+        (the target alone decodes until its rest ends, and it goes on into this text) and
+        verification is exact: the draft then catches up in the first round that drafts. Where
+        no round drafts, that prefill was work for nothing, and it evicted the target's weights
         from the CPU's caches for the first decodes (the kit's ``fast`` pair, a 29 MB target
         beside a 32 MB L3: k auto resting throughout ran 0.974x the target alone with the
         prefill, 0.998x without). A loosening rule asks the draft model for its token wherever
@@ -78,7 +78,7 @@ class PairDrafter:
         if self.stepper is None:
             return
         pacer = self.pacer
-        if pacer is None or self.rules.loosens or not (pacer.lost_long() or pacer.rest > 0):  # a rest goes on into this text
+        if pacer is None or self.rules.loosens or pacer.rest <= 0:
             self.stepper.prefill(prompt)
 
     def draft(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:

@@ -28,7 +28,7 @@ from fly_cpp.engine.scheduler import Scheduler
 from fly_cpp.kauto import loosening, recall, worth
 from fly_cpp.kauto.calibrate import basis, cached, calibrate, pair_key, prior, store_draft_checked, store_live
 from fly_cpp.kauto.costs import Costs
-from fly_cpp.kauto.evidence import AGREE_PRIOR
+from fly_cpp.kauto.evidence import Acceptance
 from fly_cpp.kauto.pacer import Pacer
 from fly_cpp.rounds.request import Request
 from fly_cpp.rounds.shape import Steady
@@ -110,16 +110,10 @@ class Control:
         if record not in self._verdicts:
             known = loosening.recall(record)
             if known is None or not known.learned and not self.cost_model(slot=slot).prior:
-                known = self._priced_verdict(spec, slot)
+                known = loosening.Verdict.priced(self.cost_model(slot=slot), loosening.PRIOR, spec)
                 loosening.keep(record, known)
             self._verdicts[record] = known
         return self._verdicts[record]
-
-    def _priced_verdict(self, spec: SpecSettings, slot: int) -> loosening.Verdict:
-        costs = self.cost_model(slot=slot)
-        if self.pair.views[slot][1] is None:
-            return loosening.Verdict.of_head(costs)
-        return loosening.Verdict.priced(costs, loosening.PRIOR, spec)
 
     def on_gpu(self) -> bool:
         """Whether the target runs wholly on a local GPU, with a KV cache and one slot: where
@@ -241,7 +235,7 @@ class Control:
         costs = self._costs or cached(p.target, p.target_settings, p.draft, p.draft_settings)
         if costs is None:
             return None
-        return worth.guess_length(costs, AGREE_PRIOR, spec.ngram_tokens, 0)
+        return worth.guess_length(costs, Acceptance().mean(), spec.ngram_tokens, 0)
 
     # -- costs -----------------------------------------------------------------------------
 

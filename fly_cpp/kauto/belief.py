@@ -35,12 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fly_cpp.kauto.costs import PRICE_SPREAD
 from fly_cpp.kauto.decayed import ROUND, ema
 from fly_cpp.kauto.evidence import BINS, MEMORY, PRIOR, Evidence
 
-# the log-spread of a price learned long ago: what a machine's speed may have drifted since (a
-# machine whose one-row decodes ran 0.70x their cached curve: docs/k-auto.md)
-PRICE_SPREAD = 0.15
 # the log-spread of a cached or prior draft curve no live decode has checked (one cached 3x too
 # dear on the F16 pair had every later process draft nothing)
 UNCHECKED_SPREAD = 2.0

@@ -29,7 +29,7 @@ from fly_cpp.backend.mtp import MtpContext
 from fly_cpp.config import ModelSettings
 from fly_cpp.kauto import costcache
 from fly_cpp.kauto import prior as priors
-from fly_cpp.kauto.costs import MEDIAN_OF, Costs, Curve
+from fly_cpp.kauto.costs import Costs, Curve
 from fly_cpp.kauto.rollback_costs import Rollbacks
 
 TARGET_ROWS = priors.TARGET_ROWS  # the target's sizes timed: every draft length to 16, finer where rounds are
@@ -90,7 +90,7 @@ class HeadDecodes:
         return None
 
 
-def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = MEDIAN_OF) -> Curve:
+def measure(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = costcache.MEDIAN_OF) -> Curve:
     """Time decodes of ``rows`` copies of ``token`` at the cache's current end, rolling back
     after each (the cache is left as it was, but for room made at its end for the largest
     batch when the context is nearly full). The sizes take turns, pass after pass (the first
@@ -130,7 +130,7 @@ def timed_sizes(rows: Sequence[int], n_ubatch: int) -> tuple[int, ...]:
     return tuple(r for r in rows if r <= n_ubatch) + tuple(r for r in rows if r > n_ubatch)[:2]
 
 
-def measure_deep(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = MEDIAN_OF) -> Curve:
+def measure_deep(ctx: Decoder, rows: Sequence[int], token: int, repeats: int = costcache.MEDIAN_OF) -> Curve:
     """``measure`` at the cache's end and again ``SPAN`` tokens deeper (filler tokens, removed
     after): one curve, linear in the depth, that prices a decode wherever the cache ends. The
     cache is left as it was, but for room made at its end when the context is nearly full."""

@@ -17,6 +17,9 @@ from fly_cpp.config import ModelSettings
 
 MAX_ENTRIES = 64  # pairs' curves kept in the cache file, the oldest dropped first (a size, not a tuning)
 LARGEST_TIMED = 32  # the most rows a calibration times (fly_cpp.kauto.calibrate.DRAFT_ROWS)
+# a price is the median of at least this many warm decodes: a calibration's per size, the live check
+# of a cached curve (``fly_cpp.kauto.costs``): the fewest whose median one outlier cannot move
+MEDIAN_OF = 3
 
 
 def identity(settings: ModelSettings, threads: int) -> dict[str, object]:

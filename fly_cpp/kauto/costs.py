@@ -1,19 +1,15 @@
 """What a forward pass costs on this machine, as k auto prices it.
 
-A round of speculative decoding pays for drafting (one draft decode per step, plus the rows it
-catches up on) and for one target decode of the drafted rows plus one. Whether that beats a
-plain target decode depends on the machine, the models, their quantization, the threads and
-the offload, so nothing is assumed: ``fly_cpp.kauto.calibrate`` times llama_decode for a few batch
-sizes (``Curve``: seconds by rows, linear in between) on an empty cache and ``SPAN`` tokens
-deeper, since a decode also reads the cache it attends over (the synthetic costly target: 17
-rows take 92 ms at 8 tokens of context and 207 ms at 250); ``Curve`` is linear in the depth too.
-``Costs`` scales the curves by what real rounds take (``observe_*``: a busy machine, a GPU, a
-throttled CPU are handled alike). A plain one-row target decode and a batch are scaled apart: a
-calibration can misjudge one and not the other (a one-row decode measured 26% fast made every
-batch look 35% dear, and drafting stopped where it paid), and each is seen often enough to
-correct itself: plain decodes between drafts, batches in every drafting round. A curve whose
-batches cost far more per row than single decodes (``Curve.plausible``) was bent by other work
-while it was measured.
+A round pays for drafting (a draft decode a step, plus the rows it catches up on) and for one
+target decode of the drafted rows plus one; whether that beats a plain target decode depends on
+the machine, the models, their quantization, the threads and the offload. ``Curve``: seconds by
+rows, linear in between, and linear in the cache's depth (the synthetic costly target's 17 rows
+take 92 ms at 8 tokens of context and 207 ms at 250), from the GGUF headers' prior
+(``fly_cpp.kauto.prior``), the cache, or ``fly_cpp.kauto.calibrate``. ``Costs`` scales the curves
+by what real rounds take (``observe_*``: a busy machine, a GPU, a throttled CPU alike), a plain
+one-row target decode and a batch apart (a one-row decode measured 26% fast made every batch look
+35% dear, and drafting stopped where it paid). A curve whose batches cost far more per row than
+single decodes (``Curve.plausible``) was bent by other work while it was measured.
 """
 
 from __future__ import annotations
@@ -21,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fly_cpp.kauto.costcache import LARGEST_TIMED
+from fly_cpp.kauto.costcache import LARGEST_TIMED, MEDIAN_OF
 from fly_cpp.kauto.decayed import ROUND, ema
 from fly_cpp.kauto.rollback_costs import Rollbacks
 
@@ -34,12 +31,13 @@ from fly_cpp.kauto.rollback_costs import Rollbacks
 # target's 17 rows took 92 ms at 8 tokens of context, 207 ms at 250; replays: 0.125 no change, 0.5 +1.5% fast)
 MIN_SHALLOW = 0.25
 _TABLE_ROWS = 2 * LARGEST_TIMED  # curve values kept ready for batches up to this many rows
-MEDIAN_OF = 3  # a price is the median of at least this many warm decodes: a calibration's per size, a live check of a cached one
-# how far a price may be off what was expected and still be believed: a cached curve off by more than
-# this factor either way is rescaled at once, and cached rescaled (073c613: a calibration taken beside
-# other work priced one-row decodes 26% fast, and drafting stopped); a batch of n rows costs at most this
-# times n one-row decodes (``MAX_PER_ROW``; 2-row Q4_K_M on a CPU: 2.02, 1.01 a row; replays: 1.25 and 2 no change)
-CHECK_TOLERANCE = 1.5
+# the log-spread of a price learned long ago: what a machine's speed may have drifted since (one-row
+# decodes ran 0.70x their cached curve: docs/k-auto.md); the belief draws the target's price within it
+PRICE_SPREAD = 0.15
+# how far a price may be off what was expected and still be believed, three spreads either way (1.57x):
+# a cached curve off by more is rescaled at once (073c613); a batch of n rows costs at most this times n
+# one-row decodes (``MAX_PER_ROW``; 2-row Q4_K_M on a CPU: 2.02; replays: 1.25 and 2 no change)
+CHECK_TOLERANCE = math.exp(3 * PRICE_SPREAD)
 MAX_PER_ROW = CHECK_TOLERANCE
 
 
@@ -305,6 +303,10 @@ class Costs:
         """This process's live draft decodes checked the cached draft curve."""
         return len(self._draft_checks) >= MEDIAN_OF
 
+    def draft_checks_left(self) -> int:
+        """The warm draft decodes this process still needs to check a cached draft curve (0: none)."""
+        return 0 if self.draft_checked else MEDIAN_OF - len(self._draft_checks)
+
     def draft_noted(self) -> None:
         """The cache now says that the draft curve was checked."""
         self.draft_trusted = True
@@ -313,10 +315,8 @@ class Costs:
         """A draft decode, learned from when the draft model decoded in the last round too (its
         first decode after idle rounds switches kinds as the target's do). A cached draft curve
         is checked by its first warm live decodes as the target's are (``_check``): where their
-        median is off by more than CHECK_TOLERANCE the scale jumps to it. Learned a tenth a
-        decode alone, a draft curve cached 3x too dear on the F16 pair stayed so: no round
-        drafted, not even an exploration, its scale stayed 1.0 and the entry was kept as it
-        was for every later process (``Pacer.plan`` then drafts to check it)."""
+        median is off by more than CHECK_TOLERANCE the scale jumps to it (learned a tenth a decode
+        alone, a draft curve cached 3x too dear on the F16 pair stayed so for every later process)."""
         warm, self._draft_warm = self._draft_warm, True  # the next draft decode follows this one
         if self.draft_curve is None or rows <= 0 or not warm:
             return

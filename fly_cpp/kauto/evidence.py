@@ -24,11 +24,10 @@ BINS = 10  # confidence bins of the acceptance model (its resolution, not a tuni
 # scripts/replay_sensitivity.py: 1 and 4 move the GPU-shaped fast pair +3.4% and -8.6%, the rest within 2%)
 PRIOR = 2.0
 # weight of old evidence per new observation, recent text counting more: acceptance, guesses, the first
-# drafted tokens' confidences and the pair's long-run record of drafting alike (replays: 0.98 loses 7% on
+# drafted tokens' confidences alike (replays: 0.98 loses 7% on
 # the GPU-shaped fast pair, 0.995 gains 5% there and loses 0.7% on the F16 pair; the first tokens' own
 # 0.98 and the long run's own 0.995 it replaced moved every recording by 0.1% at most, 2026-12-02)
 MEMORY = 0.99
-AGREE_PRIOR = 0.5  # the draft model's agreement with an n-gram guess token before any is seen: even odds (replays: 0.25 and 0.75 within 0.3%)
 
 
 def bin_of(confidence: float) -> int:
@@ -37,7 +36,8 @@ def bin_of(confidence: float) -> int:
 
 class Acceptance:
     """P(a drafted token is kept | the earlier ones in its round were), overall and by the
-    draft's confidence in it (bins of width 1/BINS, each with its confidence as prior mean)."""
+    draft's confidence in it (bins of width 1/BINS, each with its confidence as prior mean);
+    ``prior``: the overall rate's prior mean, even odds where nothing is known."""
 
     def __init__(self, prior: float = 0.5) -> None:
         self.prior = prior
@@ -172,15 +172,14 @@ class Evidence:
     def __init__(self) -> None:
         self.model = Acceptance(0.6)  # drafted tokens kept, by the draft's confidence
         self.guesses = Guesses(0.3)  # n-gram guesses kept, by the length of their match
-        self.agree = Acceptance(AGREE_PRIOR)  # the draft model's agreement with the guesses it checks
+        # the draft model's agreement with the guesses it checks, even odds before any is seen
+        # (not a tuning: replays with priors of 0.25 and 0.75 ran within 0.3%)
+        self.agree = Acceptance()
         self.firsts = Histogram(BINS, MEMORY)  # first drafted tokens of rounds, by confidence bin
         # drafted tokens kept by their depth in the round (1: the first), each depth leaning on the
         # mean: where the draft agrees in long runs, deep tokens are kept more often than the mean
         # says (steady rounds' length, ``Pacer.steady``)
         self.depths = ByKey()
-        # drafting rounds over a long run: the seconds the target alone would have taken for
-        # their tokens, their own seconds, rounds (``Pacer.lost_long``)
-        self.drafted_long = Tally(3, MEMORY)
         # speculating rounds of late: the seconds their forecasts gave their tokens, their own seconds,
         # rounds (``fly_cpp.kauto.belief``'s correction; a process's own: the prices it forecast by are too)
         self.realized = Tally(3, 1 - ROUND)
@@ -209,8 +208,7 @@ class Evidence:
     def as_dict(self) -> dict[str, Any]:
         """Everything learned, as plain numbers (``load`` takes it back)."""
         return {"model": self.model.state(), "guesses": self.guesses.state(), "agree": self.agree.state(),
-                "firsts": list(self.firsts.counts), "drafted_vs_alone": list(self.drafted_long.sums),
-                "depths": self.depths.state()}
+                "firsts": list(self.firsts.counts), "depths": self.depths.state()}
 
     def load(self, state: dict[str, Any]) -> None:
         """Take back what ``as_dict`` gave (a malformed record raises ValueError, KeyError or TypeError)."""
@@ -219,8 +217,5 @@ class Evidence:
         self.agree.load(state["agree"])
         self.firsts.counts = [float(x) for x in state["firsts"]][:BINS]
         self.depths.load(state.get("depths", {}))  # absent in records kept before 2026-11-29
-        # absent in records kept before 2026-11-27 ("drafted_long": tokens, not the target's
-        # seconds for them): that record starts over, the rest is kept
-        self.drafted_long.sums = [float(x) for x in state.get("drafted_vs_alone", (0.0, 0.0, 0.0))][:3]
-        if len(self.firsts.counts) != BINS or len(self.drafted_long.sums) != 3:
+        if len(self.firsts.counts) != BINS:
             raise ValueError("malformed evidence")

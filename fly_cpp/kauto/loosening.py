@@ -8,9 +8,9 @@ decides is the costs: where a draft step and verified rows are cheap beside a ta
 (a GPU) the rare loose keeps pay for the asks and windows, where they are dear (a CPU) they do
 not. Nothing is measured for it: a probe in which the target wrote its greedy text after two
 openings once decided it, 12-15 s inside a first answer on a 2-core CPU, for verdicts that the
-costs alone decided on every pair measured (docs/fly-rule.md).
-
-With the target's MTP head drafting: its step's price beside a target decode.
+costs alone decided on every pair measured (docs/fly-rule.md). Where the target's MTP head
+drafts, its step is the draft step priced (a head step of a tenth of a target decode or less
+loosens on GPU-shaped costs, as the head's own rule of a tenth once said).
 
 Decided once per pair, machine and accept rule, when the first generation needs it, and kept
 beside the cost cache (``loosening.json``): the same request then gives the same text in every
@@ -52,15 +52,6 @@ class Verdict:
                    f"{'prior' if costs.prior else 'learned'} costs (a drafted token kept {accept_loose:.2f} "
                    f"loosened, {accept_exact:.2f} exactly; the target unsure at {unsure:.0%} of positions)",
                    not costs.prior)
-
-    @classmethod
-    def of_head(cls, costs: Costs) -> Verdict:
-        """Where the target's MTP head drafts (no probe drafts with it): its measured step beside
-        a target decode (``worth.ASK_SHARE``)."""
-        share = costs.draft(1) / costs.target(1)
-        return cls(bool(share < worth.ASK_SHARE),
-                   f"a step of the target's MTP head costs {share:.2f} of a target decode (loosening pays "
-                   f"below {worth.ASK_SHARE})", not costs.prior)
 
     def describe(self) -> str:
         return f"fly {'loosens' if self.loosen else 'matches exactly'}: {self.why}"

@@ -19,9 +19,6 @@ from fly_cpp.kauto.belief import Belief, Draw
 from fly_cpp.kauto.costs import Costs
 from fly_cpp.kauto.evidence import Acceptance, Evidence, Guesses, bin_of
 
-# drafting rounds (decayed) before the long run can say that drafting does not pay here (d421677: a
-# fresh process began on an unpredictable text and its ~24 losing rounds stopped drafting for good)
-PAIR_SEEN = 32.0
 # the plans that draft with the draft model
 DRAFTS = ("draft", "explore", "steady")
 
@@ -144,11 +141,6 @@ class Pacer:
         self._drafted = False
         self.belief.new_text()
 
-    def lost_long(self) -> bool:
-        """Has drafting lost to the target alone over a long run on this pair?"""
-        alone, seconds, rounds = self.evidence.drafted_long.sums
-        return rounds >= PAIR_SEEN and alone < seconds
-
     # inside a round, valued at the pace (``worth.value``)
     def verifies(self, drafted: int) -> int:
         """The fewest drafted tokens this round verifies: an exploration all it drafted (judged at
@@ -195,8 +187,6 @@ class Pacer:
             self.guesses.observe(confidences, kept, self.matched)
         if not alone_here:  # a shared decode's timings are not this sequence's: acceptance only
             return
-        if drafting and warm and seconds > 0:  # the round's time beside the target alone's
-            self.evidence.drafted_long.add(emitted / self.alone(), seconds, 1.0)
         h = len(confidences)
         if kind != "target" and seconds > 0 and 0 < h <= len(self._forecasts):  # beside its forecast
             self.evidence.realized.add(emitted / self._forecasts[h - 1], seconds, 1.0)

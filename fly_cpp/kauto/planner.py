@@ -25,7 +25,7 @@ import numpy as np
 
 from fly_cpp.kauto import worth
 from fly_cpp.kauto.belief import AGE, UNCHECKED_SPREAD, Draw, above
-from fly_cpp.kauto.costs import MEDIAN_OF, Costs
+from fly_cpp.kauto.costs import Costs
 from fly_cpp.kauto.evidence import BINS
 
 # the resolution of acceptance in pricing a rest (not a tuning): four steps a confidence bin
@@ -98,7 +98,7 @@ def plan(draw: Draw, costs: Costs, lim: Limits) -> Plan:
         if h or lim.rested:
             # under an unchecked draft price a try also checks it: its first step catches up cold,
             # the warm steps after it price the curve (``Costs.observe_draft``)
-            return Plan("explore", max(h, 1, MEDIAN_OF + 1 if draw.spread else 0))
+            return Plan("explore", max(h, 1, costs.draft_checks_left() + 1 if draw.spread else 0))
     elif g and g_rate * c > alone:
         return Plan("ngram", g)
     if guesses_may_pay:  # guesses are looked up every round: no rest

@@ -24,9 +24,6 @@ from fly_cpp.kauto.costs import CHECK_TOLERANCE, Costs
 # FLy's loosening under k auto with a draft model is priced (``loosening``) and kept only where its
 # rate beats exact matching's by this much: a gain a calibration's timing noise cannot make up
 LOOSE_MARGIN = 1.03
-# where the target's MTP head drafts, FLy loosens only where a head step costs less than this share of a
-# target decode (no probe drafts with a head: ``fly_cpp.kauto.loosening.Verdict.of_head``)
-ASK_SHARE = 0.1
 
 
 def kept(accepts: Iterable[float], expected: float = 1.0, chance: float = 1.0) -> Iterator[float]:
