@@ -105,9 +105,10 @@ def test_what_the_head_taught_persists_per_pair(qwen35_mtp):
     spec = SpecSettings(mode="spd", ngram=False)
     with engine(qwen35_mtp) as e:
         e.control.use(priced(1e-3))
+        pacer = e.drafter(spec).pacer  # the pair's: every generation's drafter shares it
         run(e, spec, PROMPTS[2])
-        e.steps.call(lambda at: e.control.save())  # kept now, as once the loop is idle, before a new text ages it
-        learned = e.drafter(spec).pacer.evidence.as_dict()
+        e.steps.call(lambda at: e.control.save())  # kept now, as once the loop is idle
+        learned = pacer.evidence.as_dict()  # read without a new text, which would age it
     assert learned != Evidence().as_dict()
     with engine(qwen35_mtp) as again:  # as a new process would load it
         assert again.drafter(spec).pacer.evidence.as_dict() == learned

@@ -131,6 +131,7 @@ class Belief:
         self.rng = random.Random(seed)
         self.pace = 0.0  # tokens per second the recent rounds kept (0: none yet)
         self.idle = 0  # planned rounds since drafted tokens were last verified
+        self._taught_at = evidence.model.all.trials  # the acceptance's count as this text began
         self.unpriced = 0  # rounds since a warm one-row target decode was timed
         self._held: dict[str, float] = {}  # price draws held until their plan's decode is timed warm
 
@@ -197,12 +198,18 @@ class Belief:
         self.pace = rate if self.pace == 0 else ema(self.pace, rate, 1 - (1 - ROUND) ** rounds)
 
     def new_text(self) -> None:
-        """A new text begins: its acceptance is known only as the pair's, so the acceptance's
-        evidence ages as over the rounds it weighs (1 / (1 - AGE)): its counts thin, and its mean
-        moves towards the prior's."""
-        rate, keep = self.evidence.model.all, AGE ** round(1 / (1 - AGE))
-        rate.hits *= keep
-        rate.trials *= keep
+        """A new text begins: its acceptance is known only as the pair's, so what the text that
+        ended taught of it ages as over the rounds the evidence remembers (1 / (1 - AGE)): its
+        counts thin, and its mean moves towards the prior's. A text in which no drafted token was
+        verified taught nothing to age: where answers are short and few of their rounds draft
+        (the bundled pair under ``serve``), thinning at every text left no evidence, and every
+        round's draw was the prior's (1 to 2,776 explorations in 192 answers, 0.46x-1.0x)."""
+        rate = self.evidence.model.all
+        if rate.trials != self._taught_at:
+            keep = AGE ** round(1 / (1 - AGE))
+            rate.hits *= keep
+            rate.trials *= keep
+        self._taught_at = rate.trials
 
     def ran(self, rounds: int) -> None:
         """``rounds`` more rounds decoded with the target alone, unplanned."""
