@@ -18,11 +18,12 @@ def test_a_new_process_starts_from_what_the_last_one_learned(stories, stories_dr
     monkeypatch.setenv("FLY_CPP_EVIDENCE", str(tmp_path / "evidence.json"))
     spec = SpecSettings(loosen="on")  # as it is on a pair whose draft is smaller than its target
     with _engine(stories, stories_draft) as e:
+        pacer = e.drafter(spec).pacer  # the pair's for these settings: every generation's drafter shares it
         e.generate("Once upon a time", spec=spec, sampling=SamplingSettings(temperature=0), max_tokens=40).run()
-        deadline = time.monotonic() + 30  # kept once the loop is idle, before a new text ages it (``Pacer.begin``)
+        deadline = time.monotonic() + 30  # kept once the loop is idle
         while not (tmp_path / "evidence.json").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        learned = e.drafter(spec).pacer.evidence.as_dict()
+        learned = pacer.evidence.as_dict()  # read without a new text, which would age it (``Pacer.begin``)
     assert learned["model"][0][1] > 0  # trials seen
     with _engine(stories, stories_draft) as e:  # as a new process would load it
         assert e.drafter(spec).pacer.evidence.as_dict() == learned

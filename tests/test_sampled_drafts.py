@@ -8,11 +8,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fly_cpp import Engine, FlyError, SamplingSettings, SpecSettings
+from fly_cpp import Engine, FlyError, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.backend.sampling import Sampler
 
-
 PROMPT = "Once upon a time"
+
+
+def _one_row(path) -> ModelSettings:  # type: ignore[no-untyped-def]
+    """A model whose batches are decoded a row at a time (``n_ubatch`` 1): a verified row's
+    numbers are then the one-token decode's to the bit, so a draw near a boundary cannot move
+    with the batch's rounding (on some CPUs a batched row differs from a lone one in its last
+    bits: on an AMD EPYC host a seed-11 text parted from the target's own there)."""
+    return ModelSettings(str(path), n_ubatch=1)
 
 
 def _run(engine: Engine, spec: SpecSettings, sampling: SamplingSettings, n: int = 96):  # type: ignore[no-untyped-def]
@@ -30,8 +37,9 @@ def test_the_defaults_sample_as_llama_cpp_does() -> None:
 
 @pytest.mark.parametrize("k", [4, 8])
 def test_a_sampled_draft_writes_the_target_s_own_text(stories, stories_draft, k) -> None:  # type: ignore[no-untyped-def]
-    """The same seed writes the same text drafted or not, with either draw."""
-    with Engine(str(stories), str(stories_draft)) as e:
+    """The same seed writes the same text drafted or not, with either draw (rows decoded one at
+    a time, as the issue's bar says: ``--n-ubatch 1``)."""
+    with Engine(_one_row(stories), _one_row(stories_draft)) as e:
         for draw in ("shared", "llama"):
             s = SamplingSettings(temperature=0.8, seed=11, draw=draw)
             assert _run(e, SpecSettings(mode="spd", k=k), s).text == _run(e, SpecSettings(mode="target"), s).text
@@ -52,11 +60,12 @@ def test_sampled_drafts_keep_more_than_the_draft_s_argmax(stories, stories_draft
 
 def test_a_draft_that_is_the_target_keeps_its_sampled_tokens(stories) -> None:  # type: ignore[no-untyped-def]
     """Drawn with the target's own chain and noise, the target's own model as draft drafts
-    the target's draws: every drafted token is kept, but where a batch's rounding moves a draw
-    (the target reads its rows in one batch, the draft one row at a time)."""
-    with Engine(str(stories), str(stories)) as e:
+    the target's draws: with both reading their rows one at a time, every drafted token is kept
+    (in one batch the target's rows round otherwise than the draft's single ones on some CPUs,
+    and a draw near a boundary moves: 81 of 87 kept on an AMD EPYC host, every one on the hosts before it)."""
+    with Engine(_one_row(stories), _one_row(stories)) as e:
         st = _run(e, SpecSettings(mode="spd", k=6, ngram=False), SamplingSettings(temperature=1.0, seed=3)).stats
-    assert st.n_drafted > 40 and st.n_exact >= 0.95 * st.n_drafted
+    assert st.n_drafted > 40 and st.n_exact == st.n_drafted
 
 
 def test_a_draft_row_draws_as_the_target_s_row_at_its_position() -> None:
