@@ -156,7 +156,7 @@ class PairDrafter:
         t0 = self.cpu()  # (the costs are loaded on first use, above: not a plan's work)
         has_model, use_ngram = stepper is not None, self.rules.ngram
         self.kind, n = pacer.plan(limit, lambda: stepper.lag(committed) if stepper is not None else 0,
-                                  lookup if use_ngram else lambda: (0, 0), has_model, use_ngram)
+                                  lookup if use_ngram else lambda: (0, 0), has_model)
         if need > 0 and has_model and self.kind not in DRAFTS:
             self.kind, n = "draft", limit  # an open window is completed by the draft model, whatever pays
         if self.kind == "steady":
@@ -230,6 +230,8 @@ class PairDrafter:
         pacer.observe(self.kind, verified, report.kept, report.emitted, report.round_seconds, warm, rounds)
         self._learn_left_out(pacer, written)
         self._learn_guess(pacer, written)
+        if self.rules.ngram:
+            self._learn_rest(pacer, committed, len(committed) - rounds + pacer.planned)
         self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone
         self._planning = None
 
@@ -261,6 +263,17 @@ class PairDrafter:
         start, guess, matched = self._guessed
         self._guessed = None
         pacer.evidence.guess_written(guess, committed[start:start + len(guess)], matched)
+
+    def _learn_rest(self, pacer: Pacer, committed: Sequence[int], start: int) -> None:
+        """The rounds of a rest looked nothing up: the guess the index held at each of their
+        positions is judged by the token written there, as a planned round's lookup is, and the
+        rest ends where the guesses have come to pay (``Pacer.taught``). Were they not, a rest
+        would teach the guesses nothing, and only rests cut short to look one up would (the
+        bundled pair through ``serve -np 1``: 0.94x its target alone)."""
+        found = self.index.walk(committed, start)
+        if found:
+            pacer.evidence.guesses.judged(found)
+            pacer.taught()
 
 
 class _Paced(Pace):

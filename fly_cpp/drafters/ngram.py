@@ -61,18 +61,38 @@ class Index:
                 return n, list(tokens[start : start + n_pred])
         return 0, []
 
+    def walk(self, tokens: Sequence[int], start: int) -> list[tuple[int, bool]]:
+        """Brought to ``tokens[:start]``, then to all of them: for each position i >= start whose
+        context ``tokens[:i]`` a guess continues, (the match's length, whether the guess starts
+        with ``tokens[i]``), found as the token is added (no lookup of its own)."""
+        self._sync(tokens[:start])
+        return self._extend(tokens[start:])
+
     def _sync(self, tokens: Sequence[int]) -> None:
         keep = common_prefix(self.tokens, tokens)
         while len(self.tokens) > keep:
             for key in self.added.pop():
                 del self.after[key]
             self.tokens.pop()
-        for i in range(keep, len(tokens)):
-            self.tokens.append(int(tokens[i]))
-            fresh = []
-            for n in range(1, min(self.max_n, i) + 1):  # the n-grams that token i follows
-                key = tuple(self.tokens[i - n : i])
-                if key not in self.after:
-                    self.after[key] = i
+        self._extend(tokens[keep:])
+
+    def _extend(self, new: Sequence[int]) -> list[tuple[int, bool]]:
+        """Add ``new``, token by token: the n-grams each follows are indexed where first seen,
+        and the longest of them seen before (the match ``match`` finds there) says whether the
+        token after it was this one; those (length, right) pairs, as ``walk`` returns them."""
+        tokens, added, setdefault, max_n = self.tokens, self.added, self.after.setdefault, self.max_n
+        tail, found = tuple(tokens[len(tokens) - min(max_n, len(tokens)):]), []
+        for token in new:
+            token, i, key, fresh, longest = int(token), len(tokens), tail, [], True
+            while key:  # the longest n-gram first
+                at = setdefault(key, i)
+                if at == i:
                     fresh.append(key)
-            self.added.append(fresh)
+                elif longest:
+                    found.append((len(key), tokens[at] == token))
+                    longest = False
+                key = key[1:]
+            tokens.append(token)
+            added.append(fresh)
+            tail = (tail + (token,))[-max_n:]
+        return found

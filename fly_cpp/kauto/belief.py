@@ -72,17 +72,14 @@ class Draw:
     spread: float  # the draft price's log-spread now
     u: float  # a uniform draw: how long the target alone rests (``fly_cpp.kauto.planner``)
     record: tuple[float, float, float]  # speculating rounds against their forecasts, as aged now
-    guessed: tuple[float, float, float]  # the surest match length's guesses: hits, trials, prior mean
 
-    def aged(self, most: int, guesses: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The drawn acceptance's mean and standard deviation (the draft's, or the surest n-gram
-        guesses'), and the correction, after each of 1 .. ``most`` - 1 more rounds without
-        drafting (or looking up): their evidence aged by ``AGE`` a round, as arrays."""
-        hits, trials, prior = self.guessed if guesses else (self.hits, self.trials, self.prior)
+    def aged(self, most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The draft's acceptance, its mean and standard deviation, and the correction, after each
+        of 1 .. ``most`` - 1 more rounds without drafting: their evidence aged by ``AGE`` a
+        round, as arrays."""
         s = _ages(most)
-        mean, variance = _posterior(hits * s, trials * s, prior)
+        mean, variance = _posterior(self.hits * s, self.trials * s, self.prior)
         return mean, np.sqrt(variance), np.broadcast_to(_correction(self.record, s), s.shape)
-
 
 @functools.cache
 def _ages(most: int) -> np.ndarray:
@@ -158,15 +155,7 @@ class Belief:
                     math.exp(zd * spread), _correction(record), self.pace, tuple(ev.firsts.counts),
                     tuple(ev.model.of_bin(b) for b in range(len(ev.firsts.counts))),
                     ev.firsts.total() >= BINS, hits, trials, ev.model.prior, spread, rng.random(),
-                    record, self._surest_guesses())
-
-    def _surest_guesses(self) -> tuple[float, float, float]:
-        """(hits, trials, prior mean) of the match length whose guesses are kept most often."""
-        guesses = self.evidence.guesses
-        rates = [(r.hits, r.trials, guesses.mean()) for r in guesses.by_length.rates.values()]
-        overall = guesses.all.all
-        rates.append((overall.hits, overall.trials, guesses.all.prior))
-        return max(rates, key=lambda r: _posterior(*r)[0])
+                    record)
 
     def correction(self) -> float:
         """Speculating rounds' realized rate over their forecasts (``_correction``); the record

@@ -13,7 +13,7 @@ Every rate is a ``decayed.Rate``: recent text counts more (``MEMORY`` per new ob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fly_cpp.backend.cache import common_prefix
@@ -153,6 +153,15 @@ class Guesses:
         for i in range(min(kept + 1, len(confidences))):
             # a length's prior is the overall mean, when asked (``__call__``)
             self.by_length.observe(matched, float(i < kept))
+
+    def judged(self, rows: Iterable[tuple[int, bool]]) -> None:
+        """One-token guesses, each judged by the token written: (the length of the match it
+        continues, whether it was that token), as ``observe`` of each (a rest's hundreds of
+        positions at a fraction of its cost)."""
+        overall, by_length = self.all.all, self.by_length
+        for matched, right in rows:
+            overall.observe(float(right))
+            by_length.observe(matched, float(right))
 
     def as_dict(self) -> dict[int, float]:
         return {n: round(self(n), 3) for n in sorted(self.by_length.rates)}

@@ -90,10 +90,10 @@ class Pacer:
         return worth.best(self.costs, accept, h_max, first, step, lead, depths)
 
     def plan(self, limit: int, lag: Callable[[], int], guess: Callable[[], tuple[int, int]],
-             has_draft: bool, guesses: bool = True) -> tuple[str, int]:
+             has_draft: bool) -> tuple[str, int]:
         """This round's plan: (kind, tokens), ``fly_cpp.kauto.planner.Plan``'s. ``lag()``: tokens the
         draft model must catch up on; ``guess()``: the length of the n-gram guess and of the
-        match it continues (asked unless the round rests); ``guesses``: n-gram guesses are looked up."""
+        match it continues (asked unless the round rests)."""
         self.planned = not (limit <= 0 or self.rest > 0)
         if not self.planned:
             self.rest = max(self.rest - 1, 0)
@@ -108,7 +108,7 @@ class Pacer:
         n, self.matched = guess()  # looked up also when guesses cannot pay: the round's text judges it
         draw = self.belief.draw(self.matched, self.costs.draft_checked)
         limits = planner.Limits(limit, has_draft, lag() if has_draft else 0, n, self.matched, width, self.sharing > 1,
-                                self._then, guesses)
+                                self._then)
         chosen = planner.plan(draw, self.costs, limits)
         self._forecasts = self._forecast(chosen.kind, draw, limits) if chosen.kind != "target" else []
         self._exploring = chosen.kind == "explore"
@@ -162,6 +162,14 @@ class Pacer:
         """The draft's confidence in the first token it drafted this round (kept or not)."""
         if confidence is not None:
             self.evidence.firsts.add(bin_of(confidence))
+
+    def taught(self) -> None:
+        """A rest's rounds taught the n-gram guesses (``PairDrafter._learn_rest``): where the
+        surest of them would now pay, as a planned round weighs them (at their mean), the rest
+        ends and the next round is planned. The rest was sampled from what was believed as it
+        began; what its rounds taught since is what a draw of that rest could not know."""
+        if self.rest and self.best(self.guesses.surest(), self.k_max, 0.0, 0.0)[1]:
+            self.rest, self._then = 0, False
 
     def ran(self, rounds: int) -> None:
         """``rounds`` more rounds of the rest were decoded with the target alone in one run,

@@ -51,7 +51,6 @@ class Limits:
     width: int = 0
     shared: bool = False  # the round's decodes are shared with other sequences' (no price of its own is learned)
     rested: bool = False  # a rest just ended: this is the round its sampled length said a draw would draft in
-    guesses: bool = True  # n-gram guesses are looked up
 
 
 @dataclass(frozen=True)
@@ -110,34 +109,26 @@ def plan(draw: Draw, costs: Costs, lim: Limits) -> Plan:
 def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
     """Rounds after this one that are left to the target alone unplanned: as many as fresh draws
     would go on planning the target alone, sampled at once (``Draw.u``), and whether the round
-    after them drafts (its draw of the draft, not of a guess, ended the rest: a guess is looked
-    up in any planned round, and that teaches it). Each round without a draft or a lookup ages
-    their evidence (``Draw.aged``), so a draw that tries one comes with a chance that grows
-    round by round; what could not pay even if always right never does (REST_MAX)."""
+    after them drafts (its draw ended the rest). Each round without a draft ages the draft's
+    evidence (``Draw.aged``), so a draw that tries one comes with a chance that grows round by
+    round; what could not pay even if always right never does (REST_MAX). The n-gram guesses end
+    no rest here: its rounds teach them, and a rest ends once they would pay (``Pacer.taught``)."""
     if lim.shared or draw.spread >= UNCHECKED_SPREAD:  # an unchecked draft price is drawn anew every round
         return 0, False
-    alone, step = worth.alone(costs), costs.draft(1)  # the learned prices: the rest's rounds draw their own
-    if lim.has_draft and worth.best(costs, draw.mean, lim.limit, step, step, floor=alone / draw.correction)[1]:
-        return 0, False  # a draw of the prices chose the target alone: it is tried, then plans resume
-    # each kind's rate by its acceptance (GRID steps, nondecreasing): a round tries it where its
-    # rate x the correction beats the target alone; every round of the rest at once (``Draw.aged``)
-    grid = [i / GRID for i in range(GRID + 1)]
-    kinds = [(True, worth.tops(costs, grid, lim.limit, 0.0, 0.0))] if lim.guesses else []
-    if lim.has_draft:
-        kinds.append((False, worth.tops(costs, grid, lim.limit, step, step)))
-    if not kinds:
+    if not lim.has_draft:
         return REST_MAX, False
+    alone, step = worth.alone(costs), costs.draft(1)  # the learned prices: the rest's rounds draw their own
+    if worth.best(costs, draw.mean, lim.limit, step, step, floor=alone / draw.correction)[1]:
+        return 0, False  # a draw of the prices chose the target alone: it is tried, then plans resume
+    # drafting's own rate by acceptance (GRID steps, nondecreasing; floored at the target alone's, any
+    # correction over 1 made every acceptance pay: rests of 0 and 1-token tries, 0.23x the target alone
+    # under serve): a round tries it where its rate x the correction beats the target alone
+    rates = worth.tops(costs, [i / GRID for i in range(GRID + 1)], lim.limit, step, step, floor=0.0)
     for most in _SPANS:  # the nearest rounds first: a rest usually ends long before REST_MAX
-        chances = []  # each kind's chance of being tried in each round
-        for guesses, rates in kinds:
-            mean, sd, correction = draw.aged(most, guesses)
-            pays = np.searchsorted(rates, alone / correction * (1 + 1e-9), side="right")  # the first acceptance that pays
-            chances.append(np.where(pays <= GRID, above(pays / GRID, mean, sd), 0.0))
-        # the chance that every draw up to round r plans the target alone, multiplied in the rounds' order
-        still = np.cumprod(1 - np.stack(chances, axis=1).ravel())[len(chances) - 1::len(chances)]
-        below = np.flatnonzero(still < draw.u)
+        mean, sd, correction = draw.aged(most)
+        pays = np.searchsorted(rates, alone / correction * (1 + 1e-9), side="right")  # the first acceptance that pays
+        chance = np.where(pays <= GRID, above(pays / GRID, mean, sd), 0.0)
+        below = np.flatnonzero(np.cumprod(1 - chance) < draw.u)  # every draw up to round r plans the target alone
         if len(below):
-            r = int(below[0])
-            return r, bool(lim.has_draft and chances[-1][r] >= chances[0][r])
+            return int(below[0]), True
     return REST_MAX, False
-
