@@ -42,3 +42,23 @@ def test_the_index_matches_as_a_scan_does_while_the_context_grows_and_is_cut_bac
                 tokens = tokens[: rng.randrange(len(tokens))]
             tokens = tokens + [rng.randrange(6) for _ in range(rng.randrange(1, 5))]
             assert index.match(tokens, 5) == match(tokens, index.max_n, 5)
+
+
+def test_a_walk_judges_each_position_as_a_lookup_there_would():
+    """A rest's rounds look nothing up; walking their tokens into the index finds, at each
+    position, the match a lookup there would have found, and whether its guess was the token
+    written (``PairDrafter._learn_rest``), and leaves the index as lookups would."""
+    rng = random.Random(1)
+    for _ in range(200):
+        index = Index(rng.choice([1, 2, 4]))
+        tokens = [rng.randrange(6) for _ in range(rng.randrange(5, 60))]
+        start = rng.randrange(len(tokens))
+        if rng.random() < 0.5:  # the index already held another text, or part of this one
+            index.match(tokens[: rng.randrange(len(tokens))] + [rng.randrange(6) for _ in range(5)])
+        expected = []
+        for i in range(start, len(tokens)):
+            n, guess = match(tokens[:i], index.max_n, 1)
+            if n:
+                expected.append((n, guess[0] == tokens[i]))
+        assert index.walk(tokens, start) == expected
+        assert index.match(tokens, 5) == match(tokens, index.max_n, 5)

@@ -22,7 +22,7 @@ from fly_cpp.config import SpecSettings
 from fly_cpp.drafters.draft_model import DraftModel
 from fly_cpp.drafters.drafter import PairDrafter
 from fly_cpp.drafters.seam import Draft, DraftRules, Report
-from fly_cpp.kauto import worth
+from fly_cpp.kauto import planner, worth
 from fly_cpp.kauto.costs import Costs, Curve
 from fly_cpp.kauto.evidence import Acceptance, Guesses
 from fly_cpp.kauto.pacer import Pacer
@@ -549,6 +549,24 @@ def test_a_new_text_is_soon_tried_where_the_last_one_ended_unpredictable():
     gen.model.ctx.close()
     simulate(p, accept=0.95, rounds=200, seed=4)
     assert drafting(p.plans) - before > 60
+
+
+def test_rounds_that_ran_above_their_forecasts_do_not_end_rests_where_drafting_cannot_pay():
+    """The bundled 260K pair: a draft step costs more than a target token, so no draft pays even
+    if always right, however well drafting rounds ran against their forecasts. A record above
+    them (a correction over 1) once made every acceptance pay a rest's draws, priced against the
+    target alone's own rate as a floor: every rest ended at once in a 1-token try (3,168 tries in
+    192 answers under serve, 0.23x the target alone)."""
+    bundled = Costs(Curve((1, 2, 4, 8, 17), (0.19 * MS, 0.52 * MS, 0.56 * MS, 0.63 * MS, 0.8 * MS)),
+                    Curve((1, 2, 4, 8), (0.34 * MS, 0.37 * MS, 0.40 * MS, 0.47 * MS)))
+    p = pacer(bundled)
+    for _ in range(50):
+        p.model.observe([0.95] * 8, 8)
+    p.evidence.realized.sums = [140.0, 100.0, 40.0]  # rounds ran 1.4x faster than forecast
+    assert p.belief.correction() > 1.3
+    assert p.best(1.0, 16, bundled.draft(1), bundled.draft(1))[1] == 0  # not even an always-right draft
+    assert p.plan(16, lambda: 0, lambda: (0, 0), True) == ("target", 0) and p.rest == planner.REST_MAX
+    assert [p.plan(16, lambda: 0, lambda: (0, 0), True)[0] for _ in range(20)] == ["target"] * 20
 
 
 def test_a_new_text_keeps_what_drafting_rounds_realized():
