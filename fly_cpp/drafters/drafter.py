@@ -231,7 +231,7 @@ class PairDrafter:
         self._learn_left_out(pacer, written)
         self._learn_guess(pacer, written)
         if self.rules.ngram:
-            self._learn_rest(pacer, committed, len(committed) - rounds + pacer.planned)
+            self._learn_rest(pacer, committed, len(committed) - rounds + int(pacer.planned))
         self.last_kind, self.kind, self.confidences = self.kind, "target", []  # a round not drafted decodes alone
         self._planning = None
 

@@ -81,6 +81,7 @@ class Draw:
         mean, variance = _posterior(self.hits * s, self.trials * s, self.prior)
         return mean, np.sqrt(variance), np.broadcast_to(_correction(self.record, s), s.shape)
 
+
 @functools.cache
 def _ages(most: int) -> np.ndarray:
     """AGE ** r for r = 1 .. most - 1 (as Python's power computes each)."""

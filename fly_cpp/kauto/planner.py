@@ -120,10 +120,10 @@ def _rest(draw: Draw, costs: Costs, lim: Limits) -> tuple[int, bool]:
     alone, step = worth.alone(costs), costs.draft(1)  # the learned prices: the rest's rounds draw their own
     if worth.best(costs, draw.mean, lim.limit, step, step, floor=alone / draw.correction)[1]:
         return 0, False  # a draw of the prices chose the target alone: it is tried, then plans resume
-    # drafting's own rate by acceptance (GRID steps, nondecreasing; floored at the target alone's, any
-    # correction over 1 made every acceptance pay: rests of 0 and 1-token tries, 0.23x the target alone
-    # under serve): a round tries it where its rate x the correction beats the target alone
-    rates = worth.tops(costs, [i / GRID for i in range(GRID + 1)], lim.limit, step, step, floor=0.0)
+    # drafting's own rate by acceptance (GRID steps, nondecreasing; once floored at the target alone's,
+    # when any correction over 1 made every acceptance pay: rests of 0 and 1-token tries, 0.23x the
+    # target alone under serve): a round tries it where its rate x the correction beats the target alone
+    rates = worth.tops(costs, [i / GRID for i in range(GRID + 1)], lim.limit, step, step)
     for most in _SPANS:  # the nearest rounds first: a rest usually ends long before REST_MAX
         mean, sd, correction = draw.aged(most)
         pays = np.searchsorted(rates, alone / correction * (1 + 1e-9), side="right")  # the first acceptance that pays

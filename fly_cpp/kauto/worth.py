@@ -99,21 +99,20 @@ def best(costs: Costs, accept: float, h_max: int, first: float, step: float,
     return top, top_h
 
 
-def tops(costs: Costs, accepts: Sequence[float], h_max: int, first: float, step: float,
-         floor: float | None = None) -> np.ndarray:
-    """``best``'s rate at each of ``accepts`` (a steady acceptance each), at once: the prices of
-    h = 1 .. h_max found once, the tokens expected of each by acceptance as one array (the same
-    sums in the same order as ``rates``: the same numbers to the digit). ``floor`` as ``best``'s."""
+def tops(costs: Costs, accepts: Sequence[float], h_max: int, first: float, step: float) -> np.ndarray:
+    """Drafting's best rate at each of ``accepts`` (a steady acceptance each), at once: the prices
+    of h = 1 .. h_max found once, the tokens expected of each by acceptance as one array (the same
+    sums in the same order as ``rates``: the same numbers to the digit). Unlike ``best``'s, not
+    floored at the target alone's rate: the caller weighs it against a floor of its own."""
     a = np.asarray(accepts, dtype=np.float64)
-    floor = alone(costs) if floor is None else floor
     if h_max <= 0:
-        return np.full(len(a), floor)
+        return np.zeros(len(a))
     fixed = _fixed(costs)
     chances = np.cumprod(np.repeat(a[:, None], h_max, axis=1), axis=1)
     expected = np.cumsum(np.concatenate([np.ones((len(a), 1)), chances], axis=1), axis=1)[:, 1:]
     prices = np.array([[_seconds(costs, fixed, first, step, 0, h, accept) for h in range(1, h_max + 1)]
                        for accept in (a if costs.rollbacks is not None else a[:1])])
-    return np.maximum((expected / prices).max(axis=1), floor)
+    return (expected / prices).max(axis=1)
 
 
 def rates(costs: Costs, accepts: Iterable[float], first: float, step: float, lead: int,
