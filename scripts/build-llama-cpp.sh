@@ -35,6 +35,18 @@ done
 
 # GGML_NATIVE stays at its default (on): the binaries are tuned for this CPU, like the
 # llama-cpp-python build fly-cpp runs on. Tests and the unified app are not needed.
+# Except on a CPU with AMX: there the native build's AMX kernels crashed (SIGSEGV in
+# ggml_backend_amx_mul_mat, any thread count) on the Qwen2.5-Coder 0.5B Q4_K_M draft (an Intel Xeon,
+# 2026-12-04, llama-cpp-python 0.3.36), so the CPU's own instruction sets are named one by one
+# and AMX is left out (unless CMAKE_ARGS says otherwise).
+if [ -z "${CMAKE_ARGS:-}" ] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+                avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+        grep -qw "${pair%%:*}" /proc/cpuinfo && CMAKE_ARGS="$CMAKE_ARGS -DGGML_${pair#*:}=ON"
+    done
+    echo "build-llama-cpp: AMX left out of the build (native AMX kernels crashed here): $CMAKE_ARGS" >&2
+fi
 # shellcheck disable=SC2086
 cmake -S "$SRC" -B "$WORK/build-$VERSION" \
     -DCMAKE_BUILD_TYPE=Release \
