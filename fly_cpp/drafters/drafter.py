@@ -270,6 +270,8 @@ class PairDrafter:
         rest ends where the guesses have come to pay (``Pacer.taught``). Were they not, a rest
         would teach the guesses nothing, and only rests cut short to look one up would (the
         bundled pair through ``serve -np 1``: 0.94x its target alone)."""
+        if start >= len(committed):  # a planned round's tokens: its lookup, or its verification, judged them
+            return
         found = self.index.walk(committed, start)
         if found:
             pacer.evidence.guesses.judged(found)
