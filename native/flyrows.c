@@ -448,6 +448,40 @@ int64_t fly_sample(const float *row, int64_t n, double temperature, int64_t top_
     return token;
 }
 
+/* splitmix64's finaliser (fly_cpp.backend.sampling._mix) */
+static inline uint64_t mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+int64_t fly_shared_draw(const float *row, int64_t n, double temperature, int64_t top_k, double top_p, double min_p,
+                        uint64_t seed, int64_t pos) {
+    const uint64_t golden = 0x9E3779B97F4A7C15ULL, mix1 = 0xBF58476D1CE4E5B9ULL, mix2 = 0x94D049BB133111EBULL;
+    cand *c;
+    double *q;
+    int64_t m = chain(row, n, temperature, top_k, top_p, min_p, &c, &q);
+    if (m < 0) return m;
+    int64_t best = 0;
+    if (m > 1) { /* the noise of each survivor's id at pos (stream 0), as fly_cpp.backend.sampling.uniforms */
+        uint64_t key = mix64(seed * golden + (uint64_t)(pos & 0xFFFFFFFF) * mix2 + 0 * mix1);
+        double top = -INFINITY;
+        for (int64_t i = 0; i < m; i++) {
+            uint64_t bits = mix64(key + (uint64_t)c[i].id * golden);
+            double u = ((double)(bits >> 11) + 0.5) / 9007199254740992.0; /* 2^53 */
+            double score = log(q[i]) + -log(-log(u));
+            if (score > top) { /* the first of equal scores, as numpy's argmax */
+                top = score;
+                best = i;
+            }
+        }
+    }
+    int64_t token = c[best].id;
+    free(c);
+    free(q);
+    return token;
+}
+
 /* ---- greedy runs ------------------------------------------------------------------------- */
 
 int64_t fly_greedy_run(void *decode, void *get_logits, void *ctx, fly_llama_batch *batch, int32_t token,
@@ -611,7 +645,8 @@ int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int
     int want_conf = rules->confident || rules->p_min > 0;
     *status = 0;
     if (limit < 1 || n_hist < 1 || done < 0 || done >= n_hist || dc->n_batch < 1 || rules->ngram_max < 0 ||
-        rules->ngram_max > FLY_MAX_NGRAM || dc->n_vocab < 1 || dc->n_vocab > dc->row_len || (want_conf && !conf)) {
+        rules->ngram_max > FLY_MAX_NGRAM || dc->n_vocab < 1 || dc->n_vocab > dc->row_len || (want_conf && !conf) ||
+        (rules->sampled && !(rules->temperature > 0.0))) {
         *status = -2;
         return 0;
     }
@@ -640,10 +675,21 @@ int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int
         double sure = 0.0;
         for (;;) {
             const float *row = rows + agree * dc->row_len;
-            token = (int32_t)k->argmax(row, dc->n_vocab);
-            if (want_conf) /* the argmax's logit is the row's peak where it read the whole row */
+            if (rules->sampled) {
+                int64_t drawn = fly_shared_draw(row, dc->n_vocab, rules->temperature, rules->top_k, rules->top_p,
+                                                rules->min_p, rules->seed, size + agree);
+                if (drawn < 0) {
+                    *status = -2;
+                    break;
+                }
+                token = (int32_t)drawn;
+            } else {
+                token = (int32_t)k->argmax(row, dc->n_vocab);
+            }
+            if (want_conf) /* an argmax's logit is the row's peak where it read the whole row */
                 sure = top_probability_row(k, row, dc->row_len,
-                                           dc->n_vocab == dc->row_len ? row[token] : k->row_max(row, dc->row_len));
+                                           dc->n_vocab == dc->row_len && !rules->sampled ? row[token]
+                                                                                         : k->row_max(row, dc->row_len));
             if (agree < guess && token == hist[size + agree]) {
                 if (want_conf) conf[n_out + agree] = sure;
                 agree++;
@@ -651,6 +697,7 @@ int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int
             }
             break;
         }
+        if (*status != 0) break;
         if (size + agree < done) { /* the cache keeps the text and the agreed part of the guess */
             if (!seq_rm(dc->memory, dc->seq, (int32_t)(size + agree), -1)) {
                 *status = -3;

@@ -20,7 +20,7 @@
 #endif
 
 /* Bumped whenever a signature or a meaning below changes; Python refuses other versions. */
-#define FLY_ABI_VERSION 2
+#define FLY_ABI_VERSION 3
 
 /* Largest `top` accepted by fly_top_entropy. */
 #define FLY_MAX_TOP 16
@@ -114,7 +114,7 @@ FLY_API int64_t fly_greedy_runs(void *decode, void *get_logits, void *ctx, fly_l
                                 int64_t cap, int32_t *out, int64_t *got, int32_t *status);
 
 /* ---- draft runs ----------------------------------------------------------------------------
- * A fixed-k round of greedy drafting with a draft model (fly_cpp.drafters.draft_model.ModelDrafter.draft,
+ * A fixed-k round of drafting with a draft model (fly_cpp.drafters.draft_model.ModelDrafter.draft,
  * the reference) without returning to Python per drafted token. */
 
 /* llama_memory_seq_rm, passed in as llama_decode is. */
@@ -151,7 +151,13 @@ typedef struct {
  * p_min (when > 0); `confident` (or p_min > 0): the top probability of each drafted token is
  * written to conf. ngram_max > 0: each step first looks up an n-gram guess (the earliest
  * continuation of the longest suffix of the text, as fly_cpp.drafters.ngram.Index.match, up to ngram_tokens
- * tokens) and checks it in the same decode. */
+ * tokens) and checks it in the same decode.
+ *
+ * `sampled` non-zero: the draft's token after each prefix is drawn as the target draws its own
+ * under a shared draw (fly_cpp.backend.sampling.Sampler.sample with draw "shared", no logit bias
+ * or penalties): the chain (temperature, top_k, top_p, min_p, as fly_distribution) on the draft's
+ * row, then the Gumbel-max draw with the noise of `seed` at the token's position in the text
+ * (stream 0); else its argmax. */
 typedef struct {
     int64_t limit;
     int64_t need;
@@ -159,7 +165,19 @@ typedef struct {
     int32_t confident;
     int32_t ngram_max;
     int32_t ngram_tokens;
+    int32_t sampled;
+    double temperature;
+    int64_t top_k;
+    double top_p;
+    double min_p;
+    uint64_t seed;
 } fly_draft_rules;
+
+/* The token that seed's shared draw takes at `pos` from a row (n entries) under the chain
+ * (fly_cpp.backend.sampling.Sampler.draw's Gumbel-max: argmax of log p + G over the survivors, G
+ * from the noise of (seed, pos, stream 0, token id)); < 0: fly_distribution's errors. */
+FLY_API int64_t fly_shared_draw(const float *row, int64_t n, double temperature, int64_t top_k, double top_p,
+                                double min_p, uint64_t seed, int64_t pos);
 
 /* Draft after the text hist[0..n_hist) (the committed tokens), the cache holding its first
  * *n_done tokens (< n_hist): the first step decodes the rest of the text (the catch-up) with its

@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--temp", type=float, default=0.8)
     p.add_argument("--config", action="append", required=True, metavar="LABEL=KIND [ARGS]")
     p.add_argument("--llama-server", default=str(Path.home() / "llama-bin" / "llama-server"))
-    p.add_argument("--json", help="also write every answer's numbers here")
+    p.add_argument("--json", help="also write every answer's numbers here (tok/s, and seconds and tokens)")
     a = p.parse_args()
     servers: dict[str, tuple[object, str]] = {}
     try:
@@ -82,12 +82,15 @@ def main() -> None:
             for label in labels:
                 ask(servers[label][1], q, a.n, a.temp, 0)
         rows: list[dict[str, float]] = []
+        answers: list[dict[str, tuple[float, int]]] = []  # per question: each server's (seconds, tokens)
         for i, q in enumerate(qs[a.warmup:]):
             row: dict[str, float] = {}
+            answers.append({})
             for j in range(len(labels)):
                 label = labels[(i + j) % len(labels)]
                 wall, tokens = ask(servers[label][1], q, a.n, a.temp, i + 1)
                 row[label] = tokens / wall
+                answers[-1][label] = (round(wall, 3), tokens)
             rows.append(row)
             print(f"question {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), file=sys.stderr, flush=True)
     finally:
@@ -103,7 +106,7 @@ def main() -> None:
         print(f"| {label} | {statistics.median(r[label] for r in rows):.2f} | {geo:.3f} | "
               f"{statistics.median(ratios):.3f} | {min(ratios):.2f}-{max(ratios):.2f} |")
     if a.json:
-        Path(a.json).write_text(json.dumps(rows))
+        Path(a.json).write_text(json.dumps({"tok_s": rows, "answers": answers}))
 
 
 if __name__ == "__main__":

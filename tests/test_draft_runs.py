@@ -1,6 +1,7 @@
-"""Native draft runs (``DraftModel.run``, ``fly_draft_run``): a fixed-k round of greedy drafting
-inside the library gives exactly the Python steps' tokens and confidences, and leaves the draft
-cache and the path it drafted along as they do, on real llama.cpp contexts."""
+"""Native draft runs (``DraftModel.run``, ``fly_draft_run``): a fixed-k round of drafting (greedy,
+or drawn with the target's shared draw) inside the library gives exactly the Python steps' tokens
+and confidences, and leaves the draft cache and the path it drafted along as they do, on real
+llama.cpp contexts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fly_cpp.backend import native
 from fly_cpp.drafters import ngram
 from fly_cpp.backend.context import Context
 from fly_cpp.backend.model import Model
+from fly_cpp.backend.sampling import draft_sampler
 from fly_cpp.drafters.draft_model import DraftModel
 from fly_cpp.drafters.drafter import PairDrafter
 from fly_cpp.models import bundled
@@ -19,7 +21,7 @@ from fly_cpp.drafters.seam import DraftRules
 
 pytestmark = pytest.mark.skipif(not native.has_draft_run(), reason=f"no native draft runs: {native.status()}")
 PROMPT = "Once upon a time, there was a little girl named Lily. She liked to play with her ball. One day"
-GREEDY = SamplingSettings(temperature=0)  # native draft runs draft greedily
+GREEDY = SamplingSettings(temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,10 @@ def draft_path():
 
 
 def _drafter(model: Model, spec: SpecSettings, n_batch: int, checks: int | None = None,
-             n_vocab: int | None = None) -> PairDrafter:
+             n_vocab: int | None = None, sampling: SamplingSettings | None = None) -> PairDrafter:
     ctx = Context(model, n_ctx=512, n_threads=1, n_batch=n_batch)
-    return PairDrafter(DraftModel(ctx, n_vocab or model.n_vocab), DraftRules.of(spec), checks)
+    draws = draft_sampler(sampling, sampling.seed) if sampling is not None else None
+    return PairDrafter(DraftModel(ctx, n_vocab or model.n_vocab, draws=draws), DraftRules.of(spec), checks)
 
 
 def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,12 +41,14 @@ def _python_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _compare(model: Model, spec: SpecSettings, monkeypatch: pytest.MonkeyPatch, *, n_batch: int = 512,
-             rounds: int = 24, seed: int = 0, checks: int | None = None, n_vocab: int | None = None) -> int:
+             rounds: int = 24, seed: int = 0, checks: int | None = None, n_vocab: int | None = None,
+             sampling: SamplingSettings | None = None) -> int:
     """Draft a generation's rounds both ways, each drafter on its own context, committing the same
     (random) part of each draft and a correction; returns the tokens drafted. ``n_vocab``: the ids
-    the target knows (the argmax reads those; the confidence reads the whole row)."""
+    the target knows (the argmax reads those; the confidence reads the whole row); ``sampling``:
+    the generation's (at T > 0 under the shared draw the draft draws its tokens as the target)."""
     rng = np.random.default_rng(seed)
-    fast, slow = _drafter(model, spec, n_batch, checks, n_vocab), _drafter(model, spec, n_batch, checks, n_vocab)
+    fast, slow = (_drafter(model, spec, n_batch, checks, n_vocab, sampling) for _ in range(2))
     committed = model.tokenize(PROMPT)
     drafted = 0
     try:
@@ -84,6 +89,39 @@ def test_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, p_min
         spec = SpecSettings(mode="spd", k=8, ngram=ngram, p_min=p_min, ngram_max=3 if p_min == 0.4 else 4,
                             ngram_tokens=3 if p_min else 6)
         assert _compare(model, spec, monkeypatch, seed=int(p_min * 10) + ngram) > 0
+
+
+@pytest.mark.parametrize("ngram", [False, True])
+@pytest.mark.parametrize("temperature,p_min", [(0.3, 0.0), (0.8, 0.0), (0.8, 0.5), (1.5, 0.0)])
+def test_sampled_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, temperature, p_min):
+    """At T > 0 under the shared draw a run draws each token as the Python steps draw it (the
+    target's chain on the draft's row, the seed's noise at the token's position): the same tokens,
+    confidences, cache and path; and they are not the argmax's."""
+    with Model(draft_path) as model:
+        spec = SpecSettings(mode="spd", k=8, ngram=ngram, p_min=p_min)
+        sampling = SamplingSettings(temperature=temperature, seed=17 + int(temperature * 10), draw="shared")
+        assert draft_sampler(sampling, sampling.seed) is not None
+        assert _compare(model, spec, monkeypatch, seed=21 + ngram, sampling=sampling) > 0
+        if temperature > 1:  # hot enough that 8 drawn tokens are not all the argmax's
+            drawn, greedy = (_drafter(model, spec, 512, sampling=s) for s in (sampling, None))
+            try:
+                committed = model.tokenize(PROMPT)
+                assert drawn.own(committed, 8).tokens != greedy.own(committed, 8).tokens
+            finally:
+                drawn.stepper.ctx.close()
+                greedy.stepper.ctx.close()
+
+
+def test_penalised_draws_step_in_python(draft_path):
+    """Penalties read the history token by token: those draws stay in Python."""
+    with Model(draft_path) as model, Context(model, n_ctx=128, n_threads=1) as ctx:
+        committed = model.tokenize(PROMPT)
+        spec = SpecSettings(mode="spd", k=4)
+        for sampling, runs in ((SamplingSettings(temperature=0.8, seed=1), True),
+                               (SamplingSettings(temperature=0.8, seed=1, repeat_penalty=1.2), False)):
+            drafts = DraftModel(ctx, model.n_vocab, draws=draft_sampler(sampling, 1))
+            drafts.start(committed)
+            assert (drafts.run(committed, 4, 0, spec, False) is not None) == runs
 
 
 @pytest.mark.parametrize("checks", [0, 2])
@@ -127,14 +165,15 @@ def test_python_steps_where_the_library_cannot(draft_path):
         assert drafts.run(committed, 64, 0, spec, False) is None  # past n_ctx
 
 
-def test_spd_text_is_the_same_either_way(stories, draft_path):
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingSettings(temperature=0.8, seed=3)], ids=["greedy", "sampled"])
+def test_spd_text_is_the_same_either_way(stories, draft_path, sampling):
     with Engine(ModelSettings(str(stories), n_ctx=256), ModelSettings(str(draft_path), n_ctx=256)) as engine:
         for spec in (SpecSettings(mode="spd", k=4), SpecSettings(mode="spd", k=6, p_min=0.5, ngram=False)):
-            fast = engine.generate(PROMPT, spec=spec, sampling=GREEDY, max_tokens=96).run()
+            fast = engine.generate(PROMPT, spec=spec, sampling=sampling, max_tokens=96).run()
             with native.enabled(False):
-                slow = engine.generate(PROMPT, spec=spec, sampling=GREEDY, max_tokens=96).run()
+                slow = engine.generate(PROMPT, spec=spec, sampling=sampling, max_tokens=96).run()
             assert fast.tokens == slow.tokens
-            assert fast.stats.n_drafted == slow.stats.n_drafted
+            assert (fast.stats.n_drafted, fast.stats.n_exact) == (slow.stats.n_drafted, slow.stats.n_exact)
 
 
 @pytest.mark.parametrize("alphabet", [2, 3, 8, 50])

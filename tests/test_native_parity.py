@@ -4,6 +4,7 @@ same uniform number. Also: without the library the numpy path runs (FLY_CPP_NO_N
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -119,6 +120,24 @@ def test_sampling_matches_numpy(n_vocab: int) -> None:
                 token = native.sample(row, settings.temperature, settings.top_k, settings.top_p, settings.min_p, u)
                 assert token == ref_ids[native.draw(ref_probs, u)], (settings, style, u)
                 assert token == _draw_numpy(ref_ids, ref_probs, u), (settings, style, u)
+
+
+@needs_native
+@pytest.mark.parametrize("n_vocab", (1, 2, 7, 512, 151936))
+def test_the_shared_draw_is_the_samplers(n_vocab: int) -> None:
+    """``fly_shared_draw`` (what a sampled native draft run drafts) takes the token the sampler's
+    shared draw takes from the same row at the same position and seed."""
+    rng = np.random.default_rng(300 + n_vocab)
+    for settings in CHAINS:
+        for seed in (0, 12345, 2**63 + 7):
+            sampler = Sampler(dataclasses.replace(settings, draw="shared"), seed)
+            for style in ("normal", "peaked", "ties", "ninf") if n_vocab < 151936 else ("normal",):
+                row = logits(rng, 1, n_vocab, style)[0]
+                for position in rng.integers(0, 2**33, 6 if n_vocab < 151936 else 2):
+                    want = sampler.draw(*sampler.distribution(row, []), int(position))
+                    got = native.shared_draw(row, settings.temperature, settings.top_k, settings.top_p, settings.min_p,
+                                             seed, int(position))
+                    assert got == want, (settings, seed, style, position)
 
 
 def _draw_numpy(ids: np.ndarray, probs: np.ndarray, u: float) -> int:

@@ -230,8 +230,8 @@ class Context(Cache):
 
     def draft_run(self, hist: np.ndarray, n_hist: int, rules: native.DraftRules, n_vocab: int,
                   cache: Cache | None = None, text: Sequence[int] | None = None) -> tuple[list[int], list[float], int]:
-        """A round of greedy drafting without returning to Python per token (``drafts_natively``
-        must hold; ``native.draft_run`` says what it does) in ``cache`` (this context's own
+        """A round of drafting (the argmax, or the shared draw the rules carry) without returning to
+        Python per token (``drafts_natively`` must hold; ``native.draft_run`` says what it does) in ``cache`` (this context's own
         sequence, or one of its ``Seq`` views): the text is ``hist[:n_hist]``, of which the
         cache's ``tokens`` must be a prefix, shorter than it (the rest, the catch-up, is decoded
         with the first step). Returns (the drafted tokens, their confidences when asked, the

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-ABI_VERSION = 2  # native/flyrows.h FLY_ABI_VERSION
+ABI_VERSION = 3  # native/flyrows.h FLY_ABI_VERSION
 MAX_TOP = 16  # native/flyrows.h FLY_MAX_TOP
 MAX_NGRAM = 16  # native/flyrows.h FLY_MAX_NGRAM
 LIB_NAMES = {"win32": ("flyrows.dll", "libflyrows.dll"), "darwin": ("libflyrows.dylib", "libflyrows.so")}
@@ -43,6 +43,7 @@ _SIGNATURES = {
     "fly_distribution": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, _p, _p, _i64]),
     "fly_draw": (_i64, [_p, _i64, _f64]),
     "fly_sample": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, _f64]),
+    "fly_shared_draw": (_i64, [_p, _i64, _f64, _i64, _f64, _f64, ctypes.c_uint64, _i64]),
 }
 
 
@@ -75,10 +76,18 @@ class _Scratch:
 
 
 class DraftRules(ctypes.Structure):
-    """native/flyrows.h's fly_draft_rules: how far a draft run goes."""
+    """native/flyrows.h's fly_draft_rules: how far a draft run goes, and how it draws its tokens
+    (``sampled``: the target's shared draw, ``shared_draw``'s; else the argmax)."""
 
     _fields_ = [("limit", _i64), ("need", _i64), ("p_min", _f64), ("confident", ctypes.c_int32),
-                ("ngram_max", ctypes.c_int32), ("ngram_tokens", ctypes.c_int32)]
+                ("ngram_max", ctypes.c_int32), ("ngram_tokens", ctypes.c_int32), ("sampled", ctypes.c_int32),
+                ("temperature", _f64), ("top_k", _i64), ("top_p", _f64), ("min_p", _f64), ("seed", ctypes.c_uint64)]
+
+    def drawing(self, temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> DraftRules:
+        """These rules, the tokens drawn by the target's chain and ``seed``'s shared noise."""
+        self.sampled, self.temperature, self.top_k, self.top_p, self.min_p = 1, temperature, top_k, top_p, min_p
+        self.seed = seed & 0xFFFFFFFFFFFFFFFF
+        return self
 
 
 # bound when the library has them (a library built before them keeps its other functions)
@@ -271,6 +280,14 @@ def sample(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p:
     return _check(_need().fly_sample(ptr, n, temperature, top_k, top_p, min_p, u))
 
 
+def shared_draw(row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, seed: int,
+                position: int) -> int:
+    """(V,) float32 -> the token ``seed``'s shared draw takes at ``position`` after the chain (==
+    ``Sampler.draw`` of ``distribution``'s survivors under draw "shared", stream 0)."""
+    ptr, n = _row(row)
+    return _check(_need().fly_shared_draw(ptr, n, temperature, top_k, top_p, min_p, seed & 0xFFFFFFFFFFFFFFFF, position))
+
+
 def has_greedy_run() -> bool:
     """Whether ``greedy_run`` is available (the library is in use and has it)."""
     lib = _library()
@@ -341,7 +358,7 @@ def ngram_match(tokens: np.ndarray, max_n: int, n_pred: int) -> tuple[int, int]:
 
 def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: int, n_done: int,
               ) -> tuple[list[int], list[float], int, int, int]:
-    """A fixed-k round of greedy drafting inside the library (``fly_draft_run``), after the text
+    """A fixed-k round of drafting inside the library (``fly_draft_run``), after the text
     ``hist[:n_hist]`` ((>= n_hist + limit,) int32: the drafted tokens are appended there) of which
     the cache holds the first ``n_done``. Returns (the drafted tokens, their confidences (empty
     unless asked), what the cache holds after (``hist[:that]``), the draft's own token after

@@ -87,10 +87,12 @@ class DraftModel:
         """A fixed k's steps (``PairDrafter.own``) inside the native library, after ``start``: the same
         tokens and confidences, without returning to Python per step (``drafting``: the drafters'
         rules; ``checks``: the most n-gram guess tokens a step checks, None: ``drafting.ngram_tokens``).
-        None where the library cannot run them (no library, a logit bias, sampled drafts, a context it cannot drive, a
-        longer n-gram than it looks up, no room in the cache); the caller then steps in Python."""
-        n = len(committed)
-        if (not self.ctx.drafts_natively or self.bias or self.draws is not None
+        Sampled drafts are drawn there as ``step`` draws them (the target's chain and shared noise).
+        None where the library cannot run them (no library, a logit bias, penalties or a bias on the
+        sampled draws, a context it cannot drive, a longer n-gram than it looks up, no room in the
+        cache); the caller then steps in Python."""
+        n, draws = len(committed), self.draws
+        if (not self.ctx.drafts_natively or self.bias or (draws is not None and draws.adjusts)
                 or (drafting.ngram and drafting.ngram_max > native.MAX_NGRAM) or n + limit - 1 > self.ctx.n_ctx):
             return None
         if len(self._hist) < n + limit:
@@ -103,6 +105,9 @@ class DraftModel:
         tokens = drafting.ngram_tokens if checks is None else checks
         rules = native.DraftRules(limit, need, drafting.p_min, confident, drafting.ngram_max if drafting.ngram and tokens else 0,
                                   tokens)
+        if draws is not None:
+            d = draws.settings
+            rules.drawing(d.temperature, d.top_k, d.top_p, d.min_p, draws.seed)
         if not (self._own <= n <= len(self.path) and common_prefix(self.path, committed) == n):
             self._own = n  # a new path, not the continuation of the last one (as ``step``)
         out, confidences, last = self.ctx.draft_run(self._hist, n, rules, self.n_vocab, text=committed)
