@@ -448,26 +448,29 @@ int64_t fly_sample(const float *row, int64_t n, double temperature, int64_t top_
     return token;
 }
 
-/* splitmix64's finaliser (fly_cpp.backend.sampling._mix) */
+/* splitmix64's constants and finaliser (fly_cpp.backend.sampling._mix) */
+#define MIX1 0xBF58476D1CE4E5B9ULL
+#define MIX2 0x94D049BB133111EBULL
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+
 static inline uint64_t mix64(uint64_t x) {
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x = (x ^ (x >> 30)) * MIX1;
+    x = (x ^ (x >> 27)) * MIX2;
     return x ^ (x >> 31);
 }
 
 int64_t fly_shared_draw(const float *row, int64_t n, double temperature, int64_t top_k, double top_p, double min_p,
                         uint64_t seed, int64_t pos) {
-    const uint64_t golden = 0x9E3779B97F4A7C15ULL, mix1 = 0xBF58476D1CE4E5B9ULL, mix2 = 0x94D049BB133111EBULL;
     cand *c;
     double *q;
     int64_t m = chain(row, n, temperature, top_k, top_p, min_p, &c, &q);
     if (m < 0) return m;
     int64_t best = 0;
-    if (m > 1) { /* the noise of each survivor's id at pos (stream 0), as fly_cpp.backend.sampling.uniforms */
-        uint64_t key = mix64(seed * golden + (uint64_t)(pos & 0xFFFFFFFF) * mix2 + 0 * mix1);
+    if (m > 1) { /* the noise of each survivor's id at pos, as fly_cpp.backend.sampling.uniforms (stream 0 adds nothing) */
+        uint64_t key = mix64(seed * GOLDEN + (uint64_t)(pos & 0xFFFFFFFF) * MIX2);
         double top = -INFINITY;
         for (int64_t i = 0; i < m; i++) {
-            uint64_t bits = mix64(key + (uint64_t)c[i].id * golden);
+            uint64_t bits = mix64(key + (uint64_t)c[i].id * GOLDEN);
             double u = ((double)(bits >> 11) + 0.5) / 9007199254740992.0; /* 2^53 */
             double score = log(q[i]) + -log(-log(u));
             if (score > top) { /* the first of equal scores, as numpy's argmax */
