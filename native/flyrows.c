@@ -681,8 +681,8 @@ int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int
             if (rules->sampled) {
                 int64_t drawn = fly_shared_draw(row, dc->n_vocab, rules->temperature, rules->top_k, rules->top_p,
                                                 rules->min_p, rules->seed, size + agree);
-                if (drawn < 0) {
-                    *status = -2;
+                if (drawn < 0) { /* the arguments were checked above: only memory can fail here */
+                    *status = -4;
                     break;
                 }
                 token = (int32_t)drawn;

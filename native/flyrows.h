@@ -187,7 +187,8 @@ FLY_API int64_t fly_shared_draw(const float *row, int64_t n, double temperature,
  * the last; *path_last the draft's own token after them (the path it drafted along). Returns how
  * many tokens were drafted; *status is 0, llama_decode's non-zero result (the cache then holds
  * hist[0..*n_done) and maybe part of the failed decode), -1 when there were no logits, -2 when
- * the arguments are outside what this function handles, -3 when llama.cpp refused a rollback. */
+ * the arguments are outside what this function handles, -3 when llama.cpp refused a rollback,
+ * -4 when a sampled draw ran out of memory. */
 FLY_API int64_t fly_draft_run(const fly_draft_ctx *dc, const fly_draft_rules *rules, int32_t *hist, int64_t n_hist,
                               int64_t *n_done, int32_t *out, double *conf, int32_t *path_last, int32_t *status);
 

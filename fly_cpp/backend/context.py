@@ -265,6 +265,8 @@ class Context(Cache):
                 raise FlyError(f"{self.model.name}: llama.cpp refused to roll the KV cache back")
             if status == -2:
                 raise ValueError("bad draft run arguments")
+            if status == -4:
+                raise MemoryError("a sampled draft draw ran out of memory")
             raise decode_failed(self.model.name, status, {-1: "no logits"})
         return out, conf, last
 

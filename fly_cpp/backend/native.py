@@ -363,7 +363,7 @@ def draft_run(where: DraftContext, rules: DraftRules, hist: np.ndarray, n_hist: 
     the cache holds the first ``n_done``. Returns (the drafted tokens, their confidences (empty
     unless asked), what the cache holds after (``hist[:that]``), the draft's own token after
     that, the status: 0, llama_decode's error, -1 no logits, -2 bad arguments, -3 a refused
-    rollback)."""
+    rollback, -4 out of memory in a sampled draw)."""
     if not (hist.dtype == np.int32 and hist.ndim == 1 and hist.flags.c_contiguous
             and len(hist) >= n_hist + rules.limit):
         raise ValueError("hist must be a contiguous int32 array with room for the drafted tokens")
