@@ -10,12 +10,14 @@ the draft over that text (teacher-forced, logits at every generated position), g
 the draft's token equals the target's at each position, for both ways of drafting on the same
 text (paired), and from that every k's rounds: tokens
 per target pass (what a pass yields, the gain where a pass's rows are nearly free, as on a GPU)
-and the share of drafted tokens kept. ``--engine N`` also runs the first N prompts through the
-engine's own ``--mode spd`` at each k under n_ubatch 1 and checks that its text is the target's
-and its passes those counted here. Each prompt's seed is its index.
+and the share of drafted tokens kept. ``--scales`` drafts the shared draw at several fractions of
+the temperature (``SamplingSettings.draft_temp_scale``), each a column on the same texts.
+``--engine N`` also runs the first N prompts through the engine's own ``--mode spd`` at each k
+under n_ubatch 1 (at the default scale) and checks that its text is the target's and its passes
+those counted here. Each prompt's seed is its index.
 
     python scripts/sampled_drafts_bench.py -m target.gguf -md draft.gguf \\
-        --prompts scripts/data/warm40.jsonl -n 128 --k 4,8,16 --temps 0.8 --engine 2
+        --prompts scripts/data/warm40.jsonl -n 128 --k 4,8,16 --temps 0.8 --scales 0.5,1 --engine 2
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.bench.datasets import load
 from fly_cpp.bench.prompting import PromptRenderer
-from fly_cpp.backend.sampling import Sampler
+from fly_cpp.backend.sampling import draft_sampler
 
 CHUNK = 16  # rows with logits per teacher-forced decode (the contexts' bound)
 
@@ -48,24 +50,27 @@ def rows_over(ctx, prompt: Sequence[int], text: Sequence[int]) -> np.ndarray:  #
     return np.concatenate(out)
 
 
-def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed: int, n: int
-            ) -> tuple[list[int], dict[str, np.ndarray]]:
-    """The target's text alone, and by drafting method ("llama": the draft's argmax; "shared":
-    drawn with the target's chain and noise) whether the draft's token equals it at each
-    position. Both methods are judged on the same text, a sample of the target's own: the
-    argmax's agreement does not depend on how the target drew it, and the pairing takes the
-    texts' variance out of the comparison."""
+def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed: int, n: int,
+            scales: Sequence[float]) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The target's text alone, and by drafting method ("argmax": the draft's argmax, as llama.cpp
+    drafts; "shared S": drawn with the target's chain and noise at S times its temperature)
+    whether the draft's token equals it at each position. Every method is judged on the same
+    text, a sample of the target's own: a draft's agreement does not depend on how the target
+    drew it, and the pairing takes the texts' variance out of the comparison."""
     text = engine.generate(prompt, spec=SpecSettings(mode="target"), sampling=sampling, max_tokens=n).run().tokens
+    names = ["argmax", *(f"shared {x:g}" for x in scales)]
     if not text:
-        return [], {d: np.zeros(0, dtype=bool) for d in ("llama", "shared")}
+        return [], {d: np.zeros(0, dtype=bool) for d in names}
     target, draft = engine.target, engine.draft_ctx  # the engine's own contexts, between its generations
     assert draft is not None, "a draft model is needed"
     n_vocab = min(target.model.n_vocab, draft.model.n_vocab)
     rows = rows_over(draft, prompt, text)[:, :n_vocab]
     want = np.asarray(text)
-    shared = dataclasses.replace(sampling, draw="shared")
-    return text, {"llama": rows.argmax(axis=1) == want,
-                  "shared": Sampler(shared, seed).drafts(rows, prompt, text[:-1]) == want}
+    found = {"argmax": rows.argmax(axis=1) == want}
+    for x in scales:
+        draws = draft_sampler(dataclasses.replace(sampling, draw="shared", draft_temp_scale=x), seed)
+        found[f"shared {x:g}"] = (rows.argmax(axis=1) if draws is None else draws.drafts(rows, prompt, text[:-1])) == want
+    return text, found
 
 
 def passes(match: np.ndarray, k: int) -> tuple[int, int, int]:
@@ -91,6 +96,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--k", default="4,8,16")
     ap.add_argument("--temps", default="0.8")
+    ap.add_argument("--scales", default="1", help="draft temperature scales of the shared draw, one column each")
     ap.add_argument("--engine", type=int, default=0, help="check the first N prompts against the engine's own spd")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -101,6 +107,8 @@ def main() -> None:
             by[p.category].append(p)
         prompts = [p for p in prompts if p in by[p.category][: a.limit]]
     ks, temps = [int(k) for k in a.k.split(",")], [float(t) for t in a.temps.split(",")]
+    default = SamplingSettings().draft_temp_scale
+    scales = sorted({float(x) for x in a.scales.split(",")} | {default})
     sums: dict[tuple[float, int, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     records, checks = [], []
     settings = {"n_ctx": 4096, "n_ubatch": 1}  # verification exact (a batch's rows as one-row decodes)
@@ -110,46 +118,51 @@ def main() -> None:
             tokens = renderer.render(p.text).tokens
             for t in temps:
                 s = SamplingSettings(temperature=t, seed=i)
-                text, found = matches(e, tokens, s, i, a.n)
-                for draw, match in found.items():
-                    records.append({"prompt": p.id, "category": p.category, "T": t, "draw": draw,
+                text, found = matches(e, tokens, s, i, a.n, scales)
+                for method, match in found.items():
+                    records.append({"prompt": p.id, "category": p.category, "T": t, "draw": method,
                                     "match": match.astype(int).tolist()})
                     for k in ks:
                         count, drafted, kept = passes(match, k)
-                        row = sums[(t, k, draw, p.category)]
+                        row = sums[(t, k, method, p.category)]
                         for j, v in enumerate((len(text), count, drafted, kept)):
                             row[j] += v
                 if i < a.engine:  # the engine drafting each way, on the text it writes that way
-                    for draw in ("llama", "shared"):
+                    for draw, method in (("llama", "argmax"), ("shared", f"shared {default:g}")):
                         own = dataclasses.replace(s, draw=draw)
-                        own_text, own_found = matches(e, tokens, own, i, a.n) if draw == "llama" else (text, found)
+                        own_text, own_found = matches(e, tokens, own, i, a.n, ()) if draw == "llama" else (text, found)
                         for k in ks:
-                            count = passes(own_found[draw], k)[0]
+                            count = passes(own_found[method], k)[0]
                             g = e.generate(tokens, spec=SpecSettings(mode="spd", k=k, ngram=False), sampling=own,
                                            max_tokens=a.n).run()
                             checks.append((g.tokens == own_text, g.stats.n_passes == count, p.id, t, draw, k,
                                            g.stats.n_passes, count))
             print(f"{i + 1}/{len(prompts)} {p.id}", flush=True)
-    print("\n| T | k | prompts | draft's argmax: tokens/pass | kept of drafted | shared draw: tokens/pass "
-          "| kept of drafted | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    methods = ["argmax", *(f"shared {x:g}" for x in scales)]
+    print("\nTokens per target pass (kept of drafted), and each shared scale's ratio to the draft's argmax:\n")
+    print("| T | k | prompts | " + " | ".join(methods) + " |")
+    print("|---|---|---|" + "---|" * len(methods))
     cats = sorted({p.category for p in prompts}) + ["all"]
     for t in temps:
         for k in ks:
             for c in cats:
-                def tot(draw: str) -> list[int]:
-                    keys = [key for key in sums if key[:3] == (t, k, draw) and (c == "all" or key[3] == c)]
+                def tot(method: str) -> list[int]:
+                    keys = [key for key in sums if key[:3] == (t, k, method) and (c == "all" or key[3] == c)]
                     return [sum(sums[key][j] for key in keys) for j in range(4)]
-                lo, sh = tot("llama"), tot("shared")
-                tpp = [x[0] / x[1] for x in (lo, sh)]
-                kept = [x[3] / max(x[2], 1) for x in (lo, sh)]
-                print(f"| {t} | {k} | {c} | {tpp[0]:.3f} | {kept[0]:.3f} | {tpp[1]:.3f} | {kept[1]:.3f} | "
-                      f"{tpp[1] / tpp[0]:.3f} |")
+                cells, base = [], None
+                for m in methods:
+                    x = tot(m)
+                    tpp, kept = x[0] / max(x[1], 1), x[3] / max(x[2], 1)
+                    base = tpp if base is None else base
+                    cells.append(f"{tpp:.3f} ({kept:.3f})" + ("" if m == "argmax" else f" {tpp / base:.3f}x"))
+                print(f"| {t} | {k} | {c} | " + " | ".join(cells) + " |")
     for t in temps:
-        agree = {d: [r for r in records if r["T"] == t and r["draw"] == d] for d in ("llama", "shared")}
-        share = {d: sum(sum(r["match"]) for r in rs) / max(sum(len(r["match"]) for r in rs), 1) for d, rs in agree.items()}
-        print(f"\nT {t}: the draft's token is the target's at {share['llama']:.3f} of positions with its argmax, "
-              f"{share['shared']:.3f} drawn with the shared noise")
+        share = {}
+        for m in methods:
+            rs = [r for r in records if r["T"] == t and r["draw"] == m]
+            share[m] = sum(sum(r["match"]) for r in rs) / max(sum(len(r["match"]) for r in rs), 1)
+        print(f"\nT {t}: the draft's token is the target's at " + ", ".join(f"{v:.3f} ({m})" for m, v in share.items())
+              + " of positions")
     if checks:
         same, counted = sum(c[0] for c in checks), sum(c[1] for c in checks)
         print(f"\nengine's spd (n_ubatch 1, no n-gram) on {a.engine} prompts x {len(temps)} T x 2 draws x {len(ks)} k: "

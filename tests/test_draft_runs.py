@@ -92,14 +92,16 @@ def test_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, p_min
 
 
 @pytest.mark.parametrize("ngram", [False, True])
-@pytest.mark.parametrize("temperature,p_min", [(0.3, 0.0), (0.8, 0.0), (0.8, 0.5), (1.5, 0.0)])
-def test_sampled_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, temperature, p_min):
+@pytest.mark.parametrize("temperature,p_min,scale", [(0.3, 0.0, 1), (0.8, 0.0, 1), (0.8, 0.5, 1), (0.8, 0.0, 0.6),
+                                                     (1.5, 0.0, 1)])
+def test_sampled_draft_runs_equal_the_python_steps(draft_path, monkeypatch, ngram, temperature, p_min, scale):
     """At T > 0 under the shared draw a run draws each token as the Python steps draw it (the
-    target's chain on the draft's row, the seed's noise at the token's position): the same tokens,
-    confidences, cache and path; and they are not the argmax's."""
+    target's chain on the draft's row, the seed's noise at the token's position; cooler where
+    ``draft_temp_scale`` says): the same tokens, confidences, cache and path; and they are not the argmax's."""
     with Model(draft_path) as model:
         spec = SpecSettings(mode="spd", k=8, ngram=ngram, p_min=p_min)
-        sampling = SamplingSettings(temperature=temperature, seed=17 + int(temperature * 10), draw="shared")
+        sampling = SamplingSettings(temperature=temperature, seed=17 + int(temperature * 10), draw="shared",
+                                    draft_temp_scale=scale)
         assert draft_sampler(sampling, sampling.seed) is not None
         assert _compare(model, spec, monkeypatch, seed=21 + ngram, sampling=sampling) > 0
         if temperature > 1:  # hot enough that 8 drawn tokens are not all the argmax's

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fly_cpp import Engine, FlyError, ModelSettings, SamplingSettings, SpecSettings
-from fly_cpp.backend.sampling import Sampler
+from fly_cpp.backend.sampling import Sampler, draft_sampler
 
 PROMPT = "Once upon a time"
 
@@ -35,6 +35,19 @@ def test_the_defaults_sample_as_llama_cpp_does() -> None:
         SamplingSettings(draw="mt")
 
 
+def test_the_draft_draws_at_a_fraction_of_the_temperature() -> None:
+    """``draft_temp_scale`` cools the draft's draw only: 0 drafts the argmax, and the llama draw
+    or greedy draft the argmax whatever it says."""
+    assert SamplingSettings().draft_temp_scale == 1.0
+    assert draft_sampler(SamplingSettings(temperature=0.8, seed=1), 1).settings.temperature == 0.8
+    assert draft_sampler(SamplingSettings(temperature=0.8, seed=1, draft_temp_scale=0.5), 1).settings.temperature == 0.4
+    assert draft_sampler(SamplingSettings(temperature=0.8, seed=1, draft_temp_scale=0), 1) is None
+    assert draft_sampler(SamplingSettings(temperature=0.8, seed=1, draw="llama", draft_temp_scale=0.5), 1) is None
+    for bad in (-0.1, 5, float("nan")):
+        with pytest.raises(FlyError, match="draft_temp_scale"):
+            SamplingSettings(draft_temp_scale=bad)
+
+
 @pytest.mark.parametrize("k", [4, 8])
 def test_a_sampled_draft_writes_the_target_s_own_text(stories, stories_draft, k) -> None:  # type: ignore[no-untyped-def]
     """The same seed writes the same text drafted or not, with either draw (rows decoded one at
@@ -43,6 +56,8 @@ def test_a_sampled_draft_writes_the_target_s_own_text(stories, stories_draft, k)
         for draw in ("shared", "llama"):
             s = SamplingSettings(temperature=0.8, seed=11, draw=draw)
             assert _run(e, SpecSettings(mode="spd", k=k), s).text == _run(e, SpecSettings(mode="target"), s).text
+        cool = SamplingSettings(temperature=0.8, seed=11, draft_temp_scale=0.5)
+        assert _run(e, SpecSettings(mode="spd", k=k), cool).text == _run(e, SpecSettings(mode="target"), cool).text
 
 
 def test_sampled_drafts_keep_more_than_the_draft_s_argmax(stories, stories_draft) -> None:  # type: ignore[no-untyped-def]

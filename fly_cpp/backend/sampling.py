@@ -27,6 +27,7 @@ its position (``fly_cpp.rounds.verify``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -115,9 +116,14 @@ def draft_sampler(settings: SamplingSettings, seed: int, bias: LogitBias = NO_BI
     """The sampler a draft drafts with for a generation of ``settings`` and ``seed``: the
     target's own (its chain, the seed's noise at each position) where the generation shares
     draws (``SamplingSettings.shares_draws``), so that the draft's tokens are the target's
-    draws wherever the two distributions agree enough; None: the draft's argmax (greedy, or
-    llama.cpp's draw)."""
-    return Sampler(settings, seed, bias, start) if settings.shares_draws else None
+    draws wherever the two distributions agree enough, at ``draft_temp_scale`` times the
+    temperature (a draft flatter than its target meets the target's draws more often drawn
+    cooler); None: the draft's argmax (greedy, llama.cpp's draw, or a scale of 0)."""
+    temperature = settings.temperature * settings.draft_temp_scale
+    if not settings.shares_draws or temperature == 0:
+        return None
+    drafting = settings if temperature == settings.temperature else replace(settings, temperature=temperature)
+    return Sampler(drafting, seed, bias, start)
 
 
 class Sampler:

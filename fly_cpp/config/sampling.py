@@ -31,6 +31,10 @@ class SamplingSettings:
         "how a sampled token is drawn: shared (noise keyed by seed, position and token, which the draft "
         "draws with too, so its drafts match more often) or llama (llama.cpp's sampler: a seed writes "
         "llama-server's text; the draft then drafts its argmax)"))
+    draft_temp_scale: float = field(default=1.0, metadata=_help(
+        "shared draw: the draft draws its tokens at this fraction of the temperature (a small draft is less "
+        "sure than its target, so a cooler draw meets the target's more often); 1 = the target's own, 0 = the "
+        "draft's argmax; every emitted token stays the target's draw whatever this is"))
     logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=_help(
         "add to token logits, target and draft alike: TOKEN+BIAS or TOKEN-BIAS, comma-separated "
         "(e.g. 15043+1.5,2-inf; -inf bans the token)", aliases=("-l",)))
@@ -58,6 +62,7 @@ class SamplingSettings:
                  f"preserved_tokens must be a list of token texts, got {self.preserved_tokens!r}")
         _require(self.draw in DRAWS, f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
         _number("temperature", self.temperature, 0)
+        _number("draft_temp_scale", self.draft_temp_scale, 0, 4)
         _integer("top_k", self.top_k, 0)
         _number("top_p", self.top_p, 0.0, 1.0, above=True)
         _number("min_p", self.min_p, 0.0, 1.0)
