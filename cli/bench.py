@@ -92,7 +92,8 @@ def bench(dataset: str, limit: int | None, offset: int, modes: str, ks: tuple[in
     previous = report.read(out_dir) if resume else None
     have = {(r["prompt_id"], r["mode"]) for r in (previous or {}).get("records", [])}
     n_runs = sum((p.id, m.label) not in have for p in prompts for m in mode_list)
-    with open_engine(options, max((m.spec.max_draft for m in mode_list if m.spec is not None), default=0)) as engine:
+    specs = [m.spec for m in mode_list if m.spec is not None]
+    with open_engine(options, max((s.max_draft for s in specs), default=0), any(s.draft_tree for s in specs)) as engine:
         peer = None
         if llama_cpp_bin is not None:
             info = engine.info()

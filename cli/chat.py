@@ -78,7 +78,7 @@ def chat(system: str | None, max_tokens: int | None, stop: tuple[str, ...], chat
             chat_format = f.read()
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
-    with template_fallback(Fly.from_engine(open_engine(options, spec.max_draft), chat_format=chat_format, spec=spec,
+    with template_fallback(Fly.from_engine(open_engine(options, spec.max_draft, spec.draft_tree > 0), chat_format=chat_format, spec=spec,
                                            sampling=sampling), chat_format) as fly:
         Session(fly, system, max_tokens, stop, show_accepts).run()
 

@@ -47,7 +47,7 @@ def generate(prompt: str | None, prompt_file: str | None, max_tokens: int, stop:
     read_constraint_files(options)
     spec = SpecSettings(**pick(options, SpecSettings))
     sampling = SamplingSettings(**pick(options, SamplingSettings))
-    with open_engine(options, spec.max_draft) as engine:
+    with open_engine(options, spec.max_draft, spec.draft_tree > 0) as engine:
         gen = engine.generate(text, spec=spec, sampling=sampling, max_tokens=max_tokens, stop=stop)
         if as_json:
             gen.run()

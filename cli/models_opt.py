@@ -77,12 +77,12 @@ def model_settings(options: dict[str, Any]) -> tuple[ModelSettings, ModelSetting
 LOADING_NOTE_BYTES = 512 << 20
 
 
-def open_engine(options: dict[str, Any], max_draft: int = 0) -> Engine:
+def open_engine(options: dict[str, Any], max_draft: int = 0, branches: bool = False) -> Engine:
     """Build the engine the options describe, saying first what it loads where that takes a while;
-    ``max_draft``: the longest draft its rounds may make (``Engine``)."""
+    ``max_draft``: the longest draft its rounds may make, ``branches``: whether they verify trees (``Engine``)."""
     target, draft = model_settings(options)
     loading_note(target, draft)
-    return Engine(target, draft, max_draft=max_draft)
+    return Engine(target, draft, max_draft=max_draft, branches=branches)
 
 
 def loading_note(target: ModelSettings, draft: ModelSettings | None) -> None:

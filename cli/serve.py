@@ -80,7 +80,7 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
 
     def load() -> Fly:
         fly = template_fallback(Fly.from_engine(Engine(target, draft, n_seq=settings.n_slots, kv_unified=settings.unified,
-                                                       max_draft=spec.max_draft),
+                                                       max_draft=spec.max_draft, branches=spec.draft_tree > 0),
                                                 chat_format=chat_format, spec=spec, sampling=sampling), chat_format)
         if settings.alias_list:
             fly.model = settings.alias_list[0]

@@ -157,7 +157,7 @@ class Fly:
             d = dataclasses.replace(draft, **draft_changes)
         elif draft is not None:
             d = t.for_draft(os.fspath(draft), **draft_changes)  # the draft follows the target unless set
-        self._init(Engine(t, d, max_draft=self.spec.max_draft), chat_format)
+        self._init(Engine(t, d, max_draft=self.spec.max_draft, branches=self.spec.draft_tree > 0), chat_format)
 
     @classmethod
     def from_engine(cls, engine: Engine, *, chat_format: str | None = None, spec: SpecSettings | None = None,

@@ -12,7 +12,7 @@ import numpy as np
 
 from fly_cpp.backend import native
 from fly_cpp.backend import rollback as rb
-from fly_cpp.backend.cache import Cache, chunks, decode_failed
+from fly_cpp.backend.cache import Cache, chunks, decode_failed, rows_wanted
 from fly_cpp.backend.lib import BATCH_MATCHES, clear_log, cxx, entry_point, ggml_type, last_log_error, ll, run_entry_points
 from fly_cpp.basics.errors import FlyError
 
@@ -33,7 +33,8 @@ class Context(Cache):
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int, n_batch: int = 512, n_ubatch: int = 512,
                  type_k: str = "f16", type_v: str = "f16", flash_attn: str = "auto", precise: bool = False,
-                 rollback: str = "auto", n_seq: int = 1, kv_unified: bool = False, n_outputs: int = 0) -> None:
+                 rollback: str = "auto", n_seq: int = 1, kv_unified: bool = False, n_outputs: int = 0,
+                 branches: bool = False) -> None:
         """``n_ctx``: tokens the context holds (llama.cpp rounds its cache up to a multiple of
         256; the context still holds only ``n_ctx``). ``type_k``/``type_v``: KV cache types
         ("f16", "q8_0", ...); ``flash_attn``: "on", "off" or "auto". ``precise``: an F32 KV cache
@@ -48,7 +49,9 @@ class Context(Cache):
         logits one sequence's decode asks for at most (its longest verification); llama.cpp's
         compute buffer holds that many for every sequence at once (0: n_batch rows, 300 MiB a
         context with a 151,936-token vocabulary and n_batch 512, where llama-server sizes its
-        contexts by its draft length: 17 rows a sequence)."""
+        contexts by its draft length: 17 rows a sequence). ``branches``: a KV cache of one sequence
+        that a tree's verification may fork for one decode (``decode_tree``): llama.cpp's cache
+        then knows two sequences in the same cells (``kv_unified``), the second only for that."""
         self.model = model
         recurrent = model.recurrent
         if recurrent and n_seq > 1 and rollback == rb.SNAPSHOTS:
@@ -62,11 +65,12 @@ class Context(Cache):
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = max(1, min(n_batch, n_ubatch))
-        params.n_seq_max = max(1, n_seq)
+        branches = branches and n_seq == 1 and not recurrent
+        params.n_seq_max = 2 if branches else max(1, n_seq)
         # llama.cpp sizes its compute buffer for a decode with this many rows of logits, and asserts
         # (ending the process) on a decode that asks for more: ``rows_wanted`` refuses one first
         params.n_outputs_max = min(n_batch, max(1, n_seq) * n_outputs) if n_outputs > 0 else 0
-        params.kv_unified = n_seq > 1 and kv_unified
+        params.kv_unified = (n_seq > 1 and kv_unified) or branches
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
@@ -93,7 +97,7 @@ class Context(Cache):
         self.n_outputs = min(n_outputs, self.n_batch) if n_outputs > 0 else 0  # a sequence's (``rows_wanted``)
         self.n_threads: int = ll.llama_n_threads(self.ptr)
         self._memory = ll.llama_get_memory(self.ptr)
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 2 if branches else 1)
         # numpy views of the batch's columns: a decode fills them by slices, not entry by entry
         b, n = self._batch, self.n_batch
         self._columns = tuple(np.ctypeslib.as_array(c, shape=(n,)) for c in (b.token, b.pos, b.n_seq_id, b.logits))
@@ -109,6 +113,8 @@ class Context(Cache):
         self._hidden_valid = 0  # rows of _hidden that hold the state after tokens[:p + 1]
         self.n_seq = max(1, n_seq)
         self.kv_unified = params.kv_unified
+        self.branches = branches
+        self._fork: tuple[int, list[int]] | None = None  # a tree's branch in sequence 1: where it starts, its tokens
         self._drafting: dict[tuple[int, int], native.DraftContext] = {}  # (n_vocab, seq) -> what a draft run decodes in
 
     def keep_hidden(self) -> None:
@@ -187,9 +193,61 @@ class Context(Cache):
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
-        ``tokens[:n]`` after; on a recurrent state some may be deferred)."""
+        ``tokens[:n]`` after; on a recurrent state some may be deferred). A tree's branch not
+        kept (``keep_branch``) is dropped."""
         self._hidden_valid = min(self._hidden_valid, max(n, 0))
+        self._drop_branch()
         super().truncate(n)
+
+    def decode_tree(self, tokens: Sequence[int], fork: int, branch: Sequence[int]) -> np.ndarray:
+        """Decode a tree in one batch (``branches`` must hold): ``tokens`` appended to the cache as
+        ``decode`` appends them, and ``branch``, a second continuation whose first token stands
+        where ``tokens[fork]`` stands, attending to ``tokens[:fork]`` and not to the rest. Returns
+        every row of logits, ``tokens``' then ``branch``'s (a view of llama.cpp's buffer). Until
+        the next ``truncate`` (which drops it) ``keep_branch`` can put the branch in the place of
+        ``tokens[fork:]``. The branch lives in a second sequence of the same cells: the prefix's
+        cells are shared with it, not copied."""
+        start, n, m = len(self.tokens), len(tokens), len(branch)
+        if not self.branches or self.behind or self._intent is not None or not 0 < fork < n or not m:
+            raise ValueError("no tree decode here")
+        rows_wanted(start, n + m, self.n_ctx, self.n_batch, "all", self.n_outputs)  # its cells, its rows
+        self._drop_branch()
+        memory = self._memory
+        if start:
+            self._call(ll.llama_memory_seq_cp, memory, 0, 1, 0, start)
+        self.fill_batch(0, tokens, start, 0, n)
+        self.fill_batch(n, branch, start + fork, 1, m)
+        n_seq_id, seq_id = self._columns[2], self._batch.seq_id
+        n_seq_id[:fork] = 2
+        for i in range(fork):
+            seq_id[i][1] = 1
+        self._fork = (start + fork, list(branch))
+        rc = self._call(ll.llama_decode, self.ptr, self._batch)
+        if rc != 0:
+            self._drop_branch()
+            self._physical(start, failed=True)
+            raise decode_failed(self.model.name, rc)
+        self.tokens.extend(tokens)
+        self._done = len(self.tokens)
+        return self._rows(n + m)
+
+    def keep_branch(self) -> None:
+        """The last tree's branch takes the place of the tokens it forked from (``decode_tree``)."""
+        if self._fork is None:
+            raise ValueError("no branch to keep")
+        pos, branch = self._fork
+        memory = self._memory
+        self._call(ll.llama_memory_seq_rm, memory, 0, pos, -1)
+        self._call(ll.llama_memory_seq_cp, memory, 1, 0, pos, -1)
+        self._drop_branch()
+        del self.tokens[pos:]
+        self.tokens.extend(branch)
+        self._done = len(self.tokens)
+
+    def _drop_branch(self) -> None:
+        if self._fork is not None:
+            self._fork = None
+            self._call(ll.llama_memory_seq_rm, self._memory, 1, -1, -1)
 
     def shift(self, keep: int, discard: int) -> None:
         self._hidden_valid = min(self._hidden_valid, keep)  # the moved positions' states are not moved

@@ -216,6 +216,27 @@ class Sampler:
         penalties included) on the draft's row, the same noise at the row's position."""
         return np.array([self.sample(rows[i], [*history, *guess[:i]]) for i in range(rows.shape[0])], dtype=np.int64)
 
+    def ranked(self, row: np.ndarray, history: Sequence[int]) -> tuple[int, int, float]:
+        """``sample``'s token after ``history``, the runner-up (-1 where the chain keeps one token)
+        and how far apart their scores lie in nats: log p + G under the shared draw (where the
+        runner-up is the token the same noise would give a slightly different row), the logits
+        under llama.cpp's draw. A tree's branch drafts the runner-up (``fly_cpp.drafters.tree``)."""
+        ids, probs = self.distribution(row, history)
+        if ids.shape[0] == 1:
+            return int(ids[0]), -1, float("inf")
+        if self.settings.draw == "llama":
+            score = np.log(probs)
+            first = self.draw(ids, probs, len(history))
+        else:
+            with np.errstate(divide="ignore"):
+                score = np.log(probs) - np.log(-np.log(uniforms(self.seed, len(history), 0, ids)))
+            first = int(ids[int(np.argmax(score))])
+        at = int(np.flatnonzero(ids == first)[0])
+        top = score[at]
+        score[at] = -np.inf
+        second = int(np.argmax(score))
+        return first, int(ids[second]), abs(float(top - score[second]))  # llama.cpp's draw may take the less likely
+
     def sample(self, row: np.ndarray, history: Sequence[int], stream: int = 0) -> int:
         """The target's token after ``history`` (its position is ``len(history)``): the chain,
         then the position's draw. ``stream`` tells independent draws at one position apart."""

@@ -61,7 +61,8 @@ def _child() -> None:
     job = json.load(sys.stdin)
     draft = ModelSettings(**_settings(job["draft"])) if job["draft"] is not None else None
     spec = SpecSettings(**_settings(job["spec"]))
-    with Engine(ModelSettings(**_settings(job["target"])), draft, max_draft=spec.max_draft) as engine:
+    with Engine(ModelSettings(**_settings(job["target"])), draft, max_draft=spec.max_draft,
+                branches=spec.draft_tree > 0) as engine:
         engine.prefill(job["tokens"])
         gen = engine.generate(job["tokens"], spec=spec,
                               sampling=SamplingSettings(**_settings(job["sampling"])), max_tokens=job["max_tokens"])

@@ -87,6 +87,11 @@ class SpecSettings:
         "rounds' loss, a fixed k more: --k-gpu); "
         "auto = on when the target is offloaded to a GPU or rpc server"))
 
+    draft_tree: int = field(default=0, metadata=_help(
+        "with a fixed k and exact verification (spd): each round drafts a tree of k tokens, a chain and one "
+        "branch of 1 + this many where the draft was torn between two tokens, verified in one target pass; "
+        "0 = a chain (docs/sampling.md: where it pays)"))
+
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.spec_type == "mtp":
@@ -117,6 +122,12 @@ class SpecSettings:
                  + (f"k ({self.k})" if self.k != AUTO else f"k_max ({self.k_max})"))
         _require(isinstance(self.cross_round_confidence, (int, float)) and 0.0 <= self.cross_round_confidence < 1.0,
                  f"cross_round_confidence must be in [0, 1), got {self.cross_round_confidence}")
+        _integer("draft_tree", self.draft_tree, 0)
+        if self.draft_tree and self.mode != "target":
+            _require(not self.auto, f"draft_tree needs a fixed k (k {self.draft_tree + 2} or more), not k auto")
+            _require(int(self.k) > self.draft_tree + 1,
+                     f"draft_tree {self.draft_tree} needs k >= {self.draft_tree + 2} (a chain beside the branch), got k {self.k}")
+            _require(not self.policy().loosens, "draft_tree needs exact verification: --mode spd (or fly with --loosen off)")
         _require(self.steady_batches in STEADY,
                  f"steady_batches must be one of {', '.join(STEADY)}, got {self.steady_batches!r}")
 

@@ -24,6 +24,7 @@ class DraftModel:
     n-gram guess in the same decode (``checks_guesses``)."""
 
     checks_guesses = True
+    forks = True  # a tree's branch: its runner-up, drafted on from its cache cut back to the fork
     end = None  # its cache has the target's room: no bound of its own
 
     def __init__(self, ctx: Context, n_vocab: int, bias: LogitBias = NO_BIAS, draws: Sampler | None = None) -> None:
@@ -62,12 +63,13 @@ class DraftModel:
         return list(committed[keep:-1])
 
     def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
-             confident: bool = False) -> Stepped:
+             confident: bool = False, ranked: bool = False) -> Stepped:
         """Decode the catch-up, ``history[-1]`` and an n-gram ``guess`` in one batch; the cache
         then keeps ``history`` and the agreed part of the guess. ``confident``: also read the
-        draft's top probability at the rows that matter."""
+        draft's top probability at the rows that matter; ``ranked``: also its runner-up after the
+        agreed guess (``Stepped.second``)."""
         batch = [*catchup, history[-1], *guess]
-        logits = self.ctx.decode(batch, logits=len(guess) + 1)
+        logits = raw = self.ctx.decode(batch, logits=len(guess) + 1)
         drawn = self.draws.drafts(logits[:, : self.n_vocab], history, guess) if self.draws is not None else None
         if self.bias:
             logits = self.bias.apply(logits[:, : self.n_vocab])
@@ -76,11 +78,26 @@ class DraftModel:
         while agree < len(guess) and guess[agree] == best[agree]:
             agree += 1
         sure = [float(p) for p in rows.top_probability(logits[: agree + 1])] if confident else []
+        second = self._runner_up(raw[agree, : self.n_vocab], logits[agree, : self.n_vocab],
+                                 [*history, *guess[:agree]], int(best[agree])) if ranked else None
         self.ctx.truncate(len(history) + agree)  # invariant: the cache holds the new history but its last token
         if not (self._own <= len(history) <= len(self.path) and common_prefix(self.path, history) == len(history)):
             self._own = len(history)  # a new path, not the continuation of the last one
         self.path = [*history, *guess[:agree], int(best[agree])]
-        return Stepped(best, agree, sure, len(batch))
+        return Stepped(best, agree, sure, len(batch), second)
+
+    def _runner_up(self, raw: np.ndarray, biased: np.ndarray, history: Sequence[int], token: int) -> tuple[int, float] | None:
+        """The draft's second choice after ``history`` (its first: ``token``) and how far its score
+        lies under the first (``Sampler.ranked`` where it draws; the logits where it takes its
+        argmax); None: no second."""
+        if self.draws is not None:
+            _, second, gap = self.draws.ranked(raw, history)
+            return None if second < 0 else (second, gap)
+        row = np.array(biased, dtype=np.float32)
+        top = float(row[token])
+        row[token] = -np.inf
+        second = int(np.argmax(row))
+        return (second, top - float(row[second])) if np.isfinite(row[second]) else None
 
     def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules,
             confident: bool, checks: int | None = None) -> tuple[list[int], list[float]] | None:

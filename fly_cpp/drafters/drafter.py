@@ -18,6 +18,7 @@ from fly_cpp.backend.sampling import NO_BIAS, LogitBias
 from fly_cpp.drafters import ngram
 from fly_cpp.drafters.seam import Draft, DraftRules, Report
 from fly_cpp.drafters.steps import Pace, Rules, Stepped, Stepper, draft_steps
+from fly_cpp.drafters.tree import draft_tree
 from fly_cpp.kauto.pacer import DRAFTS, Pacer
 
 
@@ -100,12 +101,14 @@ class PairDrafter:
     # -- a fixed k ---------------------------------------------------------------------------
 
     def fixed(self, committed: Sequence[int], limit: int, need: int = 0) -> Draft:
-        """A fixed k's draft of up to ``limit`` tokens: a guess found first where the stepper
-        cannot check one (an open window, ``need``, is completed by the stepper's own tokens),
-        else the stepper's own."""
+        """A fixed k's draft of up to ``limit`` tokens: a tree where the rules draft one
+        (``fly_cpp.drafters.tree``), else a guess found first where the stepper cannot check one
+        (an open window, ``need``, is completed by the stepper's own tokens), else the stepper's own."""
         if limit <= 0:
             return Draft()
         stepper = self.stepper
+        if stepper is not None and self.rules.tree and need == 0 and limit > self.rules.tree + 1:
+            return draft_tree(stepper, committed, limit, self.rules.tree)
         if self.rules.ngram and (stepper is None or (need == 0 and not stepper.checks_guesses)):
             found = self.bias.cut(self.index.match(committed, min(self.rules.ngram_tokens, limit))[1])
             if found or stepper is None:

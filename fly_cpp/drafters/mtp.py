@@ -40,6 +40,7 @@ class MtpHead:
     (``checks_guesses``): each of its rows needs the state the row before produced."""
 
     checks_guesses = False
+    forks = False  # its state follows the target's text: no branch of its own
 
     def __init__(self, ctx: MtpContext, bias: LogitBias = NO_BIAS, draws: Sampler | None = None) -> None:
         """``draws``: the target's sampler, which the head draws its tokens with (None: its argmax)."""
@@ -91,10 +92,11 @@ class MtpHead:
         return list(committed[keep:-1])
 
     def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
-             confident: bool = False) -> Stepped:
+             confident: bool = False, ranked: bool = False) -> Stepped:
         """The head's greedy token after ``history``: the round's first step catches the cache
         up to it (``catchup`` is implied by ``history``), a later one decodes ``history[-1]``
-        with the head's own state. ``guess`` must be empty."""
+        with the head's own state. ``guess`` must be empty. It tells no runner-up (``ranked``):
+        a tree's branch needs the cache of a model that drafts at any position."""
         if guess:
             raise ValueError("the MTP head checks no n-gram guess")
         if self._state is None:

@@ -33,17 +33,30 @@ class DraftRules:
     on (``ngram``), over matches of up to ``ngram_max`` tokens continued by up to ``ngram_tokens``;
     a model's token kept while its top probability is at least ``p_min`` (llama.cpp's rule); and
     whether the round's accept rule ``loosens`` (it asks the draft model for its token wherever the
-    target was unsure, drafting or not)."""
+    target was unsure, drafting or not); ``tree``: a fixed k's rounds draft a tree whose branch
+    drafts that many tokens after its fork (``fly_cpp.drafters.tree``; 0: a chain)."""
 
     ngram: bool
     ngram_max: int
     ngram_tokens: int
     p_min: float
     loosens: bool
+    tree: int = 0
 
     @classmethod
-    def of(cls, spec: SpecSettings) -> DraftRules:
-        return cls(spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.p_min, spec.policy().loosens)
+    def of(cls, spec: SpecSettings, tree: bool = False) -> DraftRules:
+        """``tree``: whether this generation's rounds can verify a tree (``spec.draft_tree`` is then drafted)."""
+        return cls(spec.ngram, spec.ngram_max, spec.ngram_tokens, spec.p_min, spec.policy().loosens,
+                   spec.draft_tree if tree else 0)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A tree's second continuation (``Draft.branch``): ``tokens``, whose first stands where the
+    chain's token ``fork`` stands (the draft's runner-up there), the rest the draft's own after it."""
+
+    fork: int
+    tokens: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -55,19 +68,24 @@ class Draft:
     to the target alone without being asked again (k auto's rest, ``Pacer.rest``): the loop may
     decode them as one run (``fly_cpp.rounds.runs``) and report them together (``Report.rounds``).
     ``steps``: (rows, seconds) of each draft-model decode, where the drafter was given a clock
-    to time them by; not part of what a draft is (equality)."""
+    to time them by; not part of what a draft is (equality). ``branch``: a tree's second
+    continuation of ``tokens[:branch.fork]`` (``fly_cpp.drafters.tree``), verified in the same target
+    decode (None: a chain)."""
 
     tokens: list[int] = field(default_factory=list)
     confidences: list[float | None] = field(default_factory=list)
     by_model: bool = False
     alone: int = 0
     steps: tuple[tuple[int, float], ...] = field(default=(), compare=False)
+    branch: Branch | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, n: int) -> Draft:
-        return Draft(self.tokens[:n], self.confidences[:n], self.by_model, steps=self.steps)
+        """The first ``n`` tokens (a branch that forks past them goes)."""
+        branch = self.branch if self.branch is not None and self.branch.fork < n else None
+        return Draft(self.tokens[:n], self.confidences[:n], self.by_model, steps=self.steps, branch=branch)
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,15 @@ if TYPE_CHECKING:
 class Stepped:
     """One decode of a stepper: ``best`` (guess + 1,) its token after each prefix of the n-gram
     guess it checked, ``agree`` how many guess tokens it agreed with, ``sure`` its top
-    probability at rows 0..agree (empty unless asked), ``rows`` decoded."""
+    probability at rows 0..agree (empty unless asked), ``rows`` decoded, ``second`` its
+    runner-up after the agreed guess and how many nats its score lies under ``token``'s (asked
+    for by a tree, ``fly_cpp.drafters.tree``; None: not asked, or no second token)."""
 
     best: np.ndarray | list[int]
     agree: int
     sure: list[float]
     rows: int
+    second: tuple[int, float] | None = None
 
     @property
     def token(self) -> int:
@@ -44,6 +47,7 @@ class Stepper(Protocol):
 
     n_batch: int
     checks_guesses: bool  # a step can check an n-gram guess in the same decode
+    forks: bool  # it tells its runner-up (``step``'s ``ranked``) and drafts at any position: a tree's branch
     bias: LogitBias  # the generation's logit bias, which its choices see
 
     @property
@@ -54,8 +58,9 @@ class Stepper(Protocol):
         """A round after ``committed``: the tokens its first step catches up on."""
 
     def step(self, catchup: Sequence[int], history: Sequence[int], guess: Sequence[int],
-             confident: bool = False) -> Stepped:
-        """Decode the catch-up, ``history[-1]`` and ``guess``: the token after ``history``."""
+             confident: bool = False, ranked: bool = False) -> Stepped:
+        """Decode the catch-up, ``history[-1]`` and ``guess``: the token after ``history``
+        (``ranked``: and its runner-up, ``Stepped.second``, where the stepper can tell it)."""
 
     def run(self, committed: Sequence[int], limit: int, need: int, drafting: DraftRules, confident: bool,
             checks: int | None = None) -> tuple[list[int], list[float]] | None:

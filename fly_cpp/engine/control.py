@@ -179,7 +179,11 @@ class Control:
         (its drafts keep at other rates)."""
         stepper = self._stepper(slot, bias, draws)
         checks = self._guess_checks(spec) if stepper is not None and stepper.checks_guesses and not spec.auto else None
-        return PairDrafter(stepper, DraftRules.of(spec), checks, self._pacer(spec, slot, sampled) if spec.auto else None,
+        # a tree's branch is drafted by the draft model and verified where the target's cache can fork, unpadded
+        target = self.pair.views[slot][0]
+        tree = stepper is not None and stepper.forks and isinstance(target, Context) and target.branches \
+            and not self.steady_batches(spec)
+        return PairDrafter(stepper, DraftRules.of(spec, tree), checks, self._pacer(spec, slot, sampled) if spec.auto else None,
                            bias)
 
     def _stepper(self, slot: int, bias: LogitBias, draws: Sampler | None) -> Stepper | None:

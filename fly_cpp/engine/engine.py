@@ -45,10 +45,10 @@ class Engine:
     of both KV caches."""
 
     def __init__(self, target: ModelSettings | str, draft: ModelSettings | str | None = None, *,
-                 n_seq: int = 1, kv_unified: bool = False, max_draft: int = 0) -> None:
-        """``n_seq`` > 1: that many slots (``fly_cpp.engine.batchloop``), generating at once, each
-        with n_ctx / n_seq positions of its own, or all sharing n_ctx (``kv_unified``);
-        ``generate(slot=i)`` picks one. ``max_draft``: the longest draft its rounds may make (``Loaded``)."""
+                 n_seq: int = 1, kv_unified: bool = False, max_draft: int = 0, branches: bool = False) -> None:
+        """``n_seq`` > 1: that many slots (``fly_cpp.engine.batchloop``), generating at once, each with n_ctx /
+        n_seq positions of its own, or all sharing n_ctx (``kv_unified``); ``generate(slot=i)`` picks one.
+        ``max_draft``, ``branches``: the longest draft a round may make, whether it may verify a tree (``Loaded``)."""
         if n_seq < 1:
             raise FlyError(f"the number of slots must be >= 1, got {n_seq}")
         self.n_seq = n_seq
@@ -58,7 +58,7 @@ class Engine:
         self._open: weakref.WeakSet[Generation] = weakref.WeakSet()
         self.target_settings = t = placed(target)
         self.draft_settings = d = placed(draft) if draft is not None else None
-        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified, max_draft)  # context checked 1st
+        self._loaded = pair = Loaded(t, d, check_context(t, d), n_seq, kv_unified, max_draft, branches)  # context checked 1st
         assert pair.target is not None
         self.target_model, self.draft_model = pair.target_model, pair.draft_model
         self.target, self.draft_ctx, self.mtp_ctx = pair.target, pair.draft_ctx, pair.mtp_ctx

@@ -29,8 +29,9 @@ class Loaded:
     loading failed half-way (the constructor closes what it made before it raises)."""
 
     def __init__(self, t: ModelSettings, d: ModelSettings | None, n_ctx: int, n_seq: int, kv_unified: bool,
-                 max_draft: int = 0) -> None:
-        """``max_draft``: the longest draft a round may make (at least k auto's default longest):
+                 max_draft: int = 0, branches: bool = False) -> None:
+        """``branches``: the target's cache may fork for a tree's verification (``Context``).
+        ``max_draft``: the longest draft a round may make (at least k auto's default longest):
         llama.cpp's buffers hold logits for that many rows and one more a sequence (``Context``'s
         ``n_outputs``), as llama-server sizes its contexts by its --draft-max (a buffer for every
         row of a batch took 300 MiB a context on the Qwen pair)."""
@@ -46,7 +47,8 @@ class Loaded:
             if d is not None:
                 self.draft_model = _load(d)
                 check_compatible(self.target_model, self.draft_model)
-            self.target = _context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified, n_outputs)
+            self.target = _context(self.target_model, t, n_ctx, t.threads, n_seq, kv_unified, n_outputs,
+                                   branches and d is not None)
             if d is not None and self.draft_model is not None:
                 # the draft holds the same tokens as the target, so it gets the same context size
                 # like llama.cpp's -td, the draft's threads default to the target's
@@ -80,9 +82,9 @@ def _load(s: ModelSettings, mtp: bool = False) -> Model:
 
 
 def _context(model: Model, s: ModelSettings, n_ctx: int, threads: int, n_seq: int, kv_unified: bool,
-             n_outputs: int = 0) -> Context:
+             n_outputs: int = 0, branches: bool = False) -> Context:
     # several sequences go back by checkpoints only: nothing to measure
     rollback = pick_rollback(model, s, threads) if n_seq == 1 else s.rollback
     return Context(model, n_ctx=n_ctx, n_threads=threads, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                    type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn,
-                   rollback=rollback, n_seq=n_seq, kv_unified=kv_unified, n_outputs=n_outputs)
+                   rollback=rollback, n_seq=n_seq, kv_unified=kv_unified, n_outputs=n_outputs, branches=branches)

@@ -162,13 +162,31 @@ class _Loop:
             return None
         t1 = perf_counter()
         batch = [committed[-1], *drafted]
-        width = len(batch) if self.steady is None else self.steady.width(len(batch), room + 1)
-        # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
-        logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
+        branch = draft.branch if (draft.branch is not None and len(drafted) == len(draft) and self.steady is None
+                                  and window.pending is None and not self.constrained) else None
+        if branch is not None:  # a tree (``fly_cpp.drafters.tree``): the chain's rows, then the branch's
+            width = len(batch) + len(branch.tokens)
+            logits = target.decode_tree(batch, 1 + branch.fork, branch.tokens)
+        else:
+            width = len(batch) if self.steady is None else self.steady.width(len(batch), room + 1)
+            # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
+            logits = target.decode(padded(batch, width), logits="all")[: len(batch)]
         t2 = perf_counter()
-        verdict, chosen = self.verify(logits, drafted, committed, own=draft.by_model, cross_round=window.enabled,
-                                      window_left=window.left, max_left=window.max_left())
-        record = Round(self.stats.n_rounds + 1, len(drafted), draft_seconds=t1 - t0, target_seconds=t2 - t1)
+        options = {"own": draft.by_model, "cross_round": window.enabled, "window_left": window.left,
+                   "max_left": window.max_left()}
+        verdict, chosen = self.verify(logits[: len(batch)], drafted, committed, **options)
+        verified = len(drafted) + (len(branch.tokens) if branch is not None else 0)
+        record = Round(self.stats.n_rounds + 1, verified, draft_seconds=t1 - t0, target_seconds=t2 - t1)
+        if branch is not None:
+            if verdict.accepted == branch.fork and chosen[branch.fork] == branch.tokens[0]:
+                # the target drew the branch's first token where the chain's was not: the branch's path is the round's
+                target.keep_branch()
+                drafted = [*drafted[: branch.fork], *branch.tokens]
+                logits = np.concatenate([logits[: branch.fork + 1], logits[len(batch):]])
+                verdict, chosen = self.verify(logits, drafted, committed, **options)
+                record.branched = True
+            else:
+                logits = logits[: len(batch)]
         self._apply(record, logits, drafted, draft.by_model, verdict, chosen)
         self.stats.add(record)
         if drafter is not None:  # how the round went, for the drafter

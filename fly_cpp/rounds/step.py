@@ -86,6 +86,7 @@ class Round:
     committed: int = 1
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    branched: bool = False  # a tree's round that kept its branch (``fly_cpp.drafters.tree``)
 
     def tally(self, keep: Keep) -> None:
         """Count what the round keeps (``fly_cpp.rounds.verify.Keep``): the verdict's counts, the
@@ -143,6 +144,7 @@ class Stats:
     n_from_prompt: int = 0  # 1: the first token came from the prompt's last row (``from_prompt``)
     n_asked: int = 0
     n_shifts: int = 0  # context shifts (``fly_cpp.rounds.shift``)
+    n_branched: int = 0  # rounds of a tree that kept its branch (``fly_cpp.drafters.tree``); n_drafted counts its tokens
     # a cache shared by slots had no room for this slot's next decode: the generation ended there, as
     # at a full context, and its cells were freed for the other slots (``fly_cpp.backend.batch``)
     cache_full: bool = False
@@ -172,6 +174,7 @@ class Stats:
         self.n_provisional += r.provisional
         self.n_confirmed += r.confirmed
         self.n_asked += r.asked
+        self.n_branched += r.branched
         if r.refuted_rounds is not None:
             self.refuted(r.refuted_rounds)
         self.accepted_lengths.append(r.committed)
