@@ -66,8 +66,12 @@ def serve(chat_format: str | None, log_level: str, **options: Any) -> None:
     sampling = SamplingSettings(**pick(options, SamplingSettings))
     target, draft = model_settings(options)  # checked (and downloaded) before the port is bound
     Engine.preflight(target, draft)  # files, context size and memory, from the GGUF headers
+    if settings.parallel == AUTO and spec.draft_tree:  # a tree forks the cache of one slot
+        settings = dataclasses.replace(settings, parallel=1)
     if settings.parallel == AUTO:  # llama-server's -np auto: 4 slots in one cache (1 for an MTP head)
         settings = dataclasses.replace(settings, parallel=auto_slots(target, draft), kv_unified=True)
+    if spec.draft_tree and settings.n_slots > 1:
+        raise FlyError(f"--draft-tree verifies trees in one slot's cache: serve them with -np 1 (got -np {settings.n_slots})")
     cap, backlog = limits(settings.max_connections)
     _log_to_stderr(log_level)
     socks: list[socket.socket] = []

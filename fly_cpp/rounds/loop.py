@@ -8,6 +8,11 @@ token t_{n+1} is committed without being decoded, which restores the invariant. 
 keeps the same invariant on its own cache (``Context.sync``): after a full accept its catch-up
 is decoding d_m, which it drafted but never fed itself.
 
+A tree's round (``Draft.branch``, ``fly_cpp.drafters.tree``) decodes its branch beside the chain
+in the same target decode (``Context.decode_tree``); where the target drew the branch's first token
+at the fork, the branch's path is verified as the round's draft and its cells take the chain's
+place (``Context.keep_branch``), else the branch is dropped with the rejected tokens.
+
 Cross-round window (``fly_cpp.rounds.crossround``): a provisionally kept mismatch at committed
 position p is followed by held tokens. Refuting it cuts ``committed`` back to p, puts the
 target's own token there and truncates the target cache to p, which is the invariant again;

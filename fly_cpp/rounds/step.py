@@ -250,6 +250,8 @@ class Stats:
                      f"exact {self.n_exact}, loose {self.n_loose}, gate rejections {self.n_gate_rejected}")
             if self.n_guard_rejected:
                 line += f", safeguard rejections {self.n_guard_rejected}"
+            if self.n_branched:
+                line += f", tree branches kept {self.n_branched}"
             if self.mode == "fly" and not self.loosens:
                 line += ", loosening off (matching exactly)"
             if self.drafter == "mtp":
