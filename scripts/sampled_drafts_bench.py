@@ -85,8 +85,14 @@ def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed:
         found[f"shared {x:g}"] = (rows.argmax(axis=1) if draws is None else draws.drafts(rows, prompt, text[:-1])) == want
     if tree:
         draws = draft_sampler(dataclasses.replace(sampling, draw="shared"), seed)
-        assert draws is not None, "a tree needs a sampled draft"
-        first, second, gap = candidates(draws, rows, prompt, text)
+        if draws is not None:
+            first, second, gap = candidates(draws, rows, prompt, text)
+        else:  # greedy: the draft's two best logits
+            first = rows.argmax(axis=1)
+            masked = rows.copy()
+            masked[np.arange(len(first)), first] = -np.inf
+            second = masked.argmax(axis=1)
+            gap = rows[np.arange(len(first)), first] - masked[np.arange(len(first)), second]
         assert (first == want).tolist() == found[f"shared {SamplingSettings().draft_temp_scale:g}"].tolist()
         found["fork alt"], found["fork gap"] = second == want, gap
     return text, found

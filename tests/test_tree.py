@@ -41,8 +41,9 @@ def test_a_trees_rows_are_its_paths_rows_and_a_kept_branch_is_the_cache(model: M
             plain.truncate(len(prompt) - 1)
             path = [prompt[-1], *chain][:fork] + branch
             want_branch = np.array(plain.decode(path, logits="all"))
-            assert np.array_equal(rows[: 1 + len(chain)], want_chain)  # one-row micro-batches: exact
-            assert np.array_equal(rows[1 + len(chain):], want_branch[fork:])
+            # one-row micro-batches: the same rows (to the bit here, where attention skips the masked cells)
+            assert np.allclose(rows[: 1 + len(chain)], want_chain, atol=1e-4)
+            assert np.allclose(rows[1 + len(chain):], want_branch[fork:], atol=1e-4)
             if kept:
                 tree.keep_branch()
                 assert tree.tokens == [*prompt[:-1], *path]
@@ -77,7 +78,10 @@ def test_the_samplers_ranking_starts_with_its_draw(model: Model) -> None:
 
 @pytest.fixture(scope="module")
 def engine():
-    settings = {"n_ctx": 512, "n_ubatch": 1}  # verification exact: a batch's rows as one-row decodes
+    # verification exact: a batch's rows as one-row decodes; an F32 cache without flash attention
+    # keeps what a kept branch's cell order changes to ~1e-6 (an F16 one, ~1e-3: a near-tie a CPU
+    # of another make could draw the other way)
+    settings = {"n_ctx": 512, "n_ubatch": 1, "type_k": "f32", "type_v": "f32", "flash_attn": "off"}
     with Engine(ModelSettings(str(bundled.TARGET), **settings), ModelSettings(str(bundled.DRAFT), **settings),
                 branches=True) as e:
         yield e
