@@ -13,7 +13,8 @@ import numpy as np
 from fly_cpp.backend import native
 from fly_cpp.backend import rollback as rb
 from fly_cpp.backend.cache import Cache, chunks, decode_failed, rows_wanted
-from fly_cpp.backend.lib import BATCH_MATCHES, clear_log, cxx, entry_point, ggml_type, last_log_error, ll, run_entry_points
+from fly_cpp.backend.lib import (BATCH_MATCHES, clear_log, cxx, entry_point, flash_attention, ggml_type, last_log_error, ll,
+                                 run_entry_points)
 from fly_cpp.basics.errors import FlyError
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ class Context(Cache):
         context with a 151,936-token vocabulary and n_batch 512, where llama-server sizes its
         contexts by its draft length: 17 rows a sequence). ``branches``: a KV cache of one sequence
         that a tree's verification may fork for one decode (``decode_tree``): llama.cpp's cache
-        then knows two sequences in the same cells (``kv_unified``), the second only for that."""
+        then knows two sequences in the same cells (``kv_unified``), the second only for that;
+        where llama.cpp runs no flash attention the context has no branches (``branches`` False)."""
         self.model = model
         recurrent = model.recurrent
         if recurrent and n_seq > 1 and rollback == rb.SNAPSHOTS:
@@ -113,8 +115,10 @@ class Context(Cache):
         self._hidden_valid = 0  # rows of _hidden that hold the state after tokens[:p + 1]
         self.n_seq = max(1, n_seq)
         self.kv_unified = params.kv_unified
-        self.branches = branches
-        self._fork: tuple[int, list[int]] | None = None  # a tree's branch in sequence 1: where it starts, its tokens
+        # llama.cpp's attention without flash attention mixes a forked cache's sequences (a branch's rows
+        # off by 0.3-0.6 in the logits on the Qwen2.5 pair); with it, each row is its path's own
+        self.branches = branches and flash_attention()
+        self._fork = False  # a tree's branch is in sequence 1 (``decode_tree``)
         self._drafting: dict[tuple[int, int], native.DraftContext] = {}  # (n_vocab, seq) -> what a draft run decodes in
 
     def keep_hidden(self) -> None:
@@ -193,35 +197,38 @@ class Context(Cache):
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first ``n`` positions (``tokens`` is exactly
-        ``tokens[:n]`` after; on a recurrent state some may be deferred). A tree's branch not
-        kept (``keep_branch``) is dropped."""
+        ``tokens[:n]`` after; on a recurrent state some may be deferred). A tree's branch is dropped."""
         self._hidden_valid = min(self._hidden_valid, max(n, 0))
         self._drop_branch()
         super().truncate(n)
 
-    def decode_tree(self, tokens: Sequence[int], fork: int, branch: Sequence[int]) -> np.ndarray:
+    def decode_tree(self, tokens: Sequence[int], fork: int, branch: Sequence[int], want: int) -> np.ndarray:
         """Decode a tree in one batch (``branches`` must hold): ``tokens`` appended to the cache as
-        ``decode`` appends them, and ``branch``, a second continuation whose first token stands
-        where ``tokens[fork]`` stands, attending to ``tokens[:fork]`` and not to the rest. Returns
-        every row of logits, ``tokens``' then ``branch``'s (a view of llama.cpp's buffer). Until
-        the next ``truncate`` (which drops it) ``keep_branch`` can put the branch in the place of
-        ``tokens[fork:]``. The branch lives in a second sequence of the same cells: the prefix's
-        cells are shared with it, not copied."""
+        ``decode`` appends them, the last ``want`` of them with logits, and ``branch``, a second
+        continuation whose first token stands where ``tokens[fork]`` stands, attending to
+        ``tokens[:fork]`` and not to the rest, every one with logits. Returns those rows,
+        ``tokens``' then ``branch``'s (a view of llama.cpp's buffer). The branch lives in a second
+        sequence of the same cells (the prefix's cells are shared with it, not copied) until the
+        next ``truncate``, which drops it: its cells are never kept. A kept branch's cells would
+        lie after the chain's freed ones, and llama.cpp's attention over cells out of their
+        positions' order is off (0.2-0.3 in the logits on the Qwen2.5 pair, not rounding): a
+        branch the target took is decoded again in order, in the next round's batch."""
         start, n, m = len(self.tokens), len(tokens), len(branch)
-        if not self.branches or self.behind or self._intent is not None or not 0 < fork < n or not m:
+        if not self.branches or self.behind or self._intent is not None or not 0 < fork < n or not m \
+                or not n - fork < want <= n:  # the rows from before the fork on
             raise ValueError("no tree decode here")
-        rows_wanted(start, n + m, self.n_ctx, self.n_batch, "all", self.n_outputs)  # its cells, its rows
+        rows_wanted(start, n + m, self.n_ctx, self.n_batch, want + m, self.n_outputs)  # its cells, its rows
         self._drop_branch()
         memory = self._memory
         if start:
             self._call(ll.llama_memory_seq_cp, memory, 0, 1, 0, start)
-        self.fill_batch(0, tokens, start, 0, n)
+        self.fill_batch(0, tokens, start, 0, want)
         self.fill_batch(n, branch, start + fork, 1, m)
         n_seq_id, seq_id = self._columns[2], self._batch.seq_id
         n_seq_id[:fork] = 2
         for i in range(fork):
             seq_id[i][1] = 1
-        self._fork = (start + fork, list(branch))
+        self._fork = True
         rc = self._call(ll.llama_decode, self.ptr, self._batch)
         if rc != 0:
             self._drop_branch()
@@ -229,24 +236,11 @@ class Context(Cache):
             raise decode_failed(self.model.name, rc)
         self.tokens.extend(tokens)
         self._done = len(self.tokens)
-        return self._rows(n + m)
-
-    def keep_branch(self) -> None:
-        """The last tree's branch takes the place of the tokens it forked from (``decode_tree``)."""
-        if self._fork is None:
-            raise ValueError("no branch to keep")
-        pos, branch = self._fork
-        memory = self._memory
-        self._call(ll.llama_memory_seq_rm, memory, 0, pos, -1)
-        self._call(ll.llama_memory_seq_cp, memory, 1, 0, pos, -1)
-        self._drop_branch()
-        del self.tokens[pos:]
-        self.tokens.extend(branch)
-        self._done = len(self.tokens)
+        return self._rows(want + m)
 
     def _drop_branch(self) -> None:
-        if self._fork is not None:
-            self._fork = None
+        if self._fork:
+            self._fork = False
             self._call(ll.llama_memory_seq_rm, self._memory, 1, -1, -1)
 
     def shift(self, keep: int, discard: int) -> None:

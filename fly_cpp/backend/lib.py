@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 import sys
 import threading
 from typing import Any
@@ -35,6 +36,10 @@ from fly_cpp.basics.errors import FlyError
 _GGML_BF16 = 30  # ggml's id for bf16 (llama-cpp-python names no constant for it)
 
 _log_tail: collections.deque[str] = collections.deque(maxlen=32)
+# what llama.cpp said of flash attention for the context it made last: "flash_attn = enabled" as
+# asked, "Flash Attention enabled" where it resolved "auto" (None: nothing said since ``clear_log``)
+_FLASH = re.compile(r"flash[ _]att(?:n|ention)\s*=?\s*(enabled|disabled)", re.IGNORECASE)
+_flash: list[bool | None] = [None]
 _init_lock = threading.Lock()
 _initialised = False
 _verbose = False
@@ -44,6 +49,8 @@ _verbose = False
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     _log_tail.append(message)
+    if (said := _FLASH.search(message)) is not None:
+        _flash[0] = said.group(1).lower() == "enabled"
     if _verbose or os.environ.get("FLY_CPP_VERBOSE"):
         sys.stderr.write(message)
 
@@ -90,8 +97,16 @@ def gpu_names() -> list[str]:
 
 
 def clear_log() -> None:
-    """Forget llama.cpp's earlier log lines, so that ``last_log_error`` tells of what runs next."""
+    """Forget llama.cpp's earlier log lines, so that ``last_log_error`` (and ``flash_attention``)
+    tell of what runs next."""
     _log_tail.clear()
+    _flash[0] = None
+
+
+def flash_attention() -> bool:
+    """Whether the context llama.cpp made last (since ``clear_log``) runs flash attention, as its
+    log said."""
+    return _flash[0] is True
 
 
 def last_log_error() -> str:

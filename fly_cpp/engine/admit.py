@@ -53,9 +53,8 @@ def admit(pair: Loaded, tokens: list[int], n_ctx: int, spec: SpecSettings, sampl
     if drafts and own_drafter and pair.draft_ctx is None and pair.mtp_ctx is None and not spec.ngram:
         raise FlyError(f"mode {spec.mode} needs a draft model or n-gram lookup")
     if drafts and own_drafter and spec.draft_tree and (pair.target is None or not pair.target.branches):
-        why = "with a draft model (-md), one slot and a KV cache" if pair.draft_ctx is None or pair.target is None \
-            or pair.target.n_seq > 1 or pair.target_model.recurrent else "(Engine(branches=True), the CLI's --draft-tree)"
-        raise FlyError(f"draft_tree needs an engine loaded for trees {why}")
+        raise FlyError("draft_tree needs an engine loaded for trees (the CLI's --draft-tree, Engine(branches=True)) "
+                       "with a draft model (-md), one slot, a KV cache and flash attention (not -fa off)")
     if drafts and pair.target is not None:
         check_rollback(pair.target)
         # a round verifies at most n_batch rows (the loop's limit): those fit whatever the buffers

@@ -10,8 +10,10 @@ is decoding d_m, which it drafted but never fed itself.
 
 A tree's round (``Draft.branch``, ``fly_cpp.drafters.tree``) decodes its branch beside the chain
 in the same target decode (``Context.decode_tree``); where the target drew the branch's first token
-at the fork, the branch's path is verified as the round's draft and its cells take the chain's
-place (``Context.keep_branch``), else the branch is dropped with the rejected tokens.
+at the fork, the branch's path is verified as the round's draft, and the cache keeps only the text
+before the fork: the next round's batch decodes the path's tokens before its own (the cache then
+holds fewer than all but the last committed token, for one round), so that the cache's cells stay
+in the order of their positions.
 
 Cross-round window (``fly_cpp.rounds.crossround``): a provisionally kept mismatch at committed
 position p is followed by held tokens. Refuting it cuts ``committed`` back to p, puts the
@@ -118,11 +120,13 @@ class _Loop:
                 # context, the cache then holding n_ctx - 1 tokens, as llama-server stops
                 room = target.n_ctx - len(committed)
                 if room <= 0 and self.window.pending is None:
+                    self._caught_up()
                     if request.shift is None or not shift(request.shift, committed, target, drafter, self.verify, stats):
                         out.end("length", "limit", context_full=True)
                         break
                     room = target.n_ctx - len(committed)
-                assert len(target.tokens) == len(committed) - 1 and target.tokens[-8:] == committed[-9:-1]
+                held = len(target.tokens)  # all but the last committed token (fewer after a tree's branch)
+                assert held <= len(committed) - 1 and target.tokens[-8:] == committed[max(held - 8, 0):held]
                 try:
                     if runs is not None and drafter is None:  # target-only greedy, several tokens a return (``runs``)
                         runs.run(committed, out)
@@ -166,12 +170,16 @@ class _Loop:
             self.stats.refuted(self._refute(self.stats.n_rounds))
             return None
         t1 = perf_counter()
-        batch = [committed[-1], *drafted]
+        catch = committed[len(target.tokens):]  # the last committed token (and a path a tree's branch took)
+        batch, rows = [*catch, *drafted], len(drafted) + 1
         branch = draft.branch if (draft.branch is not None and len(drafted) == len(draft) and self.steady is None
                                   and window.pending is None and not self.constrained) else None
         if branch is not None:  # a tree (``fly_cpp.drafters.tree``): the chain's rows, then the branch's
-            width = len(batch) + len(branch.tokens)
-            logits = target.decode_tree(batch, 1 + branch.fork, branch.tokens)
+            width = rows + len(branch.tokens)
+            logits = target.decode_tree(batch, len(catch) + branch.fork, branch.tokens, rows)
+        elif len(catch) > 1:  # after a round that took a tree's branch (no steady batches there)
+            width = rows
+            logits = target.decode(batch, logits=rows)
         else:
             width = len(batch) if self.steady is None else self.steady.width(len(batch), room + 1)
             # (m+1, n_vocab) view; padded rows are rolled back below with the rejected ones
@@ -179,19 +187,20 @@ class _Loop:
         t2 = perf_counter()
         options = {"own": draft.by_model, "cross_round": window.enabled, "window_left": window.left,
                    "max_left": window.max_left()}
-        verdict, chosen = self.verify(logits[: len(batch)], drafted, committed, **options)
+        verdict, chosen = self.verify(logits[:rows], drafted, committed, **options)
         verified = len(drafted) + (len(branch.tokens) if branch is not None else 0)
         record = Round(self.stats.n_rounds + 1, verified, draft_seconds=t1 - t0, target_seconds=t2 - t1)
         if branch is not None:
             if verdict.accepted == branch.fork and chosen[branch.fork] == branch.tokens[0]:
-                # the target drew the branch's first token where the chain's was not: the branch's path is the round's
-                target.keep_branch()
+                # the target drew the branch's first token where the chain's was not: the branch's path is the
+                # round's; the cache keeps the text before the fork, and the next round's batch decodes the rest
+                target.truncate(len(committed) + branch.fork)
                 drafted = [*drafted[: branch.fork], *branch.tokens]
-                logits = np.concatenate([logits[: branch.fork + 1], logits[len(batch):]])
+                logits = np.concatenate([logits[: branch.fork + 1], logits[rows:]])
                 verdict, chosen = self.verify(logits, drafted, committed, **options)
                 record.branched = True
             else:
-                logits = logits[: len(batch)]
+                logits = logits[:rows]
         self._apply(record, logits, drafted, draft.by_model, verdict, chosen)
         self.stats.add(record)
         if drafter is not None:  # how the round went, for the drafter
@@ -209,6 +218,7 @@ class _Loop:
         runs, drafter, committed = self.runs, self.drafter, self.committed
         if runs is None or drafter is None or not (alone > 0 or last) or draft.tokens or prompt_left:
             return False
+        self._caught_up()
         t1, before = perf_counter(), len(committed)
         decoding = runs.run(committed, self.out, max(alone, 1) + to_end)
         self.stats.draft_seconds += t1 - t0
@@ -220,6 +230,13 @@ class _Loop:
         else:
             drafter.accept(Report(draft, 0, 0, committed, t1 - t0, decoding, seconds, 1, rounds))
         return True
+
+    def _caught_up(self) -> None:
+        """The target's cache brought to all but the last committed token, where a round that took
+        a tree's branch left it short (the next round's batch decodes the rest, a run or a shift
+        cannot)."""
+        if len(self.target.tokens) < len(self.committed) - 1:
+            self.target.decode(self.committed[len(self.target.tokens):-1], logits="none")
 
     def _apply(self, record: Round, logits: np.ndarray, drafted: list[int], by_model: bool, verdict: Verdict,
                chosen: np.ndarray) -> None:
