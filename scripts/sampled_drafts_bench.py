@@ -43,7 +43,7 @@ import numpy as np
 from fly_cpp import Engine, ModelSettings, SamplingSettings, SpecSettings
 from fly_cpp.bench.datasets import load
 from fly_cpp.bench.prompting import PromptRenderer
-from fly_cpp.backend.sampling import Sampler, draft_sampler, uniforms
+from fly_cpp.backend.sampling import Sampler, draft_sampler
 from fly_cpp.drafters.tree import FORK_GAP
 
 CHUNK = 16  # rows with logits per teacher-forced decode (the contexts' bound)
@@ -99,21 +99,12 @@ def matches(engine: Engine, prompt: list[int], sampling: SamplingSettings, seed:
 
 
 def candidates(draws: Sampler, rows: np.ndarray, prompt: Sequence[int], text: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per position of ``text``: the draft's shared draw there (its highest noised score, log q + G
-    over the chain's survivors), its second candidate (-1 where only one survives) and the gap
-    between their scores, each after the target's text before it."""
-    n = len(text)
-    first, second, gap = np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64), np.full(n, np.inf)
-    for i in range(n):
-        history = [*prompt, *text[:i]]
-        ids, probs = draws.distribution(rows[i], history)
-        with np.errstate(divide="ignore"):
-            score = np.log(probs) - np.log(-np.log(uniforms(draws.seed, len(history), 0, ids)))
-        order = np.argsort(-score, kind="stable")
-        first[i] = ids[order[0]]
-        if ids.shape[0] > 1:
-            second[i], gap[i] = ids[order[1]], score[order[0]] - score[order[1]]
-    return first, second, gap
+    """Per position of ``text``: the draft's shared draw there, its runner-up (-1 where only one
+    token survives the chain) and the gap between their scores (``Sampler.ranked``), each after
+    the target's text before it."""
+    ranked = [draws.ranked(rows[i], [*prompt, *text[:i]]) for i in range(len(text))]
+    first, second, gap = (np.array(column) for column in zip(*ranked)) if ranked else (np.zeros(0),) * 3
+    return first.astype(np.int64), second.astype(np.int64), gap.astype(np.float64)
 
 
 def tree_passes(match: np.ndarray, alt: np.ndarray, gap: np.ndarray, k: int, branch: int,

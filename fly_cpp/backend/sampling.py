@@ -206,9 +206,13 @@ class Sampler:
         if stream == 0 and self.settings.draw == "llama":  # probs are in order of logit, as llama.cpp walks them
             u = self.uniforms[max(position - self.start, 0)]
             return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="left")), ids.shape[0] - 1)])
+        return int(ids[int(np.argmax(self._scores(ids, probs, position, stream)))])
+
+    def _scores(self, ids: np.ndarray, probs: np.ndarray, position: int, stream: int = 0) -> np.ndarray:
+        """The Gumbel-max scores of (position, stream): log p + G, G the noise of each id there."""
         gumbel = -np.log(-np.log(uniforms(self.seed, position, stream, ids)))
         with np.errstate(divide="ignore"):
-            return int(ids[int(np.argmax(np.log(probs) + gumbel))])
+            return np.log(probs) + gumbel
 
     def drafts(self, rows: np.ndarray, history: Sequence[int], guess: Sequence[int] = ()) -> np.ndarray:
         """(n, V) a draft's logits after ``history`` and each prefix of ``guess`` -> (n,) its token
@@ -228,8 +232,7 @@ class Sampler:
             score = np.log(probs)
             first = self.draw(ids, probs, len(history))
         else:
-            with np.errstate(divide="ignore"):
-                score = np.log(probs) - np.log(-np.log(uniforms(self.seed, len(history), 0, ids)))
+            score = self._scores(ids, probs, len(history))
             first = int(ids[int(np.argmax(score))])
         at = int(np.flatnonzero(ids == first)[0])
         top = score[at]
